@@ -1,0 +1,28 @@
+"""Benchmarks: ``memrl bench NAME [options]`` prints one JSON object.
+
+A bench is ``fn(argv: list[str]) -> dict`` registered in :data:`BENCHES`; it parses its own options and
+reports ratios measured within one run (the machine is noisy; absolute times are context, not targets).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+from memrl.registry import Registry
+
+BenchFn = Callable[[list[str]], dict]
+
+BENCH_MODULES = ("batch", "memory", "policy", "sandbox", "rollout", "episodes")
+
+
+def _populate() -> None:
+    for name in BENCH_MODULES:
+        try:
+            importlib.import_module(f"memrl.bench.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"memrl.bench.{name}":
+                raise
+
+
+BENCHES: Registry[BenchFn] = Registry("benchmark", populate=_populate)

@@ -1,0 +1,51 @@
+"""``memrl`` command line: one module per subcommand under ``memrl.cli``.
+
+Each module exposes ``register(subparsers)`` which adds its parser and sets ``func(args) -> int``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+# Order = order in --help.
+COMMANDS = ("run", "train", "eval", "data", "bench", "inspect", "serve", "model", "sandbox")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="memrl", description="Train LLM agents that remember.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"memrl.cli.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"memrl.cli.{name}":  # command not built in this checkout
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    # Commands that forward options (bench NAME ..., run/train key=value overrides) set accepts_extra.
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "accepts_extra", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.extra = extra
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,529 @@
+"""The frozen contracts every memrl layer speaks.
+
+Token ids are the truth: a trajectory is built by appending token ids (model output with mask 1, tool
+results and injected text with mask 0) and is never re-tokenised from text, so training sees exactly what
+inference produced.
+
+Every contract validates itself on creation and raises :class:`ContractError` naming the type, the field and
+what was expected. Free-form extras live in one sidecar field (``metadata`` / ``extra``), never in ad-hoc dicts
+passed between components.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+
+class ContractError(ValueError):
+    """A contract was built with an invalid field. The message names the type, the field and the rule."""
+
+
+def _fail(obj: object, name: str, why: str) -> None:
+    raise ContractError(f"{type(obj).__name__}.{name}: {why}")
+
+
+def _as_tuple(obj: object, name: str, value: Any, item_type: type | tuple[type, ...] | None = None) -> tuple:
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+        # numpy arrays / tensors are not Sequences; accept anything with tolist().
+        if hasattr(value, "tolist"):
+            value = value.tolist()
+        else:
+            _fail(obj, name, f"expected a sequence, got {type(value).__name__}")
+    out = tuple(value)
+    if item_type is not None:
+        for i, item in enumerate(out):
+            if not isinstance(item, item_type) or isinstance(item, bool) and item_type is int:
+                _fail(obj, name, f"item {i} is {type(item).__name__}, expected {item_type}")
+    object.__setattr__(obj, name, out)
+    return out
+
+
+def _require_str(obj: object, name: str, value: Any, *, non_empty: bool = True) -> None:
+    if not isinstance(value, str):
+        _fail(obj, name, f"expected str, got {type(value).__name__}")
+    if non_empty and not value.strip():
+        _fail(obj, name, "must be a non-empty string")
+
+
+def _freeze_mapping(obj: object, name: str, value: Any) -> None:
+    if value is None:
+        value = {}
+    if not isinstance(value, Mapping):
+        _fail(obj, name, f"expected a mapping, got {type(value).__name__}")
+    object.__setattr__(obj, name, dict(value))
+
+
+class TurnRole(str, enum.Enum):
+    """History turns only feed memory; the target turn is generated and trained on."""
+
+    HISTORY = "history"
+    TARGET = "target"
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"  # eos token, a stop token id or a stop string fired
+    LENGTH = "length"  # max_tokens reached
+    ABORT = "abort"  # the backend gave up (e.g. context overflow)
+
+
+class EpisodeStatus(str, enum.Enum):
+    """Lifecycle of an episode (as slime's Sample.Status)."""
+
+    PENDING = "pending"
+    COMPLETED = "completed"
+    TRUNCATED = "truncated"  # ran out of token budget; still trainable
+    ABORTED = "aborted"  # stopped from outside (shutdown, actor loss); re-run it
+    FAILED = "failed"  # an error inside this episode; carries failure_reason
+
+
+class MemoryOpType(str, enum.Enum):
+    ADD = "ADD"
+    UPDATE = "UPDATE"
+    DELETE = "DELETE"
+    NOOP = "NOOP"
+    COMPRESS = "COMPRESS"
+    RETRIEVE = "RETRIEVE"
+
+
+@dataclass(frozen=True)
+class TurnSpec:
+    """One turn of an episode.
+
+    ``turn_id`` is the dataset's own id (LoCoMo dialog id ``D1:3``, LongMemEval ``<session>:<i>``) so that
+    retrieved facts can be traced back to gold evidence. ``timestamp`` is the session date as the dataset
+    writes it (free text; parsed where needed).
+    """
+
+    role: TurnRole
+    text: str
+    turn_id: str
+    speaker: str = ""
+    timestamp: str | None = None
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "role", TurnRole(self.role))
+        except ValueError:
+            _fail(self, "role", f"expected one of {[r.value for r in TurnRole]}, got {self.role!r}")
+        _require_str(self, "turn_id", self.turn_id)
+        _require_str(self, "text", self.text, non_empty=False)
+        _require_str(self, "speaker", self.speaker, non_empty=False)
+        if self.timestamp is not None:
+            _require_str(self, "timestamp", self.timestamp, non_empty=False)
+        _freeze_mapping(self, "metadata", self.metadata)
+
+
+@dataclass(frozen=True)
+class BatchInput:
+    """One episode as an adapter produces it: history turns, then exactly one final target turn.
+
+    ``group_id`` ties together the ``n_samples_per_prompt`` copies of one prompt (GRPO groups);
+    ``sample_index`` is unique per copy and is set by the data source (``-1`` before sampling).
+    ``target_answer`` is ``None`` for questions without a gold answer (e.g. LoCoMo adversarial).
+    """
+
+    episode_id: str
+    group_id: str
+    turns: tuple[TurnSpec, ...]
+    final_query: str
+    target_answer: str | None = None
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    sample_index: int = -1
+
+    def __post_init__(self) -> None:
+        _require_str(self, "episode_id", self.episode_id)
+        _require_str(self, "group_id", self.group_id)
+        turns = _as_tuple(self, "turns", self.turns, TurnSpec)
+        if not turns:
+            _fail(self, "turns", "must contain at least one turn (the target)")
+        targets = [i for i, t in enumerate(turns) if t.role is TurnRole.TARGET]
+        if targets != [len(turns) - 1]:
+            _fail(
+                self,
+                "turns",
+                f"exactly one target turn, last; got target positions {targets} of {len(turns)}",
+            )
+        _require_str(self, "final_query", self.final_query)
+        if self.target_answer is not None:
+            _require_str(self, "target_answer", self.target_answer, non_empty=False)
+        if not isinstance(self.sample_index, int) or isinstance(self.sample_index, bool):
+            _fail(self, "sample_index", f"expected int, got {type(self.sample_index).__name__}")
+        _freeze_mapping(self, "metadata", self.metadata)
+
+    @property
+    def history(self) -> tuple[TurnSpec, ...]:
+        return self.turns[:-1]
+
+    @property
+    def target(self) -> TurnSpec:
+        return self.turns[-1]
+
+
+@dataclass(frozen=True)
+class GenerationOutput:
+    """What a PolicyClient returns for one sampled continuation.
+
+    ``logprobs[i]`` is the sampled token's log-probability under the sampling distribution's logits
+    (temperature applied, before top-p). ``top_logprobs[i]`` maps the k most likely token ids to their
+    log-probabilities (empty tuple when top-k logprobs were not requested); tree search derives entropy from it.
+    ``stop_reason`` is the stop string or stop token id that fired (``None`` for eos / length).
+    ``cached_tokens`` counts prompt tokens served from a prefix cache rather than recomputed.
+    """
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: FinishReason
+    top_logprobs: tuple[Mapping[int, float], ...] = ()
+    stop_reason: str | int | None = None
+    prompt_token_ids: tuple[int, ...] = ()
+    cached_tokens: int = 0
+    prefix_handle: str | None = None
+
+    def __post_init__(self) -> None:
+        ids = _as_tuple(self, "token_ids", self.token_ids, int)
+        lps = _as_tuple(self, "logprobs", self.logprobs)
+        if len(lps) != len(ids):
+            _fail(self, "logprobs", f"length {len(lps)} != len(token_ids) {len(ids)}")
+        for i, lp in enumerate(lps):
+            if not isinstance(lp, (int, float)) or math.isnan(lp) or lp > 1e-4:
+                _fail(self, "logprobs", f"item {i} = {lp!r} is not a log-probability (finite, <= 0)")
+        tops = _as_tuple(self, "top_logprobs", self.top_logprobs)
+        if tops and len(tops) != len(ids):
+            _fail(self, "top_logprobs", f"length {len(tops)} != len(token_ids) {len(ids)} (or empty)")
+        try:
+            object.__setattr__(self, "finish_reason", FinishReason(self.finish_reason))
+        except ValueError:
+            _fail(self, "finish_reason", f"expected one of {[r.value for r in FinishReason]}")
+        _as_tuple(self, "prompt_token_ids", self.prompt_token_ids, int)
+        if self.cached_tokens < 0:
+            _fail(self, "cached_tokens", "must be >= 0")
+
+
+@dataclass(frozen=True)
+class MemoryOp:
+    """One memory operation, logged for the step_meta sidecar (and future step-wise memory rewards)."""
+
+    op: MemoryOpType
+    turn_id: str
+    fact_ids: tuple[int, ...] = ()
+    text: str = ""
+    summary_id: int | None = None
+    scores: tuple[float, ...] = ()
+    source_ids: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "op", MemoryOpType(self.op))
+        except ValueError:
+            _fail(self, "op", f"expected one of {[o.value for o in MemoryOpType]}, got {self.op!r}")
+        _require_str(self, "turn_id", self.turn_id)
+        _as_tuple(self, "fact_ids", self.fact_ids, int)
+        _as_tuple(self, "scores", self.scores)
+        _as_tuple(self, "source_ids", self.source_ids, str)
+        if self.op is MemoryOpType.COMPRESS and self.summary_id is None:
+            _fail(self, "summary_id", "a COMPRESS op must carry the summary id it produced")
+        if self.op in (MemoryOpType.UPDATE, MemoryOpType.DELETE) and not self.fact_ids:
+            _fail(self, "fact_ids", f"a {self.op.value} op must name the fact ids it touched")
+
+
+@dataclass(frozen=True)
+class ToolCallRecord:
+    """One executed tool call inside a response. ``position`` is the response-token index where the call ends."""
+
+    name: str
+    arguments: str
+    result: str
+    status: str  # "ok" | "error" | "timeout"
+    position: int
+    latency_s: float = 0.0
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.status not in ("ok", "error", "timeout"):
+            _fail(self, "status", f"expected 'ok', 'error' or 'timeout', got {self.status!r}")
+
+
+@dataclass(frozen=True)
+class RollbackRecord:
+    """A failed tool call that was rolled back: its tokens were removed and the call regenerated."""
+
+    position: int
+    error: str
+    attempts: int
+    tokens_removed: int
+    repaired: bool
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            _fail(self, "attempts", "must be >= 1")
+        if self.tokens_removed < 0:
+            _fail(self, "tokens_removed", "must be >= 0")
+
+
+@dataclass(frozen=True)
+class StepMeta:
+    """Sidecar of one trainable step. Aligned 1:1 with rows of the training batch; never enters the loss."""
+
+    turn_id: str = ""
+    turn_role: TurnRole = TurnRole.TARGET
+    tree_id: str | None = None
+    node_path: tuple[int, ...] = ()
+    branch_depth: int = 0
+    is_duplicate: bool = False
+    tool_calls: tuple[ToolCallRecord, ...] = ()
+    rollbacks: tuple[RollbackRecord, ...] = ()
+    memory_ops: tuple[MemoryOp, ...] = ()
+    retrieved_ids: tuple[int, ...] = ()
+    cut_fact_ids: tuple[int, ...] = ()
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "turn_role", TurnRole(self.turn_role))
+        _as_tuple(self, "node_path", self.node_path, int)
+        _as_tuple(self, "tool_calls", self.tool_calls, ToolCallRecord)
+        _as_tuple(self, "rollbacks", self.rollbacks, RollbackRecord)
+        _as_tuple(self, "memory_ops", self.memory_ops, MemoryOp)
+        _as_tuple(self, "retrieved_ids", self.retrieved_ids, int)
+        _as_tuple(self, "cut_fact_ids", self.cut_fact_ids, int)
+        if self.branch_depth < 0:
+            _fail(self, "branch_depth", "must be >= 0")
+        _freeze_mapping(self, "extra", self.extra)
+
+
+@dataclass(frozen=True)
+class StepTrajectory:
+    """One trainable sequence: ``prompt_ids`` then ``response_ids``.
+
+    ``response_mask[i]`` is 1 for tokens the policy generated (trained on) and 0 for tool results and injected
+    feedback. ``logprobs[i]`` is the behaviour policy's log-prob of ``response_ids[i]`` (0.0 where mask is 0).
+    """
+
+    step_id: str
+    prompt_ids: tuple[int, ...]
+    response_ids: tuple[int, ...]
+    response_mask: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    turn_id: str
+    turn_role: TurnRole = TurnRole.TARGET
+    meta: StepMeta = field(default_factory=StepMeta)
+
+    def __post_init__(self) -> None:
+        _require_str(self, "step_id", self.step_id)
+        _require_str(self, "turn_id", self.turn_id)
+        prompt = _as_tuple(self, "prompt_ids", self.prompt_ids, int)
+        resp = _as_tuple(self, "response_ids", self.response_ids, int)
+        mask = _as_tuple(self, "response_mask", self.response_mask, int)
+        lps = _as_tuple(self, "logprobs", self.logprobs)
+        if not prompt:
+            _fail(self, "prompt_ids", "must be non-empty")
+        if len(mask) != len(resp):
+            _fail(
+                self,
+                "response_mask",
+                f"length {len(mask)} != len(response_ids) {len(resp)} (step {self.step_id})",
+            )
+        if len(lps) != len(resp):
+            _fail(
+                self, "logprobs", f"length {len(lps)} != len(response_ids) {len(resp)} (step {self.step_id})"
+            )
+        bad = [i for i, m in enumerate(mask) if m not in (0, 1)]
+        if bad:
+            _fail(self, "response_mask", f"values must be 0 or 1; position {bad[0]} is {mask[bad[0]]}")
+        object.__setattr__(self, "turn_role", TurnRole(self.turn_role))
+        if not isinstance(self.meta, StepMeta):
+            _fail(self, "meta", f"expected StepMeta, got {type(self.meta).__name__}")
+
+    @property
+    def trainable(self) -> bool:
+        return self.turn_role is TurnRole.TARGET and any(self.response_mask)
+
+    @classmethod
+    def from_generation(
+        cls,
+        step_id: str,
+        prompt_ids: Sequence[int],
+        gen: GenerationOutput,
+        turn_id: str,
+        meta: StepMeta | None = None,
+    ) -> StepTrajectory:
+        """A plain (tool-free) generation: every response token is a model token."""
+        return cls(
+            step_id=step_id,
+            prompt_ids=tuple(prompt_ids),
+            response_ids=gen.token_ids,
+            response_mask=(1,) * len(gen.token_ids),
+            logprobs=gen.logprobs,
+            turn_id=turn_id,
+            meta=meta or StepMeta(turn_id=turn_id),
+        )
+
+
+@dataclass(frozen=True)
+class EpisodeTrajectory:
+    """A finished episode: its steps, its scalar reward, and how it ended."""
+
+    episode_id: str
+    group_id: str
+    steps: tuple[StepTrajectory, ...]
+    reward: float
+    status: EpisodeStatus
+    sample_index: int = -1
+    failure_reason: str | None = None
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    step_rewards_ext: tuple[float | None, ...] = ()
+
+    def __post_init__(self) -> None:
+        _require_str(self, "episode_id", self.episode_id)
+        _require_str(self, "group_id", self.group_id)
+        _as_tuple(self, "steps", self.steps, StepTrajectory)
+        try:
+            object.__setattr__(self, "status", EpisodeStatus(self.status))
+        except ValueError:
+            _fail(self, "status", f"expected one of {[s.value for s in EpisodeStatus]}, got {self.status!r}")
+        if not isinstance(self.reward, (int, float)) or math.isnan(self.reward):
+            _fail(self, "reward", f"expected a finite float, got {self.reward!r}")
+        if self.status is EpisodeStatus.FAILED and not self.failure_reason:
+            _fail(self, "failure_reason", "a FAILED episode must say why")
+        ext = _as_tuple(self, "step_rewards_ext", self.step_rewards_ext)
+        if ext and len(ext) != len(self.steps):
+            _fail(self, "step_rewards_ext", f"length {len(ext)} != number of steps {len(self.steps)}")
+        _freeze_mapping(self, "metrics", self.metrics)
+
+
+@dataclass
+class PackedBatch:
+    """Training tensors for a list of steps, named as verl names them, plus sidecars.
+
+    Layout ``padded``: every tensor is ``[num_steps, L]`` with ``L = max_prompt + max_response``; prompts are
+    left-padded and responses right-padded (as verl), ``responses``/``response_mask``/``token_level_rewards``/
+    ``old_log_probs`` are ``[num_steps, max_response]``.
+    Layout ``packed``: ``input_ids``/``position_ids``/``attention_mask`` are ``[1, total_tokens]`` with no
+    padding, ``cu_seqlens`` is ``[num_steps + 1]`` (int32) and position ids restart at 0 for each sequence;
+    response-side tensors are ``[1, total_tokens]`` aligned with ``input_ids`` (0 on prompt tokens).
+    ``prompt_lengths``/``response_lengths`` are ``[num_steps]``. Sidecars (``step_meta``, ``step_rewards_ext``,
+    ``group_ids``, ``episode_ids``, ``step_ids``) are lists aligned 1:1 with steps; they never enter the loss.
+    Mutable on purpose: tensors get moved between devices.
+    """
+
+    layout: str
+    input_ids: Any
+    attention_mask: Any
+    position_ids: Any
+    responses: Any
+    response_mask: Any
+    token_level_rewards: Any
+    old_log_probs: Any
+    prompt_lengths: Any
+    response_lengths: Any
+    rewards: Any
+    group_ids: list[str]
+    episode_ids: list[str]
+    step_ids: list[str]
+    step_meta: list[StepMeta]
+    step_rewards_ext: list[float | None]
+    cu_seqlens: Any = None
+
+    def __post_init__(self) -> None:
+        if self.layout not in ("padded", "packed"):
+            _fail(self, "layout", f"expected 'padded' or 'packed', got {self.layout!r}")
+        n = len(self.step_ids)
+        for name in ("group_ids", "episode_ids", "step_meta", "step_rewards_ext"):
+            if len(getattr(self, name)) != n:
+                _fail(self, name, f"length {len(getattr(self, name))} != number of steps {n}")
+        if self.layout == "packed" and self.cu_seqlens is None:
+            _fail(self, "cu_seqlens", "the packed layout needs cu_seqlens")
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.step_ids)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Plain-dict round trips (debug dumps, Parquet sidecars, Ray transport). Enums become their values.
+
+
+def to_dict(obj: Any) -> Any:
+    """Recursively turn a contract into JSON-friendly builtins (enums → values, tuples → lists)."""
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if hasattr(obj, "__dataclass_fields__") and not isinstance(obj, PackedBatch):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in fields(obj)}
+    if isinstance(obj, Mapping):
+        return {k: to_dict(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(v) for v in obj]
+    return obj
+
+
+def _build(cls: type, data: Mapping[str, Any], nested: Mapping[str, Any]) -> Any:
+    names = {f.name for f in fields(cls)}
+    unknown = set(data) - names
+    if unknown:
+        raise ContractError(f"{cls.__name__}: unknown fields {sorted(unknown)}; valid: {sorted(names)}")
+    kwargs = dict(data)
+    for key, conv in nested.items():
+        if key in kwargs and kwargs[key] is not None:
+            kwargs[key] = conv(kwargs[key])
+    return cls(**kwargs)
+
+
+def turn_from_dict(d: Mapping[str, Any]) -> TurnSpec:
+    return _build(TurnSpec, d, {})
+
+
+def batch_input_from_dict(d: Mapping[str, Any]) -> BatchInput:
+    return _build(BatchInput, d, {"turns": lambda ts: tuple(turn_from_dict(t) for t in ts)})
+
+
+def memory_op_from_dict(d: Mapping[str, Any]) -> MemoryOp:
+    return _build(MemoryOp, d, {})
+
+
+def step_meta_from_dict(d: Mapping[str, Any]) -> StepMeta:
+    return _build(
+        StepMeta,
+        d,
+        {
+            "tool_calls": lambda xs: tuple(_build(ToolCallRecord, x, {}) for x in xs),
+            "rollbacks": lambda xs: tuple(_build(RollbackRecord, x, {}) for x in xs),
+            "memory_ops": lambda xs: tuple(memory_op_from_dict(x) for x in xs),
+        },
+    )
+
+
+def step_from_dict(d: Mapping[str, Any]) -> StepTrajectory:
+    return _build(StepTrajectory, d, {"meta": step_meta_from_dict})
+
+
+def episode_from_dict(d: Mapping[str, Any]) -> EpisodeTrajectory:
+    return _build(EpisodeTrajectory, d, {"steps": lambda xs: tuple(step_from_dict(x) for x in xs)})
+
+
+__all__ = [
+    "BatchInput",
+    "ContractError",
+    "EpisodeStatus",
+    "EpisodeTrajectory",
+    "FinishReason",
+    "GenerationOutput",
+    "MemoryOp",
+    "MemoryOpType",
+    "PackedBatch",
+    "RollbackRecord",
+    "StepMeta",
+    "StepTrajectory",
+    "ToolCallRecord",
+    "TurnRole",
+    "TurnSpec",
+    "asdict",
+    "batch_input_from_dict",
+    "episode_from_dict",
+    "step_from_dict",
+    "step_meta_from_dict",
+    "to_dict",
+]
