@@ -1,0 +1,78 @@
+"""The PolicyClient contract: token ids in, token ids + logprobs out.
+
+Every backend (``hf``, ``vllm``, ``openai``) implements :class:`PolicyClient`. Text that already has ids is
+never re-tokenised. Tree search needs per-token logprobs, top-k alternatives (entropy), finish/stop reasons,
+per-request ``max_tokens`` and **prefix reuse**: a request may name a ``prefix_handle`` whose cached state
+(KV cache) covers a prefix of its ``prompt_ids``, so branches do not recompute their shared prefix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from memrl.types import ContractError, GenerationOutput
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling. ``n`` samples share the prompt. ``top_logprobs=k`` returns the k most likely
+    alternatives at each position. ``keep_prefix`` asks the backend to keep the state of prompt+output and
+    return its handle in ``GenerationOutput.prefix_handle`` (release it with ``PolicyClient.release``)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 64
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    n: int = 1
+    seed: int | None = None
+    top_logprobs: int = 0
+    keep_prefix: bool = False
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ContractError(f"SamplingParams.temperature: must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ContractError(f"SamplingParams.top_p: must be in (0, 1], got {self.top_p}")
+        if self.max_tokens < 1:
+            raise ContractError(f"SamplingParams.max_tokens: must be >= 1, got {self.max_tokens}")
+        if self.n < 1:
+            raise ContractError(f"SamplingParams.n: must be >= 1, got {self.n}")
+        object.__setattr__(self, "stop", tuple(self.stop))
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """``prompt_ids`` is always the full context. ``prefix_handle`` (optional) names cached state for a prefix of
+    it; the backend verifies the handle's tokens are a prefix of ``prompt_ids`` and computes only the rest."""
+
+    prompt_ids: tuple[int, ...]
+    params: SamplingParams = SamplingParams()
+    prefix_handle: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prompt_ids", tuple(int(t) for t in self.prompt_ids))
+        if not self.prompt_ids:
+            raise ContractError("GenerationRequest.prompt_ids: must be non-empty")
+
+
+@runtime_checkable
+class PolicyClient(Protocol):
+    """What the rest of memrl needs from a policy backend."""
+
+    tokenizer: Any  # a transformers tokenizer (chat template, encode/decode)
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[list[GenerationOutput]]:
+        """One batched call; returns, per request, ``params.n`` outputs."""
+        ...
+
+    def logprobs(self, sequences: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[list[float]]:
+        """Training-time scoring: log p(response_i | prompt, response_<i) for each (prompt_ids, response_ids)."""
+        ...
+
+    def release(self, handles: Sequence[str]) -> None:
+        """Free cached prefix states."""
+        ...
