@@ -1,0 +1,47 @@
+import pytest
+
+from memrl.config import Config, ConfigError, load_config, to_yaml
+
+
+def test_defaults_yaml_and_overrides_layer(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("seed: 3\nrollout:\n  n: 8\npolicy:\n  temperature: 0.5\n")
+    cfg = load_config(path, ["policy.temperature=0.7", "data.adapter=locomo"])
+    assert isinstance(cfg, Config)
+    assert cfg.seed == 3 and cfg.rollout.n == 8
+    assert cfg.policy.temperature == 0.7 and cfg.data.adapter == "locomo"
+    assert load_config(None).rollout.n == Config().rollout.n
+
+
+def test_unknown_key_lists_valid_keys(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("rollout:\n  nn: 8\n")
+    with pytest.raises(
+        ConfigError, match=r"unknown config key 'rollout.nn'; valid keys under 'rollout': .*\bn\b"
+    ):
+        load_config(path)
+    with pytest.raises(
+        ConfigError, match=r"command-line overrides: unknown config key 'sed'; valid keys: seed"
+    ):
+        load_config(None, ["sed=1"])
+
+
+def test_bad_override_syntax_and_type_and_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="expected key=value"):
+        load_config(None, ["rollout.n"])
+    with pytest.raises(ConfigError, match="rollout.n"):
+        load_config(None, ["rollout.n=many"])
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def test_post_init_validation_surfaces(tmp_path):
+    with pytest.raises((ConfigError, ValueError), match="n_samples_per_prompt must be >= 1"):
+        load_config(None, ["data.n_samples_per_prompt=0"])
+
+
+def test_yaml_dump_round_trips(tmp_path):
+    cfg = load_config(None, ["rollout.n=6"])
+    path = tmp_path / "dump.yaml"
+    path.write_text(to_yaml(cfg))
+    assert load_config(path) == cfg

@@ -1,0 +1,144 @@
+import pytest
+
+from memrl.types import (
+    BatchInput,
+    ContractError,
+    EpisodeStatus,
+    EpisodeTrajectory,
+    FinishReason,
+    GenerationOutput,
+    MemoryOp,
+    MemoryOpType,
+    StepMeta,
+    StepTrajectory,
+    ToolCallRecord,
+    TurnRole,
+    TurnSpec,
+    batch_input_from_dict,
+    episode_from_dict,
+    to_dict,
+)
+
+
+def _turns():
+    return (
+        TurnSpec(
+            role="history", text="Alice: I moved to Lyon.", turn_id="D1:1", speaker="Alice", timestamp="1 May"
+        ),
+        TurnSpec(role=TurnRole.TARGET, text="Where does Alice live?", turn_id="q0"),
+    )
+
+
+def _step(**kw):
+    base = dict(
+        step_id="e0/s0",
+        prompt_ids=[5, 6, 7],
+        response_ids=[8, 9, 10],
+        response_mask=[1, 0, 1],
+        logprobs=[-0.1, 0.0, -0.2],
+        turn_id="q0",
+    )
+    base.update(kw)
+    return StepTrajectory(**base)
+
+
+def test_turnspec_coerces_role_and_rejects_unknown_role():
+    assert _turns()[0].role is TurnRole.HISTORY
+    with pytest.raises(ContractError, match=r"TurnSpec.role: expected one of \['history', 'target'\]"):
+        TurnSpec(role="assistant", text="x", turn_id="t")
+
+
+def test_turnspec_rejects_empty_turn_id():
+    with pytest.raises(ContractError, match="TurnSpec.turn_id: must be a non-empty string"):
+        TurnSpec(role="history", text="x", turn_id=" ")
+
+
+def test_batch_input_requires_single_final_target():
+    bi = BatchInput(
+        episode_id="e0", group_id="g0", turns=list(_turns()), final_query="Where does Alice live?"
+    )
+    assert isinstance(bi.turns, tuple)
+    assert bi.target.turn_id == "q0" and len(bi.history) == 1
+    hist_only = (_turns()[0],)
+    with pytest.raises(ContractError, match="BatchInput.turns: exactly one target turn, last"):
+        BatchInput(episode_id="e0", group_id="g0", turns=hist_only, final_query="q")
+    reversed_turns = tuple(reversed(_turns()))
+    with pytest.raises(ContractError, match=r"target positions \[0\] of 2"):
+        BatchInput(episode_id="e0", group_id="g0", turns=reversed_turns, final_query="q")
+
+
+def test_batch_input_is_frozen():
+    bi = BatchInput(episode_id="e0", group_id="g0", turns=_turns(), final_query="q")
+    with pytest.raises(AttributeError):
+        bi.episode_id = "other"
+
+
+def test_generation_output_validates_lengths_and_logprobs():
+    out = GenerationOutput(
+        token_ids=[1, 2], logprobs=[-0.5, -1.0], finish_reason="stop", stop_reason="</python>"
+    )
+    assert out.finish_reason is FinishReason.STOP
+    with pytest.raises(ContractError, match=r"GenerationOutput.logprobs: length 1 != len\(token_ids\) 2"):
+        GenerationOutput(token_ids=[1, 2], logprobs=[-0.5], finish_reason="stop")
+    with pytest.raises(ContractError, match="is not a log-probability"):
+        GenerationOutput(token_ids=[1], logprobs=[0.7], finish_reason="length")
+    with pytest.raises(ContractError, match="finish_reason"):
+        GenerationOutput(token_ids=[1], logprobs=[-0.1], finish_reason="done")
+
+
+def test_step_trajectory_checks_mask_alignment_and_values():
+    step = _step()
+    assert step.trainable
+    with pytest.raises(
+        ContractError, match=r"response_mask: length 2 != len\(response_ids\) 3 \(step e0/s0\)"
+    ):
+        _step(response_mask=[1, 1])
+    with pytest.raises(ContractError, match="values must be 0 or 1; position 1 is 2"):
+        _step(response_mask=[1, 2, 1])
+    assert not _step(response_mask=[0, 0, 0]).trainable
+    assert not _step(turn_role="history").trainable
+
+
+def test_memory_op_rules():
+    with pytest.raises(ContractError, match="COMPRESS op must carry the summary id"):
+        MemoryOp(op="COMPRESS", turn_id="D1:1")
+    with pytest.raises(ContractError, match="UPDATE op must name the fact ids"):
+        MemoryOp(op=MemoryOpType.UPDATE, turn_id="D1:1")
+    assert MemoryOp(op="ADD", turn_id="D1:1", fact_ids=[3]).fact_ids == (3,)
+
+
+def test_failed_episode_needs_reason_and_ext_rewards_align():
+    with pytest.raises(ContractError, match="FAILED episode must say why"):
+        EpisodeTrajectory(episode_id="e", group_id="g", steps=(), reward=0.0, status="failed")
+    with pytest.raises(ContractError, match="step_rewards_ext: length 2 != number of steps 1"):
+        EpisodeTrajectory(
+            episode_id="e",
+            group_id="g",
+            steps=(_step(),),
+            reward=1.0,
+            status="completed",
+            step_rewards_ext=(0.0, 0.0),
+        )
+
+
+def test_dict_round_trip_of_nested_contracts():
+    meta = StepMeta(
+        turn_id="q0",
+        tree_id="t0",
+        node_path=(0, 2),
+        branch_depth=1,
+        tool_calls=(
+            ToolCallRecord(name="python", arguments="print(1)", result="1", status="ok", position=4),
+        ),
+        memory_ops=(MemoryOp(op="RETRIEVE", turn_id="q0", fact_ids=(1, 2), scores=(0.9, 0.5)),),
+    )
+    ep = EpisodeTrajectory(
+        episode_id="e", group_id="g", steps=(_step(meta=meta),), reward=1.0, status=EpisodeStatus.COMPLETED
+    )
+    d = to_dict(ep)
+    assert d["status"] == "completed" and d["steps"][0]["meta"]["memory_ops"][0]["op"] == "RETRIEVE"
+    assert episode_from_dict(d) == ep
+    bi = BatchInput(episode_id="e0", group_id="g0", turns=_turns(), final_query="q", metadata={"category": 2})
+    assert batch_input_from_dict(to_dict(bi)) == bi
+    with pytest.raises(ContractError, match="unknown fields"):
+        batch_input_from_dict({**to_dict(bi), "bogus": 1})
