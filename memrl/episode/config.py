@@ -1,12 +1,65 @@
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class WorkerConfig:
+    """Where episodes run: in-process, or sharded over ``num_workers`` Ray actors (each holds a policy backend).
+
+    ``ray_address`` = ``None`` starts a local Ray instance; ``"auto"`` or ``"ray://host:10001"`` joins a cluster.
+    ``max_attempts`` bounds how often one shard is re-run after its actor died before the batch gives up.
+    """
+
+    use_ray: bool = False
+    num_workers: int = 2
+    ray_address: str | None = None
+    num_cpus_per_worker: float = 1.0
+    max_attempts: int = 3
+
+    def __post_init__(self) -> None:
+        if self.num_workers < 1:
+            raise ValueError(f"episode.worker.num_workers must be >= 1, got {self.num_workers}")
+        if self.max_attempts < 1:
+            raise ValueError(f"episode.worker.max_attempts must be >= 1, got {self.max_attempts}")
+        if self.num_cpus_per_worker <= 0:
+            raise ValueError(
+                f"episode.worker.num_cpus_per_worker must be > 0, got {self.num_cpus_per_worker}"
+                " (use a fraction such as 0.5 to pack several actors per core)"
+            )
 
 
 @dataclass
 class EpisodeConfig:
-    """Prompting, reward and rollout workers (owned by memrl.episode)."""
+    """Prompting, reward and rollout workers (owned by memrl.episode).
+
+    ``prompt_template`` is a file name in the bundled ``prompts/`` directory or a path to a Jinja file.
+    ``prompt_token_budget`` bounds the target-turn prompt; over budget the lowest-scored facts are cut (and
+    recorded in ``StepMeta.cut_fact_ids``), never the question. ``retrieve_k`` = ``None`` uses ``memory.top_k``.
+    ``use_memory`` = ``False`` is the no-memory ablation: the prompt carries neither facts nor summary.
+    ``batch_size`` is how many episodes advance together through the state machine (memory ops and
+    generation are batched across them).
+    """
 
     reward: str = "exact_match"
+    reward_options: dict[str, Any] = field(default_factory=dict)
     prompt_template: str = "target_turn.j2"
     prompt_token_budget: int = 1536
+    retrieve_k: int | None = None
+    use_memory: bool = True
+    use_summary: bool = True
+    update_memory_after_answer: bool = True
+    batch_size: int = 16
+    worker: WorkerConfig = field(default_factory=WorkerConfig)
+
+    def __post_init__(self) -> None:
+        if self.prompt_token_budget < 16:
+            raise ValueError(
+                f"episode.prompt_token_budget must be >= 16 tokens, got {self.prompt_token_budget}"
+                " (it must at least hold the instructions and the question)"
+            )
+        if self.retrieve_k is not None and self.retrieve_k < 0:
+            raise ValueError(f"episode.retrieve_k must be >= 0 or null, got {self.retrieve_k}")
+        if self.batch_size < 1:
+            raise ValueError(f"episode.batch_size must be >= 1, got {self.batch_size}")

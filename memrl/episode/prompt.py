@@ -1,0 +1,215 @@
+"""Target-turn prompts: retrieved facts + short-term summary + tool list → chat messages → token ids.
+
+The embedded tiny model is trained on exactly what :meth:`PromptBuilder.build` produces, so its output format
+is a contract: system message = ``prompts/target_turn.j2`` rendered with ``facts`` (oldest first), ``summary``
+and ``tools``; messages ``[system, user=question]``; ids from ``tokenizer.apply_chat_template(...,
+add_generation_prompt=True)``. A tokenizer without a chat template gets :data:`PLAIN_CHAT_FORMAT`.
+
+The budget is never met by silent truncation: facts are cut lowest score first (ties: oldest first) and the cut
+ids are returned; if the prompt still does not fit, the summary is dropped; if even that does not fit,
+:class:`PromptTooLongError` is raised.
+
+>>> builder = PromptBuilder(EpisodeConfig(), tokenizer)
+>>> built = builder.build("Where does Ann live?", facts=[{"id": 3, "text": "Ann lives in Oslo", ...}])
+>>> built.ids, built.included_fact_ids, built.cut_fact_ids
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.resources
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from memrl.episode.config import EpisodeConfig
+
+# Used only when the tokenizer has no chat template. One line per role marker; generation starts after
+# "<|assistant|>\n".
+# Upper bound on the template markup around one fact line ("- [date] " etc.), in tokens.
+_FACT_MARKUP_TOKENS = 48
+
+PLAIN_CHAT_FORMAT = "<|system|>\n{system}\n<|user|>\n{user}\n<|assistant|>\n"
+
+
+class PromptTooLongError(ValueError):
+    """The prompt exceeds its token budget even with every fact and the summary removed."""
+
+
+@dataclass(frozen=True)
+class PromptFact:
+    """One retrieved fact as the template sees it."""
+
+    id: int
+    text: str
+    timestamp: str | None = None
+    speaker: str = ""
+    source_ids: tuple[str, ...] = ()
+    score: float = 0.0
+
+    def as_template_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "text": self.text,
+            "timestamp": self.timestamp,
+            "speaker": self.speaker,
+            "source_ids": list(self.source_ids),
+            "score": self.score,
+        }
+
+
+def as_prompt_fact(fact: Any) -> PromptFact:
+    """Accept a mapping or an object with attributes (``id``/``fact_id``, ``text``, ``timestamp``, ...)."""
+    if isinstance(fact, PromptFact):
+        return fact
+    get = fact.get if isinstance(fact, Mapping) else lambda k, d=None: getattr(fact, k, d)
+    fid = get("id", None)
+    if fid is None:
+        fid = get("fact_id", None)
+    if fid is None or get("text", None) is None:
+        raise ValueError(f"fact {fact!r}: expected fields 'id' (or 'fact_id') and 'text'")
+    return PromptFact(
+        id=int(fid),
+        text=str(get("text")),
+        timestamp=get("timestamp", None),
+        speaker=str(get("speaker", "") or ""),
+        source_ids=tuple(str(s) for s in (get("source_ids", ()) or ())),
+        score=float(get("score", 0.0) or 0.0),
+    )
+
+
+@dataclass(frozen=True)
+class BuiltPrompt:
+    """``ids`` is the full prompt (generation starts right after it); ``text`` is the system message."""
+
+    ids: tuple[int, ...]
+    text: str
+    messages: tuple[Mapping[str, str], ...]
+    included_fact_ids: tuple[int, ...]
+    cut_fact_ids: tuple[int, ...]
+    summary_cut: bool = False
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.ids)
+
+
+@functools.lru_cache(maxsize=16)
+def load_template(name: str) -> jinja2.Template:
+    """A bundled template by file name (``target_turn.j2``) or a path to a Jinja file."""
+    path = Path(name)
+    if path.is_file():
+        source = path.read_text(encoding="utf-8")
+    else:
+        resource = importlib.resources.files("memrl_prompts") / name
+        if not resource.is_file():
+            bundled = sorted(p.name for p in importlib.resources.files("memrl_prompts").iterdir())
+            raise FileNotFoundError(
+                f"prompt template {name!r} is neither a file nor a bundled template; bundled: {bundled}"
+            )
+        source = resource.read_text(encoding="utf-8")
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=False, autoescape=False)
+    return env.from_string(source)
+
+
+def encode_chat(tokenizer: Any, messages: Sequence[Mapping[str, str]]) -> list[int]:
+    """Chat-template ids with a generation prompt; handles list / BatchEncoding / tensor return types."""
+    if getattr(tokenizer, "chat_template", None):
+        out = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
+        if isinstance(out, Mapping) or hasattr(out, "input_ids"):
+            out = out["input_ids"]
+        if hasattr(out, "tolist"):
+            out = out.tolist()
+        if out and isinstance(out[0], (list, tuple)):  # batched return of a single conversation
+            out = out[0]
+        return [int(t) for t in out]
+    text = render_plain_chat(messages)
+    return [int(t) for t in tokenizer(text, add_special_tokens=False)["input_ids"]]
+
+
+def render_plain_chat(messages: Sequence[Mapping[str, str]]) -> str:
+    by_role = {m["role"]: m["content"] for m in messages}
+    return PLAIN_CHAT_FORMAT.format(system=by_role.get("system", ""), user=by_role.get("user", ""))
+
+
+class PromptBuilder:
+    """Renders target-turn prompts within ``cfg.prompt_token_budget`` tokens."""
+
+    def __init__(self, cfg: EpisodeConfig, tokenizer: Any) -> None:
+        self.cfg = cfg
+        self.tokenizer = tokenizer
+        self.template = load_template(cfg.prompt_template)
+
+    def render_system(self, facts: Sequence[PromptFact], summary: str, tools: Sequence[str]) -> str:
+        return self.template.render(
+            facts=[f.as_template_dict() for f in facts], summary=summary or "", tools=list(tools)
+        ).strip()
+
+    def _encode(self, question: str, facts: Sequence[PromptFact], summary: str, tools: Sequence[str]):
+        system = self.render_system(facts, summary, tools)
+        messages = ({"role": "system", "content": system}, {"role": "user", "content": question})
+        return encode_chat(self.tokenizer, messages), system, messages
+
+    def build(
+        self,
+        question: str,
+        facts: Sequence[Any] = (),
+        summary: str = "",
+        tools: Sequence[str] = (),
+    ) -> BuiltPrompt:
+        """``facts`` must arrive oldest first (rendered in that order); the budget cuts by score."""
+        kept = [as_prompt_fact(f) for f in facts]
+        budget = self.cfg.prompt_token_budget
+        # Cut order: lowest score first; among equal scores the oldest (earliest in the list) goes first.
+        cut_order = sorted(range(len(kept)), key=lambda i: (kept[i].score, i))
+        cut: list[int] = []
+        ids, system, messages = self._encode(question, kept, summary, tools)
+        while len(ids) > budget and len(cut) < len(cut_order):
+            # Drop several facts at once when far over budget (each re-render costs a tokenisation), then
+            # re-check; the estimate uses the rendered length of the facts still in.
+            over = len(ids) - budget
+            n_drop = self._facts_to_drop(over, [kept[i] for i in cut_order[len(cut) :]])
+            cut.extend(cut_order[len(cut) : len(cut) + n_drop])
+            cut_set = set(cut)
+            ids, system, messages = self._encode(
+                question, [f for i, f in enumerate(kept) if i not in cut_set], summary, tools
+            )
+        cut_set = set(cut)
+        remaining = [f for i, f in enumerate(kept) if i not in cut_set]
+        summary_cut = False
+        if len(ids) > budget and summary:
+            summary_cut = True
+            ids, system, messages = self._encode(question, remaining, "", tools)
+        if len(ids) > budget:
+            raise PromptTooLongError(
+                f"prompt needs {len(ids)} tokens without any memory but episode.prompt_token_budget is {budget};"
+                " raise the budget or shorten the question"
+            )
+        return BuiltPrompt(
+            ids=tuple(ids),
+            text=system,
+            messages=messages,
+            included_fact_ids=tuple(f.id for f in remaining),
+            cut_fact_ids=tuple(kept[i].id for i in cut),
+            summary_cut=summary_cut,
+        )
+
+    def _facts_to_drop(self, over_tokens: int, candidates: Sequence[PromptFact]) -> int:
+        """How many of ``candidates`` (in cut order) must go to shed ``over_tokens``; at least 1.
+
+        Uses an *over*estimate of each fact line (its text tokens + a markup margin): if the first ``n`` facts
+        shed less than needed even by the overestimate, all ``n`` and one more must go. So we never cut more
+        than the minimal prefix of the cut order, and each loop iteration costs one re-tokenisation.
+        """
+        shed, n = 0, 0
+        for fact in candidates:
+            shed += (
+                len(self.tokenizer(fact.text, add_special_tokens=False)["input_ids"]) + _FACT_MARKUP_TOKENS
+            )
+            if shed >= over_tokens:
+                break
+            n += 1
+        return min(len(candidates), n + 1)

@@ -1,0 +1,82 @@
+"""PromptBuilder: template rendering, chat-template ids, budget cuts by score, typed error past the budget."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import ByT5Tokenizer
+
+from memrl.episode.config import EpisodeConfig
+from memrl.episode.prompt import PLAIN_CHAT_FORMAT, PromptBuilder, PromptTooLongError, as_prompt_fact
+
+CHAT_TEMPLATE = "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+
+
+def _facts(n: int, scores=None):
+    return [
+        {
+            "id": 100 + i,
+            "text": f"Ann mentioned detail number {i}",
+            "timestamp": f"2023-05-{i + 1:02d}",
+            "speaker": "Ann",
+            "source_ids": [f"D1:{i}"],
+            "score": (scores[i] if scores else float(i)),
+        }
+        for i in range(n)
+    ]
+
+
+def _builder(budget: int = 1536, template: bool = False) -> PromptBuilder:
+    tok = ByT5Tokenizer()
+    if template:
+        tok.chat_template = CHAT_TEMPLATE
+    return PromptBuilder(EpisodeConfig(prompt_token_budget=budget), tok)
+
+
+def test_renders_facts_in_given_order_with_dates_and_source_ids():
+    built = _builder().build("Where does Ann live?", _facts(3), "Ann likes Oslo.", ["python"])
+    lines = built.text.splitlines()
+    fact_lines = [line for line in lines if line.startswith("- [")]
+    assert fact_lines == [f"- [2023-05-0{i + 1}] Ann mentioned detail number {i} (D1:{i})" for i in range(3)]
+    assert "Recent: Ann likes Oslo." in lines
+    assert "Tools: <python>...</python>" in lines
+    assert built.included_fact_ids == (100, 101, 102) and built.cut_fact_ids == ()
+
+
+def test_plain_format_without_chat_template_and_chat_template_when_present():
+    plain = _builder().build("Q?", _facts(1))
+    tok = ByT5Tokenizer()
+    expected = PLAIN_CHAT_FORMAT.format(system=plain.text, user="Q?")
+    assert list(plain.ids) == tok(expected, add_special_tokens=False)["input_ids"]
+    templated = _builder(template=True).build("Q?", _facts(1))
+    assert tok.decode(list(templated.ids)) == f"<system>{templated.text}\n<user>Q?\n<assistant>"
+
+
+def test_budget_cuts_lowest_scores_first_and_minimally():
+    scores = [0.9, 0.1, 0.5, 0.3, 0.8]
+    full = _builder().build("Q?", _facts(5, scores))
+    # Budget that fits exactly the full prompt minus the two lowest-scored fact lines.
+    without_two = _builder().build("Q?", [f for f in _facts(5, scores) if f["id"] not in (101, 103)])
+    built = _builder(budget=without_two.num_tokens).build("Q?", _facts(5, scores))
+    assert built.cut_fact_ids == (101, 103)
+    assert built.included_fact_ids == (100, 102, 104)  # order of the input (oldest first) preserved
+    assert built.num_tokens <= without_two.num_tokens < full.num_tokens
+    assert not built.summary_cut
+
+
+def test_summary_dropped_only_after_all_facts_and_error_past_budget():
+    b = _builder(budget=200)
+    built = b.build("Q?", _facts(3), summary="x" * 150)
+    assert built.summary_cut and built.cut_fact_ids == (100, 101, 102) and built.included_fact_ids == ()
+    with pytest.raises(PromptTooLongError, match="prompt_token_budget"):
+        _builder(budget=100).build("Q" * 200 + "?")
+
+
+def test_fact_objects_and_bad_facts():
+    class Obj:
+        fact_id, text, timestamp, speaker, source_ids, score = 7, "Bo runs", None, "Bo", ("S1",), 0.5
+
+    f = as_prompt_fact(Obj())
+    assert (f.id, f.text, f.timestamp, f.source_ids) == (7, "Bo runs", None, ("S1",))
+    assert "- [undated] Bo runs (S1)" in _builder().build("Q?", [Obj()]).text
+    with pytest.raises(ValueError, match="'id'"):
+        as_prompt_fact({"text": "no id"})
