@@ -1,0 +1,361 @@
+"""``synthetic``: a generated multi-session memory task (no files needed; seeded; any size).
+
+Each episode is a conversation between two speakers over ``num_sessions`` dated sessions. Short templated
+history turns state attributes of a few persons (favourite colour, city, pet's name, job, age, number of
+siblings, number of pets, savings) among chit-chat and other persons' attributes. The target turn asks one
+question of one of three types (``metadata["question_type"]``):
+
+* ``lookup``     – an attribute stated once ("What is Mia's job?")
+* ``update``     – an attribute stated, then changed in a later session; the answer is the latest value
+* ``arithmetic`` – a sum/difference over remembered numbers ("How old will Mia be in 7 years?");
+  ``metadata["gold_python"]`` is a one-line program printing the answer (``print(31 + 7)``).
+
+``metadata["evidence_turn_ids"]`` lists the turns stating the facts the answer needs (for updates: the turn with
+the latest value). Splits: ``train`` and ``test`` draw names and categorical values from disjoint pools, so the
+test set is held out (numbers share one range: the task is to recall them, not to know them); ``all`` is
+train followed by test. Episode ``i`` of a split depends only on ``(seed, split, i)``, never on
+``num_episodes``, so growing the dataset keeps its prefix. Sentences are short and fixed so a ~1M-parameter
+byte-level model can learn to copy answers out of facts.
+
+Example::
+
+    from memrl.data.adapters import run_adapter
+    episodes, _ = run_adapter("synthetic", None, split="train", options={"num_episodes": 100, "seed": 0})
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from memrl.data.adapters import ADAPTERS, SkipReport
+from memrl.types import BatchInput, TurnRole, TurnSpec
+
+QUESTION_TYPES = ("lookup", "update", "arithmetic")
+
+
+def _words(text: str) -> tuple[str, ...]:
+    return tuple(text.split())
+
+
+_NAMES = _words(
+    "Mia Omar Lena Ravi Sofia Noah Aiko Liam Nora Ivan Zara Hugo Emma Kofi Lucia Theo Amara Finn Yuki Jonas "
+    "Priya Mateo Hana Leo Ines Sam Maya Oscar Leila Tariq Elsa Diego Nina Arjun Clara Felix Rosa Kenji Ada "
+    "Marco Iris Pablo Greta Yusuf Alma Victor Esme Hamid June Bruno Lila Caleb Vera Omid Tess Rafael Uma "
+    "Niko Wren Dario"
+)
+_COLOURS = _words(
+    "red blue green yellow purple orange pink teal brown black white grey gold silver navy maroon olive "
+    "coral violet amber"
+)
+_CITIES = _words(
+    "Paris Lima Oslo Cairo Tokyo Rome Delhi Quito Seoul Dakar Lagos Perth Vienna Dublin Prague Madrid "
+    "Boston Denver Austin Nairobi Lisbon Athens Berlin Zurich Havana Manila Hanoi Bogota Accra Sydney"
+)
+_PET_NAMES = _words(
+    "Rex Bella Max Luna Coco Milo Daisy Rocky Pepper Ziggy Biscuit Fudge Mango Shadow Nugget Pickle "
+    "Ginger Toby Willow Pixel Peanut Noodle Socks Maple Hazel Tofu Waffles Juniper Oreo Button"
+)
+# Consonant-initial only, so "{p} is a {v}." never needs "an".
+_JOBS = _words(
+    "teacher nurse baker pilot chef farmer dentist painter plumber lawyer writer doctor banker "
+    "florist tailor barber potter driver singer sailor"
+)
+
+_CHITCHAT = (
+    "Hi, how are you today?",
+    "I am fine, thanks for asking.",
+    "The weather is nice today.",
+    "It rained all morning here.",
+    "I had a long day at work.",
+    "Did you watch the game last night?",
+    "I made soup for dinner.",
+    "I am reading a good book.",
+    "We should meet for coffee soon.",
+    "My train was late again.",
+    "I went for a walk in the park.",
+    "That sounds like fun.",
+    "I need to buy new shoes.",
+    "The market was busy today.",
+    "I am tired but happy.",
+    "Good to talk to you again.",
+    "I saw {other} at the market.",
+    "{other} says hello to you.",
+)
+
+
+@dataclass(frozen=True)
+class _Attr:
+    """One attribute: how it is stated, re-stated after a change, asked, and where its values come from."""
+
+    name: str
+    state: str
+    update: str | None  # None = this attribute never changes (age)
+    ask: str
+    numeric: bool = False
+
+
+_ATTRS = {
+    a.name: a
+    for a in (
+        _Attr("colour", "{p}'s favourite colour is {v}.", "{p}'s favourite colour is now {v}.",
+              "What is {p}'s favourite colour?"),
+        _Attr("city", "{p} lives in {v}.", "{p} now lives in {v}.", "Which city does {p} live in?"),
+        _Attr("pet_name", "{p}'s pet is called {v}.", "{p}'s pet is now called {v}.",
+              "What is the name of {p}'s pet?"),
+        _Attr("job", "{p} is a {v}.", "{p} is now a {v}.", "What is {p}'s job?"),
+        _Attr("age", "{p} is {v} years old.", None, "How old is {p}?", numeric=True),
+        _Attr("siblings", "{p} has {v} siblings.", "{p} now has {v} siblings.",
+              "How many siblings does {p} have?", numeric=True),
+        _Attr("pets", "{p} has {v} pets.", "{p} now has {v} pets.", "How many pets does {p} have?",
+              numeric=True),
+        _Attr("savings", "{p} has {v} dollars in savings.", "{p} now has {v} dollars in savings.",
+              "How many dollars does {p} have in savings?", numeric=True),
+    )
+}  # fmt: skip
+# Counts start at 2 so every templated sentence stays grammatical ("has 1 pets").
+_NUMERIC_RANGES = {"age": (18, 79), "siblings": (2, 8), "pets": (2, 7), "savings": (100, 999)}
+
+
+def _split_pool(values: Sequence[str], split: str) -> list[str]:
+    # Even positions → train, odd → test: disjoint, and stable when the lists grow at the end.
+    return list(values[0 if split == "train" else 1 :: 2])
+
+
+def _pools(split: str) -> dict[str, list[str]]:
+    return {
+        "names": _split_pool(_NAMES, split),
+        "colour": _split_pool(_COLOURS, split),
+        "city": _split_pool(_CITIES, split),
+        "pet_name": _split_pool(_PET_NAMES, split),
+        "job": _split_pool(_JOBS, split),
+    }
+
+
+def _draw(rng: random.Random, pools: dict[str, list[str]], attr: str, avoid: str | None = None) -> str:
+    while True:  # rejection sampling: pools have >= 10 values, so this ends after ~1 draw
+        if attr in _NUMERIC_RANGES:
+            value = str(rng.randint(*_NUMERIC_RANGES[attr]))
+        else:
+            value = rng.choice(pools[attr])
+        if value != avoid:
+            return value
+
+
+@dataclass
+class _Plan:
+    """Statements placed into (session, slot) positions before chit-chat fills the rest."""
+
+    slots: dict[tuple[int, int], str]
+    num_sessions: int
+    turns_per_session: int
+
+    def free(self, sessions: range | None = None) -> list[tuple[int, int]]:
+        sessions = sessions if sessions is not None else range(self.num_sessions)
+        return [(s, t) for s in sessions for t in range(self.turns_per_session) if (s, t) not in self.slots]
+
+    def place(self, rng: random.Random, text: str, sessions: range | None = None) -> tuple[int, int]:
+        free = self.free(sessions)
+        if not free:
+            raise ValueError("synthetic: not enough turn slots; raise turns_per_session or num_sessions")
+        pos = rng.choice(free)
+        self.slots[pos] = text
+        return pos
+
+
+def _turn_id(pos: tuple[int, int]) -> str:
+    return f"D{pos[0] + 1}:{pos[1] + 1}"
+
+
+class _EpisodeBuilder:
+    """Builds one episode; keeps the per-episode state (persons, values, plan) in one place."""
+
+    def __init__(
+        self, rng: random.Random, split: str, num_sessions: int, turns_per_session: int, n_persons: int
+    ):
+        self.rng = rng
+        self.pools = _pools(split)
+        names = rng.sample(self.pools["names"], n_persons + 2)
+        self.persons, self.speakers = names[:n_persons], names[n_persons:]
+        self.values = {p: {a: _draw(rng, self.pools, a) for a in _ATTRS} for p in self.persons}
+        self.plan = _Plan({}, num_sessions, turns_per_session)
+        self.stated: set[tuple[str, str]] = set()
+
+    def state(self, person: str, attr: str, sessions: range | None = None) -> str:
+        self.stated.add((person, attr))
+        text = _ATTRS[attr].state.format(p=person, v=self.values[person][attr])
+        return _turn_id(self.plan.place(self.rng, text, sessions))
+
+    def state_with_update(self, person: str, attr: str) -> str:
+        """State an old value in some session, then the current value in a strictly later one."""
+        n = self.plan.num_sessions
+        first = self.rng.randrange(0, n - 1)
+        later = self.rng.randrange(first + 1, n)
+        old = _draw(self.rng, self.pools, attr, avoid=self.values[person][attr])
+        self.plan.place(self.rng, _ATTRS[attr].state.format(p=person, v=old), range(first, first + 1))
+        self.stated.add((person, attr))
+        text = _ATTRS[attr].update.format(p=person, v=self.values[person][attr])
+        return _turn_id(self.plan.place(self.rng, text, range(later, later + 1)))
+
+    def question(self, qtype: str) -> tuple[str, str, list[str], str | None, list[str]]:
+        """(question, answer, evidence turn ids, gold_python, attributes asked)."""
+        return _QUESTIONS[qtype](self)
+
+    def add_distractors(self, fraction: float) -> None:
+        free = self.plan.free()
+        n_facts = int(round(len(free) * fraction))
+        unstated = [(p, a) for p in self.persons for a in _ATTRS if (p, a) not in self.stated]
+        self.rng.shuffle(unstated)
+        for person, attr in unstated[:n_facts]:
+            self.state(person, attr)
+        others = [n for n in self.pools["names"] if n not in self.persons + self.speakers]
+        for pos in self.plan.free():
+            line = self.rng.choice(_CHITCHAT).format(other=self.rng.choice(others))
+            self.plan.slots[pos] = line
+
+
+def _q_lookup(b: _EpisodeBuilder):
+    person, attr = b.rng.choice(b.persons), b.rng.choice(sorted(_ATTRS))
+    tid = b.state(person, attr)
+    return _ATTRS[attr].ask.format(p=person), b.values[person][attr], [tid], None, [attr]
+
+
+def _q_update(b: _EpisodeBuilder):
+    person = b.rng.choice(b.persons)
+    attr = b.rng.choice(sorted(a for a, spec in _ATTRS.items() if spec.update))
+    tid = b.state_with_update(person, attr)
+    return _ATTRS[attr].ask.format(p=person), b.values[person][attr], [tid], None, [attr]
+
+
+def _q_arithmetic(b: _EpisodeBuilder):
+    kind = b.rng.choice(("age_in", "pets_together", "siblings_together", "savings_after"))
+    p, q = b.rng.sample(b.persons, 2)
+    v = b.values
+    if kind == "age_in":
+        k, attr = b.rng.randint(2, 20), "age"
+        ids = [b.state(p, attr)]
+        text, a, c = f"How old will {p} be in {k} years?", int(v[p][attr]), k
+    elif kind == "savings_after":
+        k, attr = b.rng.randint(10, 500), "savings"
+        ids = [b.state(p, attr)]
+        text, a, c = f"How many dollars will {p} have after saving {k} more?", int(v[p][attr]), k
+    else:
+        attr = "pets" if kind == "pets_together" else "siblings"
+        ids = [b.state(p, attr), b.state(q, attr)]
+        text = f"How many {attr} do {p} and {q} have together?"
+        a, c = int(v[p][attr]), int(v[q][attr])
+    return text, str(a + c), ids, f"print({a} + {c})", [attr]
+
+
+_QUESTIONS = {"lookup": _q_lookup, "update": _q_update, "arithmetic": _q_arithmetic}
+
+
+def _session_dates(rng: random.Random, n: int) -> list[dt.datetime]:
+    day = dt.datetime(2023, 1, 1) + dt.timedelta(days=rng.randrange(0, 365))
+    out = []
+    for _ in range(n):
+        day = day + dt.timedelta(days=rng.randint(1, 30))
+        out.append(day.replace(hour=rng.randint(8, 21), minute=rng.choice((0, 15, 30, 45))))
+    return out
+
+
+def _fmt(d: dt.datetime) -> str:
+    return d.strftime("%Y-%m-%d %H:%M")
+
+
+def make_episode(
+    seed: int, split: str, index: int, *, num_sessions: int = 3, turns_per_session: int = 6,
+    n_persons: int = 3, distractor_fraction: float = 0.5, question_types: Sequence[str] = QUESTION_TYPES,
+) -> BatchInput:  # fmt: skip
+    """Episode ``index`` of ``split``; a pure function of its arguments."""
+    rng = random.Random(f"memrl-synthetic:{seed}:{split}:{index}")
+    qtype = question_types[index % len(question_types)]  # cycling keeps the type mix exact
+    b = _EpisodeBuilder(rng, split, num_sessions, turns_per_session, n_persons)
+    question, answer, evidence, gold_python, attrs = b.question(qtype)
+    b.add_distractors(distractor_fraction)
+    dates = _session_dates(rng, num_sessions)
+    turns = [
+        TurnSpec(
+            role=TurnRole.HISTORY,
+            text=b.plan.slots[(s, t)],
+            turn_id=_turn_id((s, t)),
+            speaker=b.speakers[t % 2],
+            timestamp=_fmt(dates[s] + dt.timedelta(minutes=t)),
+        )
+        for s in range(num_sessions)
+        for t in range(turns_per_session)
+    ]
+    ask_time = _fmt(dates[-1] + dt.timedelta(days=rng.randint(1, 7)))
+    turns.append(
+        TurnSpec(role=TurnRole.TARGET, text=question, turn_id="Q", speaker="User", timestamp=ask_time)
+    )
+    episode_id = f"synthetic-{split}-{seed}-{index}"
+    meta = {
+        "question_type": qtype,
+        "evidence_turn_ids": evidence,
+        "attributes": attrs,
+        "session_dates": [_fmt(d) for d in dates],
+        "split": split,
+        "seed": seed,
+    }
+    if gold_python is not None:
+        meta["gold_python"] = gold_python
+    return BatchInput(episode_id, episode_id, tuple(turns), question, answer, meta)
+
+
+def _validate(num_episodes, num_sessions, turns_per_session, n_persons, distractor_fraction, question_types):
+    problems = []
+    if num_episodes < 0:
+        problems.append(f"num_episodes must be >= 0, got {num_episodes}")
+    if num_sessions < 1 or turns_per_session < 1:
+        problems.append("num_sessions and turns_per_session must be >= 1")
+    if not 2 <= n_persons <= 10:
+        problems.append(
+            f"n_persons must be in [2, 10] (arithmetic questions need two persons), got {n_persons}"
+        )
+    if not 0.0 <= distractor_fraction <= 1.0:
+        problems.append(f"distractor_fraction must be in [0, 1], got {distractor_fraction}")
+    unknown = [q for q in question_types if q not in QUESTION_TYPES]
+    if unknown or not question_types:
+        problems.append(
+            f"question_types must be a non-empty subset of {QUESTION_TYPES}, got {question_types}"
+        )
+    if "update" in question_types and num_sessions < 2:
+        problems.append("update questions need num_sessions >= 2 (the change happens in a later session)")
+    if num_sessions * turns_per_session < 2:
+        problems.append("need at least 2 history turns per episode (raise turns_per_session)")
+    if problems:
+        raise ValueError("synthetic adapter: " + "; ".join(problems))
+
+
+@ADAPTERS.register("synthetic")
+def synthetic(
+    path: str | None, *, split: str, lenient: bool, report: SkipReport, num_episodes: int = 1000,
+    seed: int = 0, num_sessions: int = 3, turns_per_session: int = 6, n_persons: int = 3,
+    distractor_fraction: float = 0.5, question_types: Sequence[str] = QUESTION_TYPES,
+    max_turn_chars: int | None = None,
+) -> list[BatchInput]:  # fmt: skip
+    """``num_episodes`` generated episodes of ``split`` (``all`` = that many train then that many test).
+
+    ``path`` must be ``None`` or ``"-"``; ``lenient``/``report``/``max_turn_chars`` exist for the common
+    adapter signature (generated records are never malformed).
+    """
+    if path not in (None, "", "-"):
+        raise ValueError(f"synthetic adapter generates its data; path must be empty or '-', got {path!r}")
+    if isinstance(question_types, str):
+        question_types = [q.strip() for q in question_types.split(",") if q.strip()]
+    num_episodes, seed = int(num_episodes), int(seed)
+    num_sessions, turns_per_session, n_persons = int(num_sessions), int(turns_per_session), int(n_persons)
+    distractor_fraction = float(distractor_fraction)
+    _validate(num_episodes, num_sessions, turns_per_session, n_persons, distractor_fraction, question_types)
+    splits = ("train", "test") if split == "all" else (split,)
+    return [
+        make_episode(
+            seed, s, i, num_sessions=num_sessions, turns_per_session=turns_per_session, n_persons=n_persons,
+            distractor_fraction=distractor_fraction, question_types=tuple(question_types),
+        )
+        for s in splits
+        for i in range(num_episodes)
+    ]  # fmt: skip
