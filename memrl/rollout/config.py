@@ -1,11 +1,123 @@
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+
+def _default_rollback_errors() -> list[str]:
+    # Seed 001: errors a model can fix by rewriting its call (not runtime data errors).
+    return [
+        "ImportError",
+        "ModuleNotFoundError",
+        "SyntaxError",
+        "IndentationError",
+        "NameError",
+        "tool call format is wrong",
+    ]
+
+
+@dataclass
+class TreeConfig:
+    """Offline tree search (seed 000): build trees, grow ``initial_rollouts`` chains per prompt, then
+    ``expansion_iterations`` rounds that each pick ``nodes_per_expansion`` nodes per tree (by
+    ``expansion_policy``) and give each ``beam_size - 1`` new branches, so an expanded node ends up with
+    ``beam_size`` continuations. Leaves per tree =
+    ``initial_rollouts + expansion_iterations * nodes_per_expansion * (beam_size - 1)``.
+
+    A node is one generation segment: at most ``segment_tokens`` model tokens, or up to a tool call.
+    ``expansion_policy`` is ``random`` or ``entropy`` (normalised entropy of the top-k logprobs of the first
+    ``entropy_window`` tokens after a node; branch where it is high) or a dotted path.
+    ``expand_root`` lets the root (the bare prompt) be picked like any node; by default only response
+    positions are branch points (the root is used only when a tree has no other candidate).
+    """
+
+    initial_rollouts: int = 2
+    expansion_iterations: int = 1
+    nodes_per_expansion: int = 1
+    beam_size: int = 3
+    expansion_policy: str = "entropy"
+    segment_tokens: int = 32
+    entropy_window: int = 8
+    expand_root: bool = False
+
+    def __post_init__(self) -> None:
+        checks = (
+            ("initial_rollouts", self.initial_rollouts, 1),
+            ("expansion_iterations", self.expansion_iterations, 0),
+            ("nodes_per_expansion", self.nodes_per_expansion, 1),
+            ("beam_size", self.beam_size, 2),
+            ("segment_tokens", self.segment_tokens, 1),
+            ("entropy_window", self.entropy_window, 1),
+        )
+        for name, value, low in checks:
+            if value < low:
+                hint = " (beam_size 2 adds one branch per expanded node)" if name == "beam_size" else ""
+                raise ValueError(f"rollout.tree.{name} must be >= {low}, got {value}{hint}")
+
+    def leaves_per_tree(self) -> int:
+        return self.initial_rollouts + self.expansion_iterations * self.nodes_per_expansion * (
+            self.beam_size - 1
+        )
+
+
+@dataclass
+class RollbackConfig:
+    """Tool-call rollback (seed 001). When a tool result's error matches one of ``rollback_on_errors``
+    (substring match), the error is fed back, the model regenerates its call, and the context is restored to
+    the checkpoint taken before the failed call so only the corrected call stays. ``max_tool_retries``
+    bounds regenerations per call position; past it the branch is TERMINATED. ``feedback_template`` is the
+    text (mask 0, later removed) appended after the error result; ``{error}`` is replaced by the error."""
+
+    enable_tool_rollback: bool = False
+    max_tool_retries: int = 3
+    rollback_on_errors: list[str] = field(default_factory=_default_rollback_errors)
+    feedback_template: str = "\nThe tool call failed with: {error}\nWrite a corrected call.\n"
+
+    def __post_init__(self) -> None:
+        if self.max_tool_retries < 0:
+            raise ValueError(f"rollout.rollback.max_tool_retries must be >= 0, got {self.max_tool_retries}")
+        if self.enable_tool_rollback and not self.rollback_on_errors:
+            raise ValueError(
+                "rollout.rollback.rollback_on_errors is empty while enable_tool_rollback=true: nothing would"
+                " ever roll back; list error substrings (e.g. 'SyntaxError') or disable rollback"
+            )
+        if "{error}" not in self.feedback_template:
+            raise ValueError("rollout.rollback.feedback_template must contain '{error}'")
 
 
 @dataclass
 class RolloutConfig:
-    """Target-turn generation strategy (owned by memrl.rollout)."""
+    """Target-turn generation strategy (owned by memrl.rollout).
+
+    ``strategy``: ``chain`` (``n`` independent samples) or ``tree`` (offline tree search), or a dotted path.
+    ``n`` leaves are returned per request. ``max_response_tokens`` bounds every leaf's response (model tokens
+    plus tool results); ``max_tool_calls`` bounds calls per leaf (a further call terminates the branch).
+    ``stop_on_answer`` ends generation when ``</answer>`` closes. ``tool_parser`` names the tools layer's
+    call parser. ``seed`` derives the per-request sampling seeds (reproducible runs).
+    """
 
     strategy: str = "chain"
     n: int = 4
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_logprobs: int = 5
+    max_response_tokens: int = 256
+    max_tool_calls: int = 4
+    stop_on_answer: bool = True
+    tool_parser: str = "tag"
+    seed: int = 0
+    tree: TreeConfig = field(default_factory=TreeConfig)
+    rollback: RollbackConfig = field(default_factory=RollbackConfig)
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"rollout.n must be >= 1 (leaves per prompt), got {self.n}")
+        if self.max_response_tokens < 1:
+            raise ValueError(f"rollout.max_response_tokens must be >= 1, got {self.max_response_tokens}")
+        if self.max_tool_calls < 0:
+            raise ValueError(f"rollout.max_tool_calls must be >= 0, got {self.max_tool_calls}")
+        if self.temperature < 0:
+            raise ValueError(f"rollout.temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"rollout.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_logprobs < 0:
+            raise ValueError(f"rollout.top_logprobs must be >= 0, got {self.top_logprobs}")
