@@ -5,6 +5,37 @@ from typing import Any
 
 
 @dataclass
+class BatchConfig:
+    """TrajectoryBatchBuilder settings (``data.batch.*``).
+
+    ``history_steps``: ``drop`` history-turn steps, or ``mask`` them (kept as rows with response_mask 0).
+    ``max_prompt_len`` / ``max_response_len``: optional limits; on overflow ``raise`` (default) or ``truncate``
+    (prompt keeps its last tokens, response its first; the row is flagged in ``PackedBatch.truncated``).
+    """
+
+    layout: str = "padded"
+    history_steps: str = "drop"
+    max_prompt_len: int | None = None
+    max_response_len: int | None = None
+    on_overflow: str = "raise"
+    pad_token_id: int = 0
+
+    def __post_init__(self) -> None:
+        choices = {
+            "layout": ("padded", "packed"),
+            "history_steps": ("drop", "mask"),
+            "on_overflow": ("raise", "truncate"),
+        }
+        for name, valid in choices.items():
+            if getattr(self, name) not in valid:
+                raise ValueError(f"data.batch.{name}={getattr(self, name)!r}; valid: {', '.join(valid)}")
+        for name in ("max_prompt_len", "max_response_len"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"data.batch.{name} must be >= 1 or null (no limit), got {value}")
+
+
+@dataclass
 class DataConfig:
     """Dataset side: which adapter reads which file, and how the data source samples it.
 
@@ -21,6 +52,11 @@ class DataConfig:
     prompts_per_batch: int = 4
     shuffle: bool = True
     seed: int = 0
+    # RolloutBuffer: pre-rollout sampler, post-rollout group filter (keep_all | dynamic_sampling), debug dumps.
+    buffer_sampler: str = "pop_first"
+    group_filter: str = "keep_all"
+    dump_dir: str | None = None
+    batch: BatchConfig = field(default_factory=BatchConfig)
 
     def __post_init__(self) -> None:
         if self.n_samples_per_prompt < 1:
