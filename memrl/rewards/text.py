@@ -1,0 +1,89 @@
+"""Answer normalisation and string-match rewards (LoCoMo's official normalisation and stemmed token F1)."""
+
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+from nltk.stem import PorterStemmer
+
+from memrl.rewards.base import REWARDS, PerItemReward, RewardContext, RewardFn, RewardInput, check_options
+
+_ARTICLES = re.compile(r"\b(a|an|the|and)\b")
+_PUNCT = set(string.punctuation)
+_STEMMER = PorterStemmer()
+
+
+def normalize_answer(text: str) -> str:
+    """LoCoMo normalisation: drop commas, lower-case, strip punctuation and articles (a/an/the/and), squeeze
+    whitespace."""
+    text = text.replace(",", "").lower()
+    text = "".join(ch for ch in text if ch not in _PUNCT)
+    text = _ARTICLES.sub(" ", text)
+    return " ".join(text.split())
+
+
+def _tokens(text: str, stem: bool) -> list[str]:
+    toks = normalize_answer(text).split()
+    return [_STEMMER.stem(t) for t in toks] if stem else toks
+
+
+def token_f1(prediction: str, gold: str, stem: bool = True) -> float:
+    """Bag-of-tokens F1 between normalised (and Porter-stemmed, as LoCoMo) prediction and gold."""
+    pred, ref = _tokens(prediction, stem), _tokens(gold, stem)
+    common = Counter(pred) & Counter(ref)
+    same = sum(common.values())
+    if same == 0:
+        return 0.0
+    precision, recall = same / len(pred), same / len(ref)
+    return 2 * precision * recall / (precision + recall)
+
+
+def exact_match(prediction: str, gold: str) -> float:
+    return float(normalize_answer(prediction) == normalize_answer(gold))
+
+
+def multi_answer_f1(prediction: str, gold: str, stem: bool = True) -> float:
+    """LoCoMo multi-hop: gold and prediction are comma-separated sub-answers; mean over gold sub-answers of the
+    best F1 against any predicted sub-answer."""
+    preds = [p.strip() for p in prediction.split(",") if p.strip()] or [""]
+    golds = [g.strip() for g in gold.split(",") if g.strip()]
+    if not golds:
+        return 0.0
+    return sum(max(token_f1(p, g, stem) for p in preds) for g in golds) / len(golds)
+
+
+def _gold_or_zero(fn):
+    """String rewards score 0 when there is no gold answer (use an abstention-aware reward for those)."""
+
+    def score(x: RewardInput) -> float:
+        return 0.0 if x.gold is None else fn(x)
+
+    return score
+
+
+@REWARDS.register("exact_match")
+def make_exact_match(options: Mapping[str, Any], ctx: RewardContext) -> RewardFn:
+    check_options("exact_match", options, {})
+    return PerItemReward("exact_match", _gold_or_zero(lambda x: exact_match(x.answer, x.gold)))
+
+
+@REWARDS.register("token_f1")
+def make_token_f1(options: Mapping[str, Any], ctx: RewardContext) -> RewardFn:
+    opts = check_options("token_f1", options, {"stem": True})
+    return PerItemReward("token_f1", _gold_or_zero(lambda x: token_f1(x.answer, x.gold, opts["stem"])))
+
+
+@REWARDS.register("contains")
+def make_contains(options: Mapping[str, Any], ctx: RewardContext) -> RewardFn:
+    """1 when the normalised gold appears as a whole-word span of the normalised answer."""
+    check_options("contains", options, {})
+
+    def score(x: RewardInput) -> float:
+        gold, ans = normalize_answer(x.gold), normalize_answer(x.answer)
+        return float(bool(gold) and f" {gold} " in f" {ans} ")
+
+    return PerItemReward("contains", _gold_or_zero(score))

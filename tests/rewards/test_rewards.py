@@ -1,0 +1,93 @@
+"""Reward registry: LoCoMo normalisation/F1, per-category LoCoMo, LongMemEval abstention, format, composite."""
+
+from __future__ import annotations
+
+import pytest
+
+from memrl.rewards import REWARDS, RewardConfigError, RewardInput, make_reward
+from memrl.rewards.format import format_problems
+from memrl.rewards.text import multi_answer_f1, normalize_answer, token_f1
+from memrl.registry import RegistryError
+
+
+def _x(response: str, gold: str | None, **meta) -> RewardInput:
+    return RewardInput.from_response(response, gold, "question?", meta)
+
+
+def test_normalisation_and_f1_follow_locomo():
+    assert normalize_answer("The  Cat, and a Dog!") == "cat dog"
+    assert token_f1("running dogs", "the dog runs") == pytest.approx(1.0)  # Porter stems run/dog
+    assert token_f1("running dogs", "the dog runs", stem=False) == 0.0
+    assert token_f1("red car", "red bike") == pytest.approx(0.5)
+    assert token_f1("", "x") == 0.0
+    # multi-hop: mean over gold sub-answers of the best predicted sub-answer
+    assert multi_answer_f1("paris, rome", "Rome, Paris, Berlin") == pytest.approx(2 / 3)
+
+
+def test_exact_match_uses_extracted_answer_and_none_gold_scores_zero():
+    em = make_reward("exact_match")
+    scores = em([_x("<answer>Oslo.</answer>", "oslo"), _x("Oslo", "Bergen"), _x("<answer>x</answer>", None)])
+    assert scores == [1.0, 0.0, 0.0]
+
+
+def test_locomo_per_category():
+    r = make_reward("locomo")
+    cases = [
+        (_x("<answer>paris, rome</answer>", "Rome, Paris, Berlin", category=1), 2 / 3),
+        (_x("<answer>7 May 2023</answer>", "7 May 2023", category=2), 1.0),
+        (_x("<answer>hiking</answer>", "hiking; she likes outdoor things", category=3), 1.0),
+        (_x("<answer>No information available.</answer>", None, category=5), 1.0),
+        (_x("<answer>she went to Paris</answer>", None, category=5), 0.0),
+    ]
+    got = r([c for c, _ in cases])
+    assert got == pytest.approx([s for _, s in cases])
+    with pytest.raises(RewardConfigError, match="category"):
+        r([_x("a", "a")])
+
+
+def test_longmemeval_abstention_and_metric_option():
+    r = make_reward("longmemeval", {"metric": "em"})
+    got = r(
+        [
+            _x("<answer>I don't know, it was not mentioned</answer>", "n/a", question_id="q1_abs"),
+            _x("<answer>Tokyo</answer>", "n/a", question_id="q2_abs"),
+            _x("<answer>Tokyo</answer>", "tokyo", question_id="q3"),
+        ]
+    )
+    assert got == [1.0, 0.0, 1.0]
+    with pytest.raises(RewardConfigError, match="valid"):
+        make_reward("longmemeval", {"metric": "bleu"})
+
+
+@pytest.mark.parametrize(
+    ("text", "n_problems"),
+    [
+        ("<python>print(1)</python> <result>1</result><answer>1</answer>", 0),
+        ("<search>ann city</search> <result>Oslo</result><python>x</python> <result>y</result><answer>a</answer>", 0),
+        ("<answer>1</answer>", 0),
+        ("<python>print(1)<answer>1</answer>", 4),  # nested open, wrong close, python unclosed, no answer
+        ("<python>x</python><answer>1</answer>", 1),  # no result after the call
+        ("<answer>1</answer> trailing", 1),
+        ("<answer>1</answer><answer>2</answer>", 2),
+        ("no tags at all", 1),
+        ("</result><answer>1</answer>", 1),
+    ],
+)
+def test_format_problems(text, n_problems):
+    assert len(format_problems(text)) == n_problems, format_problems(text)
+
+
+def test_format_reward_and_composite():
+    fmt = make_reward("format", {"penalty": 0.25})
+    assert fmt([_x("<answer>1</answer>", None), _x("<python>x</python><answer>1</answer>", None)]) == [1.0, 0.75]
+    comp = make_reward("composite", {"parts": {"exact_match": 1.0, "format": 0.5}})
+    assert comp([_x("<answer>Oslo</answer>", "oslo"), _x("Oslo", "oslo")]) == [1.5, 1.25]
+
+
+def test_unknown_names_and_options_are_reported():
+    with pytest.raises(RegistryError, match="valid choices: .*exact_match"):
+        REWARDS.get("bleu")
+    with pytest.raises(RewardConfigError, match="unknown option"):
+        make_reward("token_f1", {"stemm": False})
+    with pytest.raises(RewardConfigError, match="PolicyClient"):
+        make_reward("llm_judge")
