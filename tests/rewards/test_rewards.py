@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from memrl.registry import RegistryError
 from memrl.rewards import REWARDS, RewardConfigError, RewardInput, make_reward
 from memrl.rewards.format import format_problems
 from memrl.rewards.text import multi_answer_f1, normalize_answer, token_f1
-from memrl.registry import RegistryError
 
 
 def _x(response: str, gold: str | None, **meta) -> RewardInput:
@@ -63,7 +63,10 @@ def test_longmemeval_abstention_and_metric_option():
     ("text", "n_problems"),
     [
         ("<python>print(1)</python> <result>1</result><answer>1</answer>", 0),
-        ("<search>ann city</search> <result>Oslo</result><python>x</python> <result>y</result><answer>a</answer>", 0),
+        (
+            "<search>ann city</search> <result>Oslo</result><python>x</python> <result>y</result><answer>a</answer>",
+            0,
+        ),
         ("<answer>1</answer>", 0),
         ("<python>print(1)<answer>1</answer>", 4),  # nested open, wrong close, python unclosed, no answer
         ("<python>x</python><answer>1</answer>", 1),  # no result after the call
@@ -79,7 +82,10 @@ def test_format_problems(text, n_problems):
 
 def test_format_reward_and_composite():
     fmt = make_reward("format", {"penalty": 0.25})
-    assert fmt([_x("<answer>1</answer>", None), _x("<python>x</python><answer>1</answer>", None)]) == [1.0, 0.75]
+    assert fmt([_x("<answer>1</answer>", None), _x("<python>x</python><answer>1</answer>", None)]) == [
+        1.0,
+        0.75,
+    ]
     comp = make_reward("composite", {"parts": {"exact_match": 1.0, "format": 0.5}})
     assert comp([_x("<answer>Oslo</answer>", "oslo"), _x("Oslo", "oslo")]) == [1.5, 1.25]
 
