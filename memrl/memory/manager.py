@@ -1,0 +1,318 @@
+"""MemorySystem (shared per batch) and MemoryManager (one per episode) — the seed's step 4.1 verbs.
+
+    system = MemorySystem(cfg)                       # ONE embedder + ONE fact store for a batch
+    mems = [system.manager(ep.episode_id) for ep in batch]
+    system.extract_facts_batch([(m, turn) for m, turn in ...])   # one encode call for all episodes
+    system.compress_batch([(m, recent_turns) for m in mems])
+    hits = system.retrieve_batch([(m, question) for m in mems], k=10)  # one encode call
+    mems[0].memory_ops                               # MemoryOp log → StepMeta.memory_ops
+
+Each per-manager verb (``extract_facts``, ``compress_short_term``, ``retrieve``, ``update_memory``) is the
+batched call with one item, so single-episode code and batched code share one implementation.
+
+Batch semantics: all turns of one ``extract_facts_batch`` call are decided against the memory as it was at the
+start of the call (the llm extractor sees neighbours from before the call); decisions are then applied in
+order, and a decision that names a fact deleted earlier in the same call becomes a logged NOOP.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from memrl.formats import extract_answer
+from memrl.memory.compress import COMPRESSORS, CompressRequest
+from memrl.memory.config import MemoryConfig
+from memrl.memory.embedder import Embedder, build_embedder
+from memrl.memory.extract import EXTRACTORS, ExtractionRequest, FactDecision, TextGenerator
+from memrl.memory.retrieval import RETRIEVERS, Query, time_rescore
+from memrl.memory.store import FACT_STORES, FactRecord, FactStore, FactStoreError, NewFact
+from memrl.types import MemoryOp, MemoryOpType, TurnRole, TurnSpec
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RetrievedFact:
+    """A retrieval hit. ``source_ids`` are dialog ids (with neighbour expansion: of the whole window)."""
+
+    fact_id: int
+    text: str
+    speaker: str
+    timestamp: str | None
+    source_ids: tuple[str, ...]
+    score: float
+
+
+class MemoryManager:
+    """One episode's view of the shared :class:`MemorySystem` (its own store namespace, summary and op log)."""
+
+    def __init__(self, system: MemorySystem, episode_id: str) -> None:
+        self.system = system
+        self.episode_id = episode_id
+        self.summary = ""
+        self.summary_id: int | None = None
+        self._ops: list[MemoryOp] = []
+
+    # -- the seed's verbs ------------------------------------------------------------------------------
+    def extract_facts(self, turn: TurnSpec) -> list[MemoryOp]:
+        return self.system.extract_facts_batch([(self, turn)])[0]
+
+    def compress_short_term(self, turns: Sequence[TurnSpec]) -> MemoryOp:
+        return self.system.compress_batch([(self, turns)])[0]
+
+    def retrieve(self, query: str, k: int | None = None, *, turn_id: str = "retrieve") -> list[RetrievedFact]:
+        return self.system.retrieve_batch([(self, query)], k, turn_id=turn_id)[0]
+
+    def update_memory(self, generation_text: str, turn_id: str) -> list[MemoryOp]:
+        return self.system.update_memory_batch([(self, generation_text, turn_id)])[0]
+
+    # -- state ----------------------------------------------------------------------------------------
+    @property
+    def memory_ops(self) -> list[MemoryOp]:
+        """Every op this episode logged, in order (copy)."""
+        return list(self._ops)
+
+    def ops_since(self, mark: int) -> list[MemoryOp]:
+        """Ops logged after ``mark = len(manager.memory_ops)`` (to attach one turn's ops to a step)."""
+        return self._ops[mark:]
+
+    def facts(self) -> list[FactRecord]:
+        return self.system.store.records(self.episode_id)
+
+    def _log(self, ops: Sequence[MemoryOp]) -> None:
+        self._ops.extend(ops)
+
+
+class MemorySystem:
+    """Owns the embedder, the fact store, extractor/compressor/retriever; hands out per-episode managers.
+
+    ``generate_text`` (prompts → completions) is needed only by the ``llm`` extractor/compressor; wrap a
+    PolicyClient with :func:`memrl.memory.llm.policy_text_generator`.
+    """
+
+    def __init__(
+        self,
+        cfg: MemoryConfig,
+        *,
+        embedder: Embedder | None = None,
+        store: FactStore | None = None,
+        generate_text: TextGenerator | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.embedder = embedder or build_embedder(cfg)
+        self.store = store or FACT_STORES.get(cfg.store)(cfg, self.embedder.dim)
+        if self.store.dim != self.embedder.dim:
+            raise ValueError(f"fact store dim {self.store.dim} != embedder dim {self.embedder.dim}")
+        self.extractor = EXTRACTORS.get(cfg.extractor)(cfg, generate_text)
+        self.compressor = COMPRESSORS.get(cfg.compressor)(cfg, generate_text, self.embedder.count_tokens)
+        self.retriever = RETRIEVERS.get(cfg.retrieval)(cfg)
+        self.metrics: Counter[str] = Counter()
+        self._managers: dict[str, MemoryManager] = {}
+        self._next_summary_id = 1
+
+    def manager(self, episode_id: str) -> MemoryManager:
+        if episode_id not in self._managers:
+            self._managers[episode_id] = MemoryManager(self, episode_id)
+        return self._managers[episode_id]
+
+    def release(self, episode_id: str) -> None:
+        """Forget an episode (its facts, summary and log) once its trajectory is built."""
+        self._managers.pop(episode_id, None)
+        self.store.drop_namespace(episode_id)
+
+    # -- extraction -----------------------------------------------------------------------------------
+    def extract_facts_batch(self, items: Sequence[tuple[MemoryManager, TurnSpec]]) -> list[list[MemoryOp]]:
+        """Extract and store facts for many (episode, turn) pairs: ≤ 2 encode calls in total (neighbour
+        lookup for extractors that want it, then the new/updated fact texts)."""
+        if not items:
+            return []
+        neighbours: list[tuple[FactRecord, ...]] = [() for _ in items]
+        if self.extractor.needs_neighbours and self.cfg.llm_neighbours:
+            qvecs = self.embedder.encode([t.text for _, t in items])
+            for i, (mgr, _) in enumerate(items):
+                hits = self.store.search(mgr.episode_id, qvecs[i : i + 1], self.cfg.llm_neighbours)[0]
+                neighbours[i] = tuple(self.store.get(mgr.episode_id, fid) for fid, _ in hits)
+        requests = [ExtractionRequest(turn, nb) for (_, turn), nb in zip(items, neighbours, strict=True)]
+        decisions = self.extractor.extract(requests)
+        if len(decisions) != len(items):
+            raise RuntimeError(f"extractor returned {len(decisions)} decision lists for {len(items)} turns")
+        texts = [d.text for ds in decisions for d in ds if d.op in (MemoryOpType.ADD, MemoryOpType.UPDATE)]
+        vecs = iter(self.embedder.encode(texts))
+        out = []
+        for (mgr, turn), ds in zip(items, decisions, strict=True):
+            ops = self._apply(mgr, turn, ds, vecs)
+            mgr._log(ops)
+            out.append(ops)
+        return out
+
+    def _apply(
+        self, mgr: MemoryManager, turn: TurnSpec, decisions: Sequence[FactDecision], vecs
+    ) -> list[MemoryOp]:
+        ns = mgr.episode_id
+        # Vectors arrive in decision order for ADD/UPDATE decisions (see extract_facts_batch).
+        dvecs = [next(vecs) if d.op in (MemoryOpType.ADD, MemoryOpType.UPDATE) else None for d in decisions]
+        add_idx = [i for i, d in enumerate(decisions) if d.op is MemoryOpType.ADD]
+        new = [
+            NewFact(
+                decisions[i].text,
+                decisions[i].speaker or turn.speaker,
+                turn.timestamp,
+                (turn.turn_id,),
+                turn.turn_id,
+            )
+            for i in add_idx
+        ]
+        # All ADDs of a turn go to the store in one call (one FAISS add).
+        added = dict(
+            zip(
+                add_idx,
+                self.store.add(ns, new, np.stack([dvecs[i] for i in add_idx])) if new else [],
+                strict=True,
+            )
+        )
+        ops = []
+        for i, d in enumerate(decisions):
+            ops.append(self._apply_one(ns, turn, d, added.get(i), dvecs[i]))
+            self.metrics[f"memory/{ops[-1].op.value.lower()}"] += 1
+        return ops
+
+    def _apply_one(self, ns: str, turn: TurnSpec, d: FactDecision, added_id: int | None, vec) -> MemoryOp:
+        src = (turn.turn_id,)
+        if d.op is MemoryOpType.ADD:
+            return MemoryOp(MemoryOpType.ADD, turn.turn_id, fact_ids=(added_id,), text=d.text, source_ids=src)
+        if d.op is MemoryOpType.NOOP:
+            return MemoryOp(MemoryOpType.NOOP, turn.turn_id, text=d.reason, source_ids=src)
+        try:
+            old = self.store.get(ns, d.fact_id)
+        except FactStoreError:
+            reason = f"{d.op.value} of fact {d.fact_id} skipped: it does not exist (deleted earlier?)"
+            logger.warning("episode %s turn %s: %s", ns, turn.turn_id, reason)
+            return MemoryOp(MemoryOpType.NOOP, turn.turn_id, text=reason, source_ids=src)
+        if d.op is MemoryOpType.DELETE:
+            self.store.delete(ns, [d.fact_id])
+            return MemoryOp(
+                MemoryOpType.DELETE, turn.turn_id, fact_ids=(d.fact_id,), text=old.text, source_ids=src
+            )
+        sources = tuple(dict.fromkeys(old.source_ids + src))
+        self.store.update(
+            ns, d.fact_id, d.text, vec, turn.turn_id, timestamp=turn.timestamp, source_ids=sources
+        )
+        return MemoryOp(
+            MemoryOpType.UPDATE, turn.turn_id, fact_ids=(d.fact_id,), text=d.text, source_ids=sources
+        )
+
+    # -- compression ----------------------------------------------------------------------------------
+    def compress_batch(self, items: Sequence[tuple[MemoryManager, Sequence[TurnSpec]]]) -> list[MemoryOp]:
+        if not items:
+            return []
+        for mgr, turns in items:
+            if not turns:
+                raise ValueError(f"compress_short_term(episode {mgr.episode_id!r}): needs at least one turn")
+        results = self.compressor.compress([CompressRequest(tuple(t), m.summary) for m, t in items])
+        ops = []
+        for (mgr, turns), res in zip(items, results, strict=True):
+            last, src = turns[-1].turn_id, tuple(t.turn_id for t in turns)
+            if res.ok:
+                mgr.summary, mgr.summary_id = res.summary, self._next_summary_id
+                self._next_summary_id += 1
+                op = MemoryOp(
+                    MemoryOpType.COMPRESS, last, text=res.summary, summary_id=mgr.summary_id, source_ids=src
+                )
+            else:
+                op = MemoryOp(
+                    MemoryOpType.NOOP, last, text=f"compression failed: {res.reason}", source_ids=src
+                )
+            self.metrics[f"memory/{op.op.value.lower()}"] += 1
+            mgr._log([op])
+            ops.append(op)
+        return ops
+
+    # -- retrieval ------------------------------------------------------------------------------------
+    def retrieve_batch(
+        self, items: Sequence[tuple[MemoryManager, str]], k: int | None = None, *, turn_id: str = "retrieve"
+    ) -> list[list[RetrievedFact]]:
+        """Top-k facts per (episode, query); one encode call for all queries. Logs ``MemoryOp(RETRIEVE)``."""
+        if not items:
+            return []
+        k = k or self.cfg.top_k
+        vecs = self.embedder.encode([q for _, q in items]) if self.retriever.needs_vectors else None
+        out = []
+        for i, (mgr, query) in enumerate(items):
+            q = Query(mgr.episode_id, query, None if vecs is None else vecs[i])
+            ranked = self.retriever.rank(self.store, q, max(k, self.cfg.candidate_pool))
+            records = {r.fact_id: r for r in self.store.records(mgr.episode_id)}
+            ranked = time_rescore(ranked, records, query, self.cfg)[:k]
+            hits = self._expand(ranked, records)
+            mgr._log(
+                [
+                    MemoryOp(
+                        MemoryOpType.RETRIEVE,
+                        turn_id,
+                        fact_ids=tuple(h.fact_id for h in hits),
+                        text=query,
+                        scores=tuple(h.score for h in hits),
+                        source_ids=tuple(s for h in hits for s in h.source_ids),
+                    )
+                ]
+            )
+            self.metrics["memory/retrieve"] += 1
+            out.append(hits)
+        return out
+
+    def _expand(self, ranked: list[tuple[int, float]], records: dict[int, FactRecord]) -> list[RetrievedFact]:
+        """Hits as RetrievedFact; with ``neighbour_turns=n`` each hit also carries the n facts before and after
+        it (ingest order) that no better hit already carried — text joined with newlines, ids unioned."""
+        n = self.cfg.neighbour_turns
+        ordered = sorted(records.values(), key=lambda r: r.order)
+        pos = {r.fact_id: i for i, r in enumerate(ordered)}
+        seen: set[int] = set()
+        out = []
+        for fid, score in ranked:
+            rec = records[fid]
+            window = [rec]
+            if n:
+                p = pos[fid]
+                window = [
+                    r for r in ordered[max(0, p - n) : p + n + 1] if r.fact_id == fid or r.fact_id not in seen
+                ]
+            seen.update(r.fact_id for r in window)
+            out.append(
+                RetrievedFact(
+                    fact_id=fid,
+                    text="\n".join(r.text for r in window),
+                    speaker=rec.speaker,
+                    timestamp=rec.timestamp,
+                    source_ids=tuple(dict.fromkeys(s for r in window for s in r.source_ids)),
+                    score=float(score),
+                )
+            )
+        return out
+
+    # -- generation → memory --------------------------------------------------------------------------
+    def update_memory_batch(self, items: Sequence[tuple[MemoryManager, str, str]]) -> list[list[MemoryOp]]:
+        """Feed each generation's answer (``<answer>`` content, tool segments removed) through the extractor
+        as an ``assistant`` turn; an empty answer is a logged NOOP."""
+        out: list[list[MemoryOp] | None] = [None] * len(items)
+        todo = []
+        for i, (mgr, text, turn_id) in enumerate(items):
+            answer = extract_answer(text or "")
+            if not answer:
+                op = MemoryOp(MemoryOpType.NOOP, turn_id, text="generation has no answer text to remember")
+                mgr._log([op])
+                out[i] = [op]
+            else:
+                todo.append((i, mgr, TurnSpec(TurnRole.TARGET, answer, turn_id, speaker="assistant")))
+        results = self.extract_facts_batch([(m, t) for _, m, t in todo])
+        for (i, _, _), ops in zip(todo, results, strict=True):
+            out[i] = ops
+        return [o or [] for o in out]
+
+    # -- persistence ----------------------------------------------------------------------------------
+    def save(self, path: str) -> None:
+        """Persist the fact store atomically (summaries/op logs are per-episode state, not persisted)."""
+        self.store.save(path)

@@ -1,0 +1,319 @@
+"""Retrieval over one episode's facts: dense (FAISS), lexical (BM25 via ``rank_bm25``) and their fusion.
+
+Every retriever returns ``(fact_id, score)`` pairs, higher = better, best first. ``hybrid`` is weighted
+reciprocal-rank fusion (RRF) of the dense and BM25 rankings — rank-based, so the two score scales never need
+calibrating. Optional time-aware scoring adds a bonus to facts dated in a period the query names (``in May
+2023``, ``2022``) and a recency bonus for "latest/currently"-style queries.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+from rank_bm25 import BM25Okapi
+
+from memrl.memory.config import MemoryConfig
+from memrl.memory.store import FactRecord, FactStore
+from memrl.registry import Registry
+
+Ranked = list[tuple[int, float]]
+
+_TOKEN = re.compile(r"[a-z0-9]+")
+# Function words: BM25 would otherwise reward matching "the"/"did" in long turns.
+_STOP = frozenset(
+    [
+        "a",
+        "about",
+        "after",
+        "again",
+        "all",
+        "am",
+        "an",
+        "and",
+        "any",
+        "are",
+        "as",
+        "at",
+        "be",
+        "been",
+        "before",
+        "being",
+        "both",
+        "but",
+        "by",
+        "can",
+        "could",
+        "did",
+        "do",
+        "does",
+        "doing",
+        "down",
+        "during",
+        "each",
+        "for",
+        "from",
+        "further",
+        "had",
+        "has",
+        "have",
+        "having",
+        "he",
+        "her",
+        "here",
+        "hers",
+        "herself",
+        "him",
+        "himself",
+        "his",
+        "how",
+        "i",
+        "if",
+        "in",
+        "into",
+        "is",
+        "it",
+        "its",
+        "itself",
+        "just",
+        "me",
+        "more",
+        "most",
+        "my",
+        "myself",
+        "no",
+        "nor",
+        "not",
+        "now",
+        "of",
+        "off",
+        "on",
+        "once",
+        "only",
+        "or",
+        "other",
+        "our",
+        "ours",
+        "out",
+        "over",
+        "own",
+        "same",
+        "she",
+        "should",
+        "so",
+        "some",
+        "such",
+        "than",
+        "that",
+        "the",
+        "their",
+        "theirs",
+        "them",
+        "then",
+        "there",
+        "these",
+        "they",
+        "this",
+        "those",
+        "through",
+        "to",
+        "too",
+        "under",
+        "until",
+        "up",
+        "very",
+        "was",
+        "we",
+        "were",
+        "what",
+        "when",
+        "where",
+        "which",
+        "while",
+        "who",
+        "whom",
+        "why",
+        "will",
+        "with",
+        "would",
+        "you",
+        "your",
+        "yours",
+        "yourself",
+    ]
+)
+_MONTHS = [
+    "january",
+    "february",
+    "march",
+    "april",
+    "may",
+    "june",
+    "july",
+    "august",
+    "september",
+    "october",
+    "november",
+    "december",
+]
+_YEAR = re.compile(r"\b(19|20)\d{2}\b")
+_RECENCY_WORDS = frozenset(["latest", "recent", "recently", "currently", "current", "now", "newest", "last"])
+
+
+def tokenize(text: str) -> list[str]:
+    """Lower-cased alphanumeric tokens without stop words, light plural stripping (``dogs`` → ``dog``)."""
+    out = []
+    for tok in _TOKEN.findall(text.lower()):
+        if tok in _STOP:
+            continue
+        if len(tok) > 3 and tok.endswith("s") and not tok.endswith("ss"):
+            tok = tok[:-1]
+        out.append(tok)
+    return out
+
+
+@dataclass(frozen=True)
+class Query:
+    """One retrieval request: ``vector`` is the embedded query ``[dim]`` (None for lexical-only retrievers)."""
+
+    namespace: str
+    text: str
+    vector: np.ndarray | None = None
+
+
+class Retriever(Protocol):
+    needs_vectors: bool
+
+    def rank(self, store: FactStore, query: Query, k: int) -> Ranked: ...
+
+
+RetrieverFactory = Callable[[MemoryConfig], Retriever]
+RETRIEVERS: Registry[RetrieverFactory] = Registry("retriever")
+
+
+class DenseRetriever:
+    needs_vectors = True
+
+    def rank(self, store: FactStore, query: Query, k: int) -> Ranked:
+        if query.vector is None:
+            raise ValueError("dense retrieval needs the query vector")
+        return store.search(query.namespace, query.vector.reshape(1, -1), k)[0]
+
+
+class Bm25Retriever:
+    """BM25Okapi per namespace, rebuilt when the namespace's revision changes (lazily, at query time)."""
+
+    needs_vectors = False
+
+    def __init__(self, cfg: MemoryConfig) -> None:
+        self.expand_speakers = cfg.expand_speakers
+        self._cache: dict[str, tuple[int, list[int], BM25Okapi | None, frozenset[str]]] = {}
+
+    def _index(self, store: FactStore, namespace: str) -> tuple[list[int], BM25Okapi | None, frozenset[str]]:
+        rev = store.revision(namespace)
+        hit = self._cache.get(namespace)
+        if hit and hit[0] == rev:
+            return hit[1], hit[2], hit[3]
+        records = store.records(namespace)
+        ids = [r.fact_id for r in records]
+        docs = [tokenize(r.text) for r in records]
+        # BM25Okapi divides by the corpus size; an empty namespace has no index.
+        bm25 = BM25Okapi(docs) if docs else None
+        speakers = frozenset(tokenize(" ".join({r.speaker for r in records if r.speaker})))
+        self._cache[namespace] = (rev, ids, bm25, speakers)
+        return ids, bm25, speakers
+
+    def rank(self, store: FactStore, query: Query, k: int) -> Ranked:
+        ids, bm25, speakers = self._index(store, query.namespace)
+        if bm25 is None:
+            return []
+        q = tokenize(query.text)
+        if not self.expand_speakers:
+            # Speaker names match half of all facts (every "Name: ..." prefix): drop them from the lexical query.
+            q = [t for t in q if t not in speakers] or q
+        scores = bm25.get_scores(q)
+        top = np.argsort(-scores, kind="stable")[:k]
+        return [(ids[i], float(scores[i])) for i in top if scores[i] > 0]
+
+
+def rrf(rankings: Sequence[tuple[Ranked, float]], rrf_k: float, k: int) -> Ranked:
+    """Weighted reciprocal-rank fusion: ``score(d) = sum_r w_r / (rrf_k + rank_r(d))`` (rank from 1)."""
+    fused: dict[int, float] = {}
+    for ranked, weight in rankings:
+        for rank, (fid, _) in enumerate(ranked, start=1):
+            fused[fid] = fused.get(fid, 0.0) + weight / (rrf_k + rank)
+    return sorted(fused.items(), key=lambda kv: -kv[1])[:k]
+
+
+class HybridRetriever:
+    needs_vectors = True
+
+    def __init__(self, cfg: MemoryConfig) -> None:
+        self.cfg = cfg
+        self.dense = DenseRetriever()
+        self.bm25 = Bm25Retriever(cfg)
+
+    def rank(self, store: FactStore, query: Query, k: int) -> Ranked:
+        pool = max(k, self.cfg.candidate_pool)
+        return rrf(
+            [
+                (self.dense.rank(store, query, pool), self.cfg.dense_weight),
+                (self.bm25.rank(store, query, pool), self.cfg.bm25_weight),
+            ],
+            self.cfg.rrf_k,
+            pool,
+        )
+
+
+@RETRIEVERS.register("dense")
+def _dense(cfg: MemoryConfig) -> Retriever:
+    return DenseRetriever()
+
+
+@RETRIEVERS.register("bm25")
+def _bm25(cfg: MemoryConfig) -> Retriever:
+    return Bm25Retriever(cfg)
+
+
+@RETRIEVERS.register("hybrid")
+def _hybrid(cfg: MemoryConfig) -> Retriever:
+    return HybridRetriever(cfg)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Time-aware re-scoring
+
+
+def query_periods(text: str) -> tuple[set[str], set[str]]:
+    """Years and month names a query mentions (lower-cased)."""
+    low = text.lower()
+    years = {m.group(0) for m in _YEAR.finditer(low)}
+    months = {m for m in _MONTHS if re.search(rf"\b{m}\b", low)}
+    return years, months
+
+
+def time_rescore(ranked: Ranked, records: dict[int, FactRecord], query: str, cfg: MemoryConfig) -> Ranked:
+    """Add ``time_weight`` × (matches a named year/month) and ``recency_weight`` × (ingest-order percentile,
+    only for recency-style queries) to fused scores. Scores stay "higher = better"."""
+    if not ranked or (cfg.time_weight == 0 and cfg.recency_weight == 0):
+        return ranked
+    years, months = query_periods(query)
+    wants_recent = bool(_RECENCY_WORDS & set(_TOKEN.findall(query.lower())))
+    orders = [records[f].order for f, _ in ranked]
+    lo, hi = min(orders), max(orders)
+    out = []
+    for fid, score in ranked:
+        rec = records[fid]
+        stamp = (rec.timestamp or "").lower()
+        bonus = 0.0
+        if (years or months) and stamp:
+            hit_year = not years or any(y in stamp for y in years)
+            hit_month = not months or any(m in stamp for m in months)
+            bonus += cfg.time_weight * float(hit_year and hit_month)
+        if wants_recent and hi > lo:
+            bonus += cfg.recency_weight * (rec.order - lo) / (hi - lo)
+        out.append((fid, score + bonus))
+    return sorted(out, key=lambda kv: -kv[1])

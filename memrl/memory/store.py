@@ -1,0 +1,352 @@
+"""Long-term fact stores.
+
+Contract (every implementation is tested against it, ``tests/memory/test_store.py``):
+
+* ``search`` returns **similarities, higher = closer**, sorted descending (for the normalised vectors memrl
+  stores, the score is the cosine similarity). mem0's FAISS store returned distances under the same
+  docstring; we test the contract instead of trusting it.
+* Fact ids are stable int64s, unique across the whole store and never reused after a delete.
+* Namespaces (one per episode) are isolated: a search in one never returns another's facts.
+* ``update`` keeps the id; ``delete`` removes the fact from search and from ``records``.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+import faiss
+import numpy as np
+
+from memrl.memory.config import MemoryConfig
+from memrl.registry import Registry
+
+logger = logging.getLogger(__name__)
+
+
+class FactStoreError(RuntimeError):
+    """The store was used wrongly (unknown fact id, vector shape) or its file is unreadable/corrupt."""
+
+
+@dataclass(frozen=True)
+class FactRecord:
+    """One long-term fact. ``source_ids`` are the dialog/turn ids it was extracted from (gold-evidence
+    traceable); ``order`` is the store-wide ingest sequence number (recency, neighbour expansion)."""
+
+    fact_id: int
+    namespace: str
+    text: str
+    speaker: str = ""
+    timestamp: str | None = None
+    source_ids: tuple[str, ...] = ()
+    created_turn: str = ""
+    updated_turn: str = ""
+    order: int = 0
+    extra: dict = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class NewFact:
+    """A fact to add; the store assigns ``fact_id`` and ``order``."""
+
+    text: str
+    speaker: str = ""
+    timestamp: str | None = None
+    source_ids: tuple[str, ...] = ()
+    turn_id: str = ""
+    extra: dict = field(default_factory=dict, compare=False)
+
+
+class FactStore(abc.ABC):
+    """Namespaced vector store of :class:`FactRecord`. See the module docstring for the contract."""
+
+    dim: int
+
+    @abc.abstractmethod
+    def add(self, namespace: str, facts: Sequence[NewFact], vectors: np.ndarray) -> list[int]:
+        """Add ``facts`` with ``vectors`` ``[len(facts), dim]``; returns the new fact ids in order."""
+
+    @abc.abstractmethod
+    def update(
+        self, namespace: str, fact_id: int, text: str, vector: np.ndarray, turn_id: str, **changes
+    ) -> FactRecord:
+        """Replace a fact's text/vector (``[dim]``) keeping its id; ``changes`` may set speaker/timestamp/
+        source_ids."""
+
+    @abc.abstractmethod
+    def delete(self, namespace: str, fact_ids: Sequence[int]) -> None:
+        """Remove facts; unknown ids raise :class:`FactStoreError`."""
+
+    @abc.abstractmethod
+    def search(self, namespace: str, queries: np.ndarray, k: int) -> list[list[tuple[int, float]]]:
+        """Per query row of ``[q, dim]``: up to ``k`` ``(fact_id, similarity)``, highest similarity first."""
+
+    @abc.abstractmethod
+    def get(self, namespace: str, fact_id: int) -> FactRecord: ...
+
+    @abc.abstractmethod
+    def records(self, namespace: str) -> list[FactRecord]:
+        """All live facts of a namespace in ingest order (oldest first)."""
+
+    @abc.abstractmethod
+    def vectors(self, namespace: str, fact_ids: Sequence[int]) -> np.ndarray:
+        """Stored vectors ``[len(fact_ids), dim]`` (reranking and saving without re-encoding)."""
+
+    @abc.abstractmethod
+    def namespaces(self) -> list[str]: ...
+
+    @abc.abstractmethod
+    def revision(self, namespace: str) -> int:
+        """A counter that changes whenever the namespace changes (cache key for lexical indices)."""
+
+    @abc.abstractmethod
+    def drop_namespace(self, namespace: str) -> None: ...
+
+    @abc.abstractmethod
+    def save(self, path: str) -> None:
+        """Atomically persist the store (a crash mid-save leaves the previous file intact)."""
+
+    @classmethod
+    @abc.abstractmethod
+    def load(cls, path: str, cfg: MemoryConfig) -> FactStore:
+        """Read a store written by ``save``; a corrupt file raises :class:`FactStoreError` naming it."""
+
+
+FactStoreFactory = Callable[[MemoryConfig, int], FactStore]
+FACT_STORES: Registry[FactStoreFactory] = Registry("fact store")
+
+# ---------------------------------------------------------------------------------------------------------
+# FAISS index kinds. Each builds an *empty* inner-product index for ``n`` expected vectors; IVF needs
+# training, so it is (re)built from the namespace's vectors when first searched.
+
+IndexBuilder = Callable[[int, MemoryConfig, np.ndarray], faiss.Index]
+
+
+def _flat(dim: int, cfg: MemoryConfig, train: np.ndarray) -> faiss.Index:
+    return faiss.IndexFlatIP(dim)
+
+
+def _hnsw(dim: int, cfg: MemoryConfig, train: np.ndarray) -> faiss.Index:
+    index = faiss.IndexHNSWFlat(dim, cfg.hnsw_m, faiss.METRIC_INNER_PRODUCT)
+    index.hnsw.efSearch = max(64, cfg.candidate_pool)
+    return index
+
+
+def _ivf(dim: int, cfg: MemoryConfig, train: np.ndarray) -> faiss.Index:
+    # faiss wants ~39 points per centroid; small namespaces get fewer lists rather than a training warning.
+    nlist = max(1, min(cfg.ivf_nlist, len(train) // 39))
+    quantizer = faiss.IndexFlatIP(dim)
+    index = faiss.IndexIVFFlat(quantizer, dim, nlist, faiss.METRIC_INNER_PRODUCT)
+    if len(train):
+        index.train(train)
+    index.nprobe = min(nlist, 8)
+    return index
+
+
+INDEX_KINDS: dict[str, tuple[IndexBuilder, bool]] = {
+    # name: (builder, needs_training_data)
+    "flat": (_flat, False),
+    "hnsw": (_hnsw, False),
+    "ivf": (_ivf, True),
+}
+
+
+def _maybe_gpu(index: faiss.Index, cfg: MemoryConfig) -> faiss.Index:
+    if not cfg.use_gpu or not hasattr(faiss, "get_num_gpus") or faiss.get_num_gpus() == 0:
+        return index
+    try:
+        return faiss.index_cpu_to_all_gpus(index)
+    except RuntimeError as exc:  # e.g. HNSW has no GPU implementation: stay on CPU, but say so
+        logger.warning("faiss GPU transfer failed (%s); keeping the index on CPU", exc)
+        return index
+
+
+class _Namespace:
+    """One episode's facts: records, their vectors (kept for rebuilds and saving) and the FAISS index."""
+
+    def __init__(self, dim: int, cfg: MemoryConfig) -> None:
+        self.dim = dim
+        self.cfg = cfg
+        self.records: dict[int, FactRecord] = {}
+        self.vectors: dict[int, np.ndarray] = {}
+        self.index: faiss.Index | None = None
+        self.dirty = True  # index must be rebuilt from ``vectors`` before the next search
+        self.revision = 0
+
+    def rebuild(self) -> None:
+        builder, needs_train = INDEX_KINDS[self.cfg.index]
+        ids = np.fromiter(self.records, dtype=np.int64, count=len(self.records))
+        mat = np.stack([self.vectors[i] for i in ids]) if len(ids) else np.zeros((0, self.dim), np.float32)
+        base = builder(self.dim, self.cfg, mat if needs_train else mat[:0])
+        index = faiss.IndexIDMap2(base)
+        if len(ids):
+            index.add_with_ids(mat, ids)
+        self.index = _maybe_gpu(index, self.cfg)
+        self.dirty = False
+
+    def add(self, ids: np.ndarray, mat: np.ndarray) -> None:
+        if self.dirty or self.index is None:
+            return  # rebuilt lazily from self.vectors
+        self.index.add_with_ids(mat, ids)
+
+    def remove(self, ids: Sequence[int]) -> None:
+        if self.dirty or self.index is None:
+            return
+        try:
+            self.index.remove_ids(np.asarray(ids, dtype=np.int64))
+        except RuntimeError:
+            # HNSW cannot remove vectors: rebuild on the next search instead.
+            self.dirty = True
+
+
+class FaissFactStore(FactStore):
+    """FAISS store with one ``IndexIDMap2`` per namespace (flat / HNSW / IVF by ``cfg.index``)."""
+
+    def __init__(self, cfg: MemoryConfig, dim: int) -> None:
+        if dim < 1:
+            raise FactStoreError(f"embedding dim must be >= 1, got {dim}")
+        self.cfg = cfg
+        self.dim = dim
+        self._spaces: dict[str, _Namespace] = {}
+        self._next_id = 1
+        self._next_order = 0
+        self._revisions = 0  # store-wide, so a dropped and re-created namespace never repeats a revision
+
+    def _tick(self) -> int:
+        self._revisions += 1
+        return self._revisions
+
+    # -- helpers ---------------------------------------------------------------------------------------
+    def _space(self, namespace: str, create: bool = False) -> _Namespace:
+        space = self._spaces.get(namespace)
+        if space is None:
+            if not create:
+                raise FactStoreError(f"unknown namespace {namespace!r}; known: {sorted(self._spaces)[:10]}")
+            space = self._spaces[namespace] = _Namespace(self.dim, self.cfg)
+        return space
+
+    def _check_vectors(self, vectors: np.ndarray, n: int, what: str) -> np.ndarray:
+        mat = np.ascontiguousarray(vectors, dtype=np.float32)
+        if mat.ndim != 2 or mat.shape != (n, self.dim):
+            raise FactStoreError(f"{what}: expected vectors of shape {(n, self.dim)}, got {mat.shape}")
+        if not np.isfinite(mat).all():
+            raise FactStoreError(f"{what}: vectors contain NaN/inf")
+        return mat
+
+    def _record(self, namespace: str, fact_id: int) -> FactRecord:
+        space = self._space(namespace)
+        if fact_id not in space.records:
+            raise FactStoreError(f"namespace {namespace!r} has no fact id {fact_id}")
+        return space.records[fact_id]
+
+    # -- contract --------------------------------------------------------------------------------------
+    def add(self, namespace: str, facts: Sequence[NewFact], vectors: np.ndarray) -> list[int]:
+        mat = self._check_vectors(vectors, len(facts), f"add to {namespace!r}")
+        space = self._space(namespace, create=True)
+        ids = np.arange(self._next_id, self._next_id + len(facts), dtype=np.int64)
+        self._next_id += len(facts)
+        for fid, fact, vec in zip(ids.tolist(), facts, mat, strict=True):
+            space.records[fid] = FactRecord(
+                fact_id=fid,
+                namespace=namespace,
+                text=fact.text,
+                speaker=fact.speaker,
+                timestamp=fact.timestamp,
+                source_ids=tuple(fact.source_ids),
+                created_turn=fact.turn_id,
+                updated_turn=fact.turn_id,
+                order=self._next_order,
+                extra=dict(fact.extra),
+            )
+            self._next_order += 1
+            space.vectors[fid] = vec.copy()
+        space.add(ids, mat)
+        space.revision = self._tick()
+        return ids.tolist()
+
+    def update(
+        self, namespace: str, fact_id: int, text: str, vector: np.ndarray, turn_id: str, **changes
+    ) -> FactRecord:
+        old = self._record(namespace, fact_id)
+        vec = self._check_vectors(np.asarray(vector).reshape(1, -1), 1, f"update fact {fact_id}")
+        allowed = {"speaker", "timestamp", "source_ids", "extra"}
+        if set(changes) - allowed:
+            raise FactStoreError(f"update: unknown fields {sorted(set(changes) - allowed)}; valid {allowed}")
+        if "source_ids" in changes:
+            changes["source_ids"] = tuple(changes["source_ids"])
+        new = replace(old, text=text, updated_turn=turn_id, **changes)
+        space = self._space(namespace)
+        space.records[fact_id] = new
+        space.vectors[fact_id] = vec[0].copy()
+        space.remove([fact_id])
+        space.add(np.array([fact_id], dtype=np.int64), vec)
+        space.revision = self._tick()
+        return new
+
+    def delete(self, namespace: str, fact_ids: Sequence[int]) -> None:
+        for fid in fact_ids:
+            self._record(namespace, fid)  # validate all before mutating anything
+        space = self._space(namespace)
+        for fid in fact_ids:
+            del space.records[fid]
+            del space.vectors[fid]
+        space.remove(list(fact_ids))
+        space.revision = self._tick()
+
+    def search(self, namespace: str, queries: np.ndarray, k: int) -> list[list[tuple[int, float]]]:
+        q = np.ascontiguousarray(queries, dtype=np.float32)
+        if q.ndim != 2 or q.shape[1] != self.dim:
+            raise FactStoreError(f"search in {namespace!r}: expected queries [n, {self.dim}], got {q.shape}")
+        space = self._spaces.get(namespace)
+        if space is None or not space.records or k < 1:
+            return [[] for _ in range(len(q))]
+        if space.dirty or space.index is None:
+            space.rebuild()
+        sims, ids = space.index.search(q, min(k, len(space.records)))
+        return [
+            [(int(i), float(s)) for i, s in zip(row_ids, row_sims, strict=True) if i >= 0]
+            for row_ids, row_sims in zip(ids, sims, strict=True)
+        ]
+
+    def get(self, namespace: str, fact_id: int) -> FactRecord:
+        return self._record(namespace, fact_id)
+
+    def records(self, namespace: str) -> list[FactRecord]:
+        space = self._spaces.get(namespace)
+        return sorted(space.records.values(), key=lambda r: r.order) if space else []
+
+    def vectors(self, namespace: str, fact_ids: Sequence[int]) -> np.ndarray:
+        """Stored vectors ``[len(fact_ids), dim]`` (used for reranking without re-encoding)."""
+        space = self._space(namespace)
+        if not fact_ids:
+            return np.zeros((0, self.dim), np.float32)
+        return np.stack([space.vectors[int(i)] for i in fact_ids])
+
+    def namespaces(self) -> list[str]:
+        return sorted(self._spaces)
+
+    def revision(self, namespace: str) -> int:
+        space = self._spaces.get(namespace)
+        return space.revision if space else 0
+
+    def drop_namespace(self, namespace: str) -> None:
+        self._spaces.pop(namespace, None)
+
+    # -- persistence (format in memrl.memory.persist) ---------------------------------------------------
+    def save(self, path: str) -> None:
+        from memrl.memory.persist import write_store
+
+        write_store(path, self)
+
+    @classmethod
+    def load(cls, path: str, cfg: MemoryConfig) -> FaissFactStore:
+        from memrl.memory.persist import read_store
+
+        return read_store(path, cfg, cls)
+
+
+@FACT_STORES.register("faiss")
+def _faiss_store(cfg: MemoryConfig, dim: int) -> FactStore:
+    return FaissFactStore(cfg, dim)
