@@ -27,6 +27,7 @@ and the fact extractor would stall on it), so it is flagged rather than silently
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import importlib
 import inspect
 import json
@@ -262,6 +263,19 @@ class RecordView:
             )
         return value
 
+    def json_list(self, obj: Any, key: str, where: str = "") -> list:
+        """A list field; some exports store lists as JSON text (``"[\"a\", \"b\"]"``), which is accepted too."""
+        value = self.get(obj, key, (list, str), where)
+        if isinstance(value, str):
+            path = f"{where}.{key}" if where else key
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                value = None
+            if not isinstance(value, list):
+                raise self.fail(path, "a JSON array (or a string holding one)", _preview(obj[key]))
+        return value
+
     def text(self, value: Any, path: str) -> str:
         """A scalar answer/label as text: JSON numbers become their plain string form (``2022`` → ``"2022"``)."""
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
@@ -289,6 +303,19 @@ def type_name(value: Any) -> str:
 def _preview(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def in_split(key: str, split: str, test_fraction: float) -> bool:
+    """Deterministic train/test assignment of a group (conversation, question) by a hash of its key.
+
+    The whole group lands on one side, so a test conversation's sessions are never seen in training.
+    """
+    if split == "all":
+        return True
+    if not 0.0 <= test_fraction <= 1.0:
+        raise ValueError(f"test_fraction must be in [0, 1], got {test_fraction}")
+    bucket = int(hashlib.sha1(key.encode("utf-8", "surrogateescape")).hexdigest()[:8], 16) / 2**32
+    return (bucket < test_fraction) == (split == "test")
 
 
 def build_episode(view: RecordView, field: str, **kwargs: Any) -> BatchInput:
@@ -371,6 +398,7 @@ __all__ = [
     "RecordView",
     "SkipReport",
     "build_episode",
+    "in_split",
     "iter_json_records",
     "load_dataset",
     "read_text",

@@ -1,0 +1,179 @@
+"""``locomo``: LoCoMo (``locomo10.json``): every QA becomes one episode over its conversation's sessions.
+
+History turns are every dialog turn in session order (``turn_id`` = LoCoMo's ``dia_id`` such as ``D1:3``,
+``timestamp`` = that session's ``session_N_date_time``); a shared photo's caption is appended to the text as
+``[shares photo: …]`` (option ``include_captions``). The target turn is the question.
+
+Metadata: ``sample_id``, ``category`` (1–5), ``evidence`` (the dialog ids as written, normalised: a few
+annotations pack several ids into one string such as ``"D8:6; D9:17"``), ``evidence_turn_ids`` (those evidence
+ids that exist in the conversation), ``evidence_unresolved`` (tokens that are not a dialog id of this
+conversation, kept so nothing is lost), ``session_dates``, ``speakers``, ``qa_index``. Category 5 questions are
+adversarial (the premise is false; LoCoMo gives an ``adversarial_answer`` instead of ``answer``): their
+``target_answer`` is ``None`` and ``metadata["adversarial"]`` is ``True``.
+
+Splits: ``all`` is the whole file; ``train``/``test`` split by conversation (hash of ``sample_id``,
+``test_fraction`` of conversations in test) so a test conversation is never seen in training.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from memrl.data.adapters import (
+    ADAPTERS,
+    DEFAULT_MAX_TURN_CHARS,
+    AdapterError,
+    RecordView,
+    SkipReport,
+    build_episode,
+    in_split,
+    iter_json_records,
+    record_guard,
+)
+from memrl.types import BatchInput, TurnRole, TurnSpec
+
+_SESSION_KEY = re.compile(r"session_(\d+)")
+_DIA_ID = re.compile(r"D\d+:\d+")
+ADVERSARIAL_CATEGORY = 5
+
+
+@dataclass(frozen=True)
+class _Conversation:
+    sample_id: str
+    history: tuple[TurnSpec, ...]
+    session_dates: dict[str, str]
+    speakers: tuple[str, ...]
+
+
+def _turn(view: RecordView, raw: Any, where: str, date: str, captions: bool) -> TurnSpec:
+    dia_id = view.get(raw, "dia_id", str, where)
+    text = view.get(raw, "text", str, where)
+    caption = view.get(raw, "blip_caption", str, where, optional=True)
+    if captions and caption:
+        text = f"{text} [shares photo: {caption}]"
+    return TurnSpec(
+        role=TurnRole.HISTORY,
+        text=text,
+        turn_id=dia_id,
+        speaker=view.get(raw, "speaker", str, where),
+        timestamp=date,
+    )
+
+
+def _parse_conversation(view: RecordView, record: Any, captions: bool) -> _Conversation:
+    sample_id = view.get(record, "sample_id", str)
+    conv = view.get(record, "conversation", dict)
+    numbers = sorted(int(m.group(1)) for key in conv if (m := _SESSION_KEY.fullmatch(key)))
+    if not numbers:
+        raise view.fail(
+            "conversation", "at least one 'session_N' list of dialog turns", f"keys {sorted(conv)}"
+        )
+    history: list[TurnSpec] = []
+    dates: dict[str, str] = {}
+    for n in numbers:
+        key = f"session_{n}"
+        date = view.get(conv, f"{key}_date_time", str, "conversation")
+        turns = view.check(conv[key], list, f"conversation.{key}")
+        if not turns:
+            raise view.fail(f"conversation.{key}", "a non-empty list of dialog turns", "an empty session")
+        dates[key] = date
+        history.extend(
+            _turn(view, t, f"conversation.{key}[{i}]", date, captions) for i, t in enumerate(turns)
+        )
+    seen: set[str] = set()
+    for turn in history:
+        if turn.turn_id in seen:
+            raise view.fail("conversation", "unique dia_id values", f"{turn.turn_id!r} appears twice")
+        seen.add(turn.turn_id)
+    speakers = tuple(
+        s
+        for s in (view.get(conv, k, str, "conversation", optional=True) for k in ("speaker_a", "speaker_b"))
+        if s
+    )
+    return _Conversation(sample_id, tuple(history), dates, speakers)
+
+
+def _evidence(view: RecordView, qa: Any, where: str, turn_ids: set[str]) -> dict[str, list[str]]:
+    raw = view.json_list(qa, "evidence", where)
+    tokens: list[str] = []
+    for i, item in enumerate(raw):
+        tokens.extend(t for t in re.split(r"[;,\s]+", view.check(item, str, f"{where}.evidence[{i}]")) if t)
+    ids = [t for t in tokens if _DIA_ID.fullmatch(t)]
+    return {
+        "evidence": ids,
+        "evidence_turn_ids": [t for t in ids if t in turn_ids],
+        "evidence_unresolved": [t for t in tokens if t not in turn_ids],
+    }
+
+
+def _qa_episode(view: RecordView, conv: _Conversation, qi: int, qa: Any, turn_ids: set[str]) -> BatchInput:
+    where = f"qa[{qi}]"
+    question = view.get(qa, "question", str, where)
+    if not question.strip():
+        raise view.fail(f"{where}.question", "a non-empty question")
+    category = view.get(qa, "category", int, where)
+    if not 1 <= category <= 5:
+        raise view.fail(f"{where}.category", "an integer in 1..5", repr(category))
+    adversarial = category == ADVERSARIAL_CATEGORY
+    meta: dict[str, Any] = {
+        "sample_id": conv.sample_id,
+        "qa_index": qi,
+        "category": category,
+        "adversarial": adversarial,
+        "session_dates": conv.session_dates,
+        "speakers": list(conv.speakers),
+        **_evidence(view, qa, where, turn_ids),
+    }
+    if adversarial:
+        answer = None
+        adv = view.get(qa, "adversarial_answer", (str, int, float), where, optional=True)
+        meta["adversarial_answer"] = None if adv is None else view.text(adv, f"{where}.adversarial_answer")
+        if (
+            qa.get("answer") is not None
+        ):  # two category-5 items carry one; keep it, but the gold is abstention
+            meta["original_answer"] = view.text(qa["answer"], f"{where}.answer")
+    else:
+        answer = view.text(view.get(qa, "answer", (str, int, float), where), f"{where}.answer")
+    episode_id = f"locomo-{conv.sample_id}-q{qi}"
+    target = TurnSpec(role=TurnRole.TARGET, text=question, turn_id="Q", speaker="User")
+    return build_episode(
+        view,
+        where,
+        episode_id=episode_id,
+        group_id=episode_id,
+        turns=(*conv.history, target),
+        final_query=question,
+        target_answer=answer,
+        metadata=meta,
+    )
+
+
+@ADAPTERS.register("locomo")
+def locomo(
+    path: str | None,
+    *,
+    split: str,
+    lenient: bool,
+    report: SkipReport,
+    test_fraction: float = 0.5,
+    include_captions: bool = True,
+    max_turn_chars: int = DEFAULT_MAX_TURN_CHARS,
+) -> list[BatchInput]:
+    """One episode per QA of every conversation in ``path`` (a LoCoMo JSON array)."""
+    if not path:
+        raise AdapterError("<no path>", None, None, "the path of a LoCoMo JSON file (e.g. locomo10.json)")
+    episodes: list[BatchInput] = []
+    for idx, record in iter_json_records(path, lenient=lenient, report=report):
+        view = RecordView(path, idx, int(max_turn_chars))
+        with record_guard(report, lenient):
+            conv = _parse_conversation(view, record, bool(include_captions))
+            qas = view.json_list(record, "qa")
+            if not in_split(conv.sample_id, split, float(test_fraction)):
+                continue
+            turn_ids = {t.turn_id for t in conv.history}
+            for qi, qa in enumerate(qas):
+                with record_guard(report, lenient):
+                    episodes.append(_qa_episode(view, conv, qi, qa, turn_ids))
+    return episodes

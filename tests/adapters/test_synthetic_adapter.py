@@ -1,0 +1,169 @@
+"""The synthetic memory task: determinism, held-out test split, latest-value updates, checkable arithmetic."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+from memrl_adapters import synthetic as syn
+
+from memrl.data.adapters import run_adapter
+from memrl.types import TurnRole
+
+
+def _gen(split="train", **options):
+    options.setdefault("num_episodes", 60)
+    episodes, report = run_adapter("synthetic", None, split=split, options=options)
+    assert report.skipped == 0
+    return episodes
+
+
+# An independent reader of the templated facts: the last statement about (person, attribute) wins.
+_PATTERNS = {
+    "colour": r"^(\w+)'s favourite colour is (?:now )?(\w+)\.$",
+    "city": r"^(\w+) (?:now )?lives in (\w+)\.$",
+    "pet_name": r"^(\w+)'s pet is (?:now )?called (\w+)\.$",
+    "job": r"^(\w+) is (?:now )?a (\w+)\.$",
+    "age": r"^(\w+) is (\d+) years old\.$",
+    "siblings": r"^(\w+) (?:now )?has (\d+) siblings\.$",
+    "pets": r"^(\w+) (?:now )?has (\d+) pets\.$",
+    "savings": r"^(\w+) (?:now )?has (\d+) dollars in savings\.$",
+}
+
+
+def _facts(episode) -> dict[tuple[str, str], list[tuple[str, str]]]:
+    """(person, attr) → [(turn_id, value), ...] in history order."""
+    out: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    for turn in episode.history:
+        for attr, pattern in _PATTERNS.items():
+            m = re.match(pattern, turn.text)
+            if m:
+                out.setdefault((m.group(1), attr), []).append((turn.turn_id, m.group(2)))
+    return out
+
+
+def test_same_seed_same_episodes_and_prefix_stable():
+    a = _gen(num_episodes=30, seed=7)
+    b = _gen(num_episodes=30, seed=7)
+    assert a == b
+    longer = _gen(num_episodes=45, seed=7)
+    assert longer[:30] == a  # growing the dataset keeps its prefix
+    other = _gen(num_episodes=30, seed=8)
+    assert [e.turns for e in other] != [e.turns for e in a]
+
+
+def test_train_and_test_are_disjoint_in_names_and_values():
+    train, test = _gen("train", num_episodes=80), _gen("test", num_episodes=80)
+
+    def vocab(episodes):
+        names, values = set(), set()
+        for ep in episodes:
+            names |= {t.speaker for t in ep.history}
+            for (person, attr), stated in _facts(ep).items():
+                names.add(person)
+                if attr in ("colour", "city", "pet_name", "job"):
+                    values |= {v for _, v in stated}
+        return names, values
+
+    (n_train, v_train), (n_test, v_test) = vocab(train), vocab(test)
+    assert n_train and n_test and v_train and v_test
+    assert not n_train & n_test
+    assert not v_train & v_test
+    assert {e.episode_id for e in train}.isdisjoint(e.episode_id for e in test)
+    both = _gen("all", num_episodes=80)
+    assert both == train + test
+
+
+def test_episode_shape_and_metadata():
+    episodes = _gen(num_episodes=30, num_sessions=4, turns_per_session=5)
+    assert Counter(e.metadata["question_type"] for e in episodes) == {
+        "lookup": 10,
+        "update": 10,
+        "arithmetic": 10,
+    }
+    for ep in episodes:
+        assert len(ep.history) == 20 and ep.target.role is TurnRole.TARGET
+        assert ep.final_query == ep.target.text and ep.group_id == ep.episode_id
+        assert all(t.timestamp for t in ep.turns)
+        assert [t.timestamp for t in ep.turns] == sorted(t.timestamp for t in ep.turns)
+        assert len(ep.metadata["session_dates"]) == 4
+        ids = {t.turn_id for t in ep.history}
+        assert set(ep.metadata["evidence_turn_ids"]) <= ids
+        assert re.fullmatch(r"\d+|[A-Za-z]+", ep.target_answer)
+
+
+def test_lookup_and_update_answers_are_the_latest_stated_value():
+    episodes = _gen(num_episodes=90)
+    updates = 0
+    for ep in episodes:
+        qtype = ep.metadata["question_type"]
+        if qtype == "arithmetic":
+            continue
+        facts = _facts(ep)
+        (attr,) = ep.metadata["attributes"]
+        asked = [p for (p, a) in facts if a == attr and p in ep.final_query]
+        assert len(asked) == 1, ep.final_query
+        stated = facts[(asked[0], attr)]
+        last_turn, last_value = stated[-1]
+        assert ep.target_answer == last_value
+        assert ep.metadata["evidence_turn_ids"] == [last_turn]
+        if qtype == "update":
+            updates += 1
+            assert len(stated) == 2 and stated[0][1] != last_value
+            sessions = [int(tid[1:].split(":")[0]) for tid, _ in stated]
+            assert sessions[0] < sessions[1]  # the change happens in a later session
+        else:
+            assert len(stated) == 1
+    assert updates == 30
+
+
+def test_arithmetic_gold_python_prints_the_answer():
+    episodes = [e for e in _gen(num_episodes=45) if e.metadata["question_type"] == "arithmetic"]
+    assert len(episodes) == 15
+    # One subprocess for all snippets: each snippet is our own generated code, run as a plain program.
+    program = "\n".join(e.metadata["gold_python"] for e in episodes)
+    out = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.split() == [e.target_answer for e in episodes]
+    for ep in episodes:
+        # the numbers in the program are the ones stated in the evidence turns
+        stated = {t.turn_id: t.text for t in ep.history}
+        numbers = re.findall(r"\d+", ep.metadata["gold_python"])
+        evidence_numbers = [re.findall(r"\d+", stated[tid])[0] for tid in ep.metadata["evidence_turn_ids"]]
+        assert numbers[: len(evidence_numbers)] == evidence_numbers
+
+
+def test_question_type_subset_and_sizes():
+    eps = _gen(num_episodes=7, question_types="update,lookup", num_sessions=2, turns_per_session=3)
+    assert {e.metadata["question_type"] for e in eps} == {"update", "lookup"}
+    assert all(len(e.history) == 6 for e in eps)
+    assert _gen(num_episodes=0) == []
+
+
+@pytest.mark.parametrize(
+    ("options", "needle"),
+    [
+        ({"num_sessions": 1}, "update questions need num_sessions >= 2"),
+        ({"question_types": ["riddle"]}, "question_types must be"),
+        ({"n_persons": 1}, "n_persons"),
+        ({"distractor_fraction": 2.0}, "distractor_fraction"),
+        ({"num_episodes": -1}, "num_episodes"),
+    ],
+)
+def test_bad_options_are_rejected_with_the_reason(options, needle):
+    with pytest.raises(ValueError, match=re.escape(needle)):
+        _gen(**options)
+
+
+def test_path_is_refused():
+    with pytest.raises(ValueError, match="generates its data"):
+        run_adapter("synthetic", "/tmp/some.json")
+
+
+def test_make_episode_is_pure():
+    assert syn.make_episode(3, "test", 11) == syn.make_episode(3, "test", 11)
+    assert syn.make_episode(3, "test", 11) != syn.make_episode(3, "train", 11)
