@@ -1,12 +1,125 @@
+"""LoRA GRPO training config (owned by :mod:`memrl.train`). Names follow verl where verl has one."""
+
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+
+@dataclass
+class LoraConfig:
+    """PEFT LoRA adapter. ``target_modules`` is a list of module names or ``["all-linear"]`` (PEFT's shortcut
+    for every linear layer except the output head)."""
+
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.0
+    target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
+
+    def __post_init__(self) -> None:
+        if self.r < 1:
+            raise ValueError(f"train.lora.r must be >= 1, got {self.r}")
+        if self.alpha <= 0:
+            raise ValueError(f"train.lora.alpha must be > 0, got {self.alpha} (a common choice is 2 * r)")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"train.lora.dropout must be in [0, 1), got {self.dropout}")
+        if not self.target_modules:
+            raise ValueError(
+                "train.lora.target_modules is empty; use ['all-linear'] or e.g. ['q_proj', 'v_proj']"
+            )
+
+
+@dataclass
+class ReplayConfig:
+    """Replay buffer of finished episodes (seed 003): joint SFT (best trajectory per group) + RFT
+    (reward-weighted log-prob) on samples drawn from it, added to the GRPO loss of the fresh batch.
+
+    ``capacity`` counts episodes (oldest evicted first). ``batch_size`` episodes are sampled per update;
+    ``0`` disables replay. ``min_reward`` is the reward a group's best trajectory needs to be an SFT target.
+    """
+
+    capacity: int = 512
+    batch_size: int = 0
+    sft_weight: float = 0.1
+    rft_weight: float = 0.0
+    min_reward: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.capacity < 1:
+            raise ValueError(f"train.replay.capacity must be >= 1, got {self.capacity}")
+        if self.batch_size < 0:
+            raise ValueError(
+                f"train.replay.batch_size must be >= 0 (0 disables replay), got {self.batch_size}"
+            )
+        if self.sft_weight < 0 or self.rft_weight < 0:
+            raise ValueError("train.replay.sft_weight and rft_weight must be >= 0 (0 switches that term off)")
 
 
 @dataclass
 class TrainConfig:
-    """LoRA GRPO training (owned by memrl.train)."""
+    """LoRA GRPO training.
+
+    One training step = ``data.prompts_per_batch`` prompts × ``data.n_samples_per_prompt`` episodes →
+    one batch → ``ppo_epochs`` passes of optimizer updates over ``ppo_mini_batches`` mini-batches, each
+    accumulated over micro-batches of at most ``micro_batch_tokens`` tokens (packed) /
+    ``micro_batch_size`` rows (padded).
+
+    ``advantage`` is a name in :data:`memrl.train.advantages.ADVANTAGES` (``grpo``, ``drgrpo``, ``rloo``) or a
+    dotted path. ``loss_agg`` is a name in :data:`memrl.train.losses.LOSS_AGGREGATIONS`
+    (``token-mean``, ``seq-mean-token-sum``, ``seq-mean-token-mean``). ``kl_coef`` > 0 adds a KL penalty to the
+    reference policy (same model with the adapter disabled). ``duplicates`` decides how leaves flagged
+    ``StepMeta.is_duplicate`` count: ``drop`` (weight 0, not in group statistics; default) or ``keep``
+    (ordinary samples, as verl would see them).
+    """
 
     advantage: str = "grpo"
     steps: int = 10
     lr: float = 1e-4
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    max_grad_norm: float = 1.0
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.28
+    loss_agg: str = "token-mean"
+    kl_coef: float = 0.0
+    entropy_coef: float = 0.0
+    duplicates: str = "drop"
+    ppo_epochs: int = 1
+    ppo_mini_batches: int = 1
+    micro_batch_size: int = 8
+    micro_batch_tokens: int = 4096
+    layout: str = "packed"
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    eval_every: int = 5
+    eval_episodes: int = 64
+    eval_split: str = "test"
+    checkpoint_every: int = 1
+    keep_checkpoints: int = 2
+    max_wall_s: float | None = None
+    max_generated_tokens: int | None = None
+    tensorboard: bool = True
+
+    def __post_init__(self) -> None:
+        if self.steps < 0:
+            raise ValueError(f"train.steps must be >= 0, got {self.steps}")
+        if self.lr <= 0:
+            raise ValueError(f"train.lr must be > 0, got {self.lr}")
+        if len(self.betas) != 2:
+            raise ValueError(f"train.betas must be two numbers [beta1, beta2], got {self.betas}")
+        if self.clip_ratio_low < 0 or self.clip_ratio_high < 0:
+            raise ValueError(
+                "train.clip_ratio_low/high must be >= 0 (the ratio is clipped to [1-low, 1+high])"
+            )
+        if self.kl_coef < 0:
+            raise ValueError(f"train.kl_coef must be >= 0, got {self.kl_coef}")
+        if self.duplicates not in ("drop", "keep"):
+            raise ValueError(f"train.duplicates must be 'drop' or 'keep', got {self.duplicates!r}")
+        if self.layout not in ("packed", "padded"):
+            raise ValueError(f"train.layout must be 'packed' or 'padded', got {self.layout!r}")
+        for name in ("ppo_epochs", "ppo_mini_batches", "micro_batch_size", "micro_batch_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+        if self.eval_every < 0 or self.checkpoint_every < 0:
+            raise ValueError("train.eval_every / checkpoint_every must be >= 0 (0 = only at the end)")
+        if self.keep_checkpoints < 1:
+            raise ValueError(f"train.keep_checkpoints must be >= 1, got {self.keep_checkpoints}")

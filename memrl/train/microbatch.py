@@ -1,0 +1,178 @@
+"""From a :class:`~memrl.types.PackedBatch` (either layout) to micro-batches, and the policy forward over them.
+
+The update works on per-sequence records (:class:`SeqRecord`), so it accepts a batch in either layout, and
+re-collates them into micro-batches in the layout the config asks for:
+
+* ``packed``: ``[1, N]`` with no padding; position ids restart at 0 for each sequence. transformers builds the
+  block-diagonal causal mask from the restarting position ids when ``attention_mask`` is ``None`` and no cache
+  is used, so sequences never attend to each other.
+* ``padded``: ``[b, L]`` right-padded rows with an attention mask.
+
+Every token-level tensor of a micro-batch is aligned with ``input_ids`` (position ``j`` describes token ``j``);
+:func:`token_logprobs` returns ``log p(token_j | tokens_<j)`` at position ``j`` (0 at each sequence's first token,
+which is always a prompt token and never trained on).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from memrl.types import PackedBatch
+
+
+@dataclass
+class SeqRecord:
+    """One trainable sequence. ``ids`` = prompt + response ``[S]``; the rest are ``[S]`` aligned with ``ids``:
+    ``loss_mask`` (response_mask × sample weight, 0 on the prompt), ``old_logp`` (behaviour log-probs, 0 on the
+    prompt) and ``adv`` (the sequence advantage on response tokens)."""
+
+    ids: torch.Tensor
+    prompt_len: int
+    loss_mask: torch.Tensor
+    old_logp: torch.Tensor
+    adv: torch.Tensor
+    index: int  # row in the source batch
+
+
+@dataclass
+class MicroBatch:
+    """Tensors ``[b, L]`` (padded) or ``[1, N]`` (packed), all aligned with ``input_ids``.
+
+    ``seq_index`` gives each position's sequence number within the micro-batch (``-1`` on padding).
+    ``num_seqs`` is the number of sequences; ``rows`` their indices in the source batch.
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    attention_mask: torch.Tensor | None
+    loss_mask: torch.Tensor
+    old_logp: torch.Tensor
+    adv: torch.Tensor
+    seq_index: torch.Tensor
+    num_seqs: int
+    rows: list[int]
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.numel())
+
+
+def _padded_rows(batch: PackedBatch):
+    resp_width = batch.responses.shape[1]
+    prompt_width = batch.input_ids.shape[1] - resp_width
+    for i in range(batch.num_steps):
+        pl, rl = int(batch.prompt_lengths[i]), int(batch.response_lengths[i])
+        prompt = batch.input_ids[i, prompt_width - pl : prompt_width]
+        yield (
+            i,
+            prompt,
+            batch.responses[i, :rl],
+            batch.response_mask[i, :rl],
+            batch.old_log_probs[i, :rl],
+        )
+
+
+def _packed_rows(batch: PackedBatch):
+    cu = batch.cu_seqlens.tolist()
+    for i in range(batch.num_steps):
+        start, end = cu[i], cu[i + 1]
+        pl = int(batch.prompt_lengths[i])
+        seq = batch.input_ids[0, start:end]
+        sl = slice(start + pl, end)
+        yield i, seq[:pl], seq[pl:], batch.response_mask[0, sl], batch.old_log_probs[0, sl]
+
+
+def unpack(batch: PackedBatch, seq_adv: torch.Tensor, weights: torch.Tensor) -> list[SeqRecord]:
+    """Split ``batch`` into sequences. ``seq_adv`` and ``weights`` are ``[num_steps]``."""
+    rows = _packed_rows(batch) if batch.layout == "packed" else _padded_rows(batch)
+    out = []
+    for i, prompt, resp, rmask, old in rows:
+        if len(prompt) == 0:
+            raise ValueError(f"step {batch.step_ids[i]!r}: empty prompt (row {i}); every sequence needs one")
+        zeros = torch.zeros(len(prompt))
+        mask = torch.cat([zeros, rmask.float() * float(weights[i])])
+        out.append(
+            SeqRecord(
+                ids=torch.cat([prompt, resp]).long(),
+                prompt_len=len(prompt),
+                loss_mask=mask,
+                old_logp=torch.cat([zeros, old.float()]),
+                adv=torch.cat([zeros, torch.full((len(resp),), float(seq_adv[i]))]),
+                index=i,
+            )
+        )
+    return out
+
+
+def collate(records: Sequence[SeqRecord], layout: str) -> MicroBatch:
+    """Assemble records into one micro-batch in ``layout`` (``packed`` or ``padded``)."""
+    if layout == "packed":
+        cat = lambda name: torch.cat([getattr(r, name) for r in records]).unsqueeze(0)  # noqa: E731
+        pos = torch.cat([torch.arange(len(r.ids)) for r in records]).unsqueeze(0)
+        seq_index = torch.cat([torch.full((len(r.ids),), k) for k, r in enumerate(records)]).unsqueeze(0)
+        return MicroBatch(
+            cat("ids"), pos, None, cat("loss_mask"), cat("old_logp"), cat("adv"), seq_index, len(records),
+            [r.index for r in records],
+        )  # fmt: skip
+    width = max(len(r.ids) for r in records)
+
+    def pad(name: str, value: float = 0.0) -> torch.Tensor:
+        rows = [F.pad(getattr(r, name), (0, width - len(r.ids)), value=value) for r in records]
+        return torch.stack(rows)
+
+    attn = torch.stack([(torch.arange(width) < len(r.ids)).long() for r in records])
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    seq_index = torch.where(attn.bool(), torch.arange(len(records)).unsqueeze(1), torch.full_like(attn, -1))
+    return MicroBatch(
+        pad("ids"), pos, attn, pad("loss_mask"), pad("old_logp"), pad("adv"), seq_index, len(records),
+        [r.index for r in records],
+    )  # fmt: skip
+
+
+def split_micro_batches(
+    records: Sequence[SeqRecord], layout: str, max_tokens: int, max_rows: int
+) -> list[MicroBatch]:
+    """Greedy contiguous split: packed micro-batches hold ≤ ``max_tokens`` tokens (a longer single sequence gets
+    a micro-batch of its own); padded ones ≤ ``max_rows`` rows."""
+    groups: list[list[SeqRecord]] = []
+    current: list[SeqRecord] = []
+    used = 0
+    for rec in records:
+        n = len(rec.ids)
+        full = used + n > max_tokens if layout == "packed" else len(current) >= max_rows
+        if current and full:
+            groups.append(current)
+            current, used = [], 0
+        current.append(rec)
+        used += n
+    if current:
+        groups.append(current)
+    return [collate(g, layout) for g in groups]
+
+
+def forward_logits(model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
+    """``[b, L, V]`` logits. ``use_cache=False`` matters: with a cache transformers skips packed-mask detection."""
+    out = model(
+        input_ids=mb.input_ids,
+        attention_mask=mb.attention_mask,
+        position_ids=mb.position_ids,
+        use_cache=False,
+    )
+    return out.logits.float()
+
+
+def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """``logits [b, L, V]``, ``input_ids [b, L]`` → ``[b, L]`` log p(token_j | <j); position 0 gets 0."""
+    logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return F.pad(logp, (1, 0))
+
+
+def token_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """``[b, L, V]`` → ``[b, L]`` entropy of the distribution that predicts token j (position 0 gets 0)."""
+    logp = torch.log_softmax(logits[:, :-1], dim=-1)
+    ent = -(logp.exp() * logp).sum(-1)
+    return F.pad(ent, (1, 0))

@@ -1,0 +1,162 @@
+"""One GRPO update of a LoRA policy on a :class:`~memrl.types.PackedBatch`.
+
+    updater = PolicyUpdater(peft_model, cfg.train)
+    metrics = updater.update(batch)                  # advantages → mini-batches → micro-batches → AdamW steps
+    metrics = updater.update(batch, replay=sample)   # + SFT/RFT on replayed episodes (seed 003)
+
+Per batch: sequence advantages from the group rewards (:mod:`memrl.train.advantages`), then ``ppo_epochs`` passes
+over ``ppo_mini_batches`` mini-batches; each mini-batch is one optimizer step accumulated over micro-batches.
+With a single optimizer step per batch the update is exactly on-policy, so the "old" log-probs are the current
+ones (detached) and ρ = 1; with several, the old log-probs are recomputed once before the first step, as verl's
+actor does. The rollout's own log-probs are only compared against (``train/rollout_logp_abs_diff``): that is the
+check that training sees exactly the tokens inference produced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import defaultdict
+from collections.abc import Sequence
+
+import torch
+
+from memrl.train.advantages import compute_advantages, sample_weights
+from memrl.train.config import TrainConfig
+from memrl.train.lora import trainable_parameters
+from memrl.train.losses import LOSS_AGGREGATIONS, clipped_policy_loss, kl_to_reference, masked_mean
+from memrl.train.microbatch import (
+    MicroBatch,
+    SeqRecord,
+    forward_logits,
+    split_micro_batches,
+    token_entropy,
+    token_logprobs,
+    unpack,
+)
+from memrl.types import PackedBatch
+
+
+class PolicyUpdater:
+    """Holds the optimizer of a PEFT model's trainable (adapter) parameters and applies GRPO updates."""
+
+    def __init__(self, model: torch.nn.Module, cfg: TrainConfig) -> None:
+        self.model = model
+        self.cfg = cfg
+        self.agg = LOSS_AGGREGATIONS.get(cfg.loss_agg)
+        self.params = trainable_parameters(model)
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
+        )
+
+    # ------------------------------------------------------------------ public
+    def update(self, batch: PackedBatch, replay=None) -> dict[str, float]:
+        """Apply the update for one batch; returns namespaced scalar metrics (``train/...``)."""
+        weights = sample_weights(batch.step_meta, self.cfg.duplicates)
+        scores = torch.as_tensor(batch.rewards, dtype=torch.float32).flatten()
+        adv = compute_advantages(self.cfg.advantage, scores, batch.group_ids, weights)
+        records = unpack(batch, adv, weights)
+        n_updates = self.cfg.ppo_epochs * self.cfg.ppo_mini_batches
+        if n_updates > 1:
+            self._recompute_old_logp(records)
+        sums: dict[str, list[float]] = defaultdict(list)
+        self.model.train()
+        for epoch in range(self.cfg.ppo_epochs):
+            for k, mini in enumerate(self._mini_batches(records)):
+                extra = replay if (epoch == 0 and k == 0) else None
+                for name, value in self._optimizer_step(mini, on_policy=n_updates == 1, replay=extra).items():
+                    sums[name].append(value)
+        metrics = {name: sum(v) / len(v) for name, v in sums.items()}
+        metrics.update(
+            {
+                "train/adv_mean": float((adv * weights).sum() / weights.sum().clamp(min=1)),
+                "train/adv_abs_mean": float((adv.abs() * weights).sum() / weights.sum().clamp(min=1)),
+                "train/reward_mean": float(scores.mean()) if len(scores) else 0.0,
+                "train/duplicates": float((weights == 0).sum()),
+                "train/sequences": float(len(records)),
+            }
+        )
+        return metrics
+
+    # ------------------------------------------------------------------ internals
+    def _mini_batches(self, records: Sequence[SeqRecord]) -> list[list[SeqRecord]]:
+        n = self.cfg.ppo_mini_batches
+        size = -(-len(records) // n)
+        return [list(records[i : i + size]) for i in range(0, len(records), size)]
+
+    def _micro(self, records: Sequence[SeqRecord]) -> list[MicroBatch]:
+        return split_micro_batches(
+            records, self.cfg.layout, self.cfg.micro_batch_tokens, self.cfg.micro_batch_size
+        )
+
+    @torch.no_grad()
+    def _recompute_old_logp(self, records: list[SeqRecord]) -> None:
+        self.model.eval()
+        for mb in self._micro(records):
+            logp = token_logprobs(forward_logits(self.model, mb), mb.input_ids)
+            for k, row in enumerate(mb.rows):
+                rec = next(r for r in records if r.index == row)
+                rec.old_logp = logp[mb.seq_index == k].clone()
+        self.model.train()
+
+    def _optimizer_step(self, records: list[SeqRecord], on_policy: bool, replay) -> dict[str, float]:
+        micro = self._micro(records)
+        total = sum(self.agg.count(mb.loss_mask, mb.seq_index) for mb in micro)
+        metrics: dict[str, list[float]] = defaultdict(list)
+        for mb in micro:
+            for name, value in self._micro_step(mb, max(total, 1.0), on_policy).items():
+                metrics[name].append(value)
+        if replay is not None:
+            from memrl.train.replay import replay_loss
+
+            _, rmetrics = replay_loss(self.model, replay, self.cfg)  # backpropagates per micro-batch
+            for name, value in rmetrics.items():
+                metrics[name].append(value)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        out = {name: sum(v) / len(v) for name, v in metrics.items()}
+        out["train/grad_norm"] = float(grad_norm)
+        return out
+
+    def _micro_step(self, mb: MicroBatch, normaliser: float, on_policy: bool) -> dict[str, float]:
+        cfg = self.cfg
+        logits = forward_logits(self.model, mb)
+        logp = token_logprobs(logits, mb.input_ids)
+        old = logp.detach() if on_policy else mb.old_logp
+        tok_loss, pg = clipped_policy_loss(
+            logp, old, mb.adv, mb.loss_mask, cfg.clip_ratio_low, cfg.clip_ratio_high
+        )
+        entropy = token_entropy(logits) if cfg.entropy_coef > 0 else None
+        with torch.no_grad():
+            ent_metric = entropy.detach() if entropy is not None else token_entropy(logits)
+        if entropy is not None:
+            tok_loss = tok_loss - cfg.entropy_coef * entropy
+        kl = None
+        if cfg.kl_coef > 0:
+            kl = kl_to_reference(logp, self._reference_logp(mb))
+            tok_loss = tok_loss + cfg.kl_coef * kl
+        loss = (tok_loss * self.agg.weights(mb.loss_mask, mb.seq_index)).sum() / normaliser
+        loss.backward()
+        out = {
+            "train/pg_loss": float(loss.detach()),
+            "train/clip_frac": float(pg["clip_frac"]),
+            "train/approx_kl": float(pg["approx_kl"]),
+            "train/entropy": float(masked_mean(ent_metric, mb.loss_mask)),
+            "train/rollout_logp_abs_diff": float(
+                masked_mean((logp.detach() - mb.old_logp).abs(), mb.loss_mask)
+            ),
+        }
+        if kl is not None:
+            out["train/kl_ref"] = float(masked_mean(kl.detach(), mb.loss_mask))
+        return out
+
+    @torch.no_grad()
+    def _reference_logp(self, mb: MicroBatch) -> torch.Tensor:
+        """Reference policy = the same module with the LoRA adapter switched off (no second model copy)."""
+        ctx = (
+            self.model.disable_adapter()
+            if hasattr(self.model, "disable_adapter")
+            else contextlib.nullcontext()
+        )
+        with ctx:
+            return token_logprobs(forward_logits(self.model, mb), mb.input_ids)
