@@ -1,0 +1,339 @@
+"""The batched state machine every strategy drives: PENDING → GENERATING ⇄ PROCESSING_TOOLS → TERMINATED.
+
+Each :meth:`Engine.step` makes **one** ``policy.generate`` call covering every branch that is ready to generate
+(across all requests and trees) and **one** ``tools.execute`` call covering every pending tool call. Fresh
+branches that start from the same state (same ``spawn_key``) go in one request with ``n`` samples, so their
+shared prefix is computed once; continuing branches pass their prefix handle.
+
+Tool rollback (seed 001) lives here because it is a state transition: on a tool error that matches
+``rollback_on_errors`` the error and a feedback line are appended (mask 0), the branch regenerates its turn from
+that context, and when the new turn arrives the branch is truncated back to its checkpoint (the start of the
+turn) and the new turn is spliced in, so only the corrected call stays.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from collections import Counter
+from collections.abc import Sequence
+
+from memrl.formats import ANSWER_STOP_STRINGS, TOOL_STOP_STRINGS, format_result
+from memrl.policy.base import GenerationRequest, PolicyClient, SamplingParams
+from memrl.rollout.base import AgentState, ToolRunner
+from memrl.rollout.branch import Branch, OpenRollback
+from memrl.rollout.config import RolloutConfig
+from memrl.rollout.metrics import RolloutMetrics
+from memrl.rollout.rollback import error_line, matches_rollback
+from memrl.rollout.toolcalls import parse_last_call
+from memrl.tools.base import ToolResult
+from memrl.types import ContractError, FinishReason, GenerationOutput, ToolCallRecord
+
+logger = logging.getLogger(__name__)
+
+
+class EngineHooks:
+    """Strategy callbacks (the tree strategy records nodes here; the chain strategy needs none)."""
+
+    def on_output(self, branch: Branch, out: GenerationOutput, start: int) -> None:
+        """A normal (not regenerated) output was appended at response index ``start``."""
+
+    def on_boundary(self, branch: Branch) -> None:
+        """The branch sits at a continuable state and will generate again (a possible branch point)."""
+
+    def on_restore(self, branch: Branch, position: int) -> None:
+        """The branch was truncated back to response index ``position`` by a rollback."""
+
+
+class HandleRefs:
+    """Reference counts on prefix handles shared by branches and tree nodes; released when unreferenced."""
+
+    def __init__(self, policy: PolicyClient) -> None:
+        self.policy = policy
+        self.refs: Counter[str] = Counter()
+        self._to_release: list[str] = []
+
+    def hold(self, handle: str | None) -> None:
+        if handle is not None:
+            self.refs[handle] += 1
+
+    def drop(self, handle: str | None) -> None:
+        if handle is None:
+            return
+        self.refs[handle] -= 1
+        if self.refs[handle] <= 0:
+            del self.refs[handle]
+            self._to_release.append(handle)
+
+    def discard(self, handle: str | None) -> None:
+        """Release a handle nobody will hold."""
+        if handle is not None and handle not in self.refs:
+            self._to_release.append(handle)
+
+    def flush(self) -> None:
+        if self._to_release:
+            self.policy.release(self._to_release)
+            self._to_release = []
+
+
+class Engine:
+    """Drives branches to TERMINATED. ``segment_tokens`` caps model tokens per generate call (tree nodes);
+    ``None`` lets a branch generate until a stop (chain)."""
+
+    def __init__(
+        self,
+        policy: PolicyClient,
+        tools: ToolRunner | None,
+        cfg: RolloutConfig,
+        metrics: RolloutMetrics,
+        *,
+        segment_tokens: int | None = None,
+        hooks: EngineHooks | None = None,
+    ) -> None:
+        self.policy = policy
+        self.tools = tools
+        self.cfg = cfg
+        self.metrics = metrics
+        self.segment_tokens = segment_tokens
+        self.hooks = hooks or EngineHooks()
+        self.handles = HandleRefs(policy)
+        self.tokenizer = policy.tokenizer
+        self.stop = TOOL_STOP_STRINGS + (ANSWER_STOP_STRINGS if cfg.stop_on_answer else ())
+
+    # ------------------------------------------------------------------ loop
+
+    def run(self, branches: Sequence[Branch]) -> None:
+        while any(b.state is not AgentState.TERMINATED for b in branches):
+            self.step(branches)
+
+    def step(self, branches: Sequence[Branch]) -> None:
+        ready = [b for b in branches if b.state in (AgentState.PENDING, AgentState.GENERATING)]
+        if ready:
+            self._generate(ready)
+        waiting = [b for b in branches if b.state is AgentState.PROCESSING_TOOLS]
+        if waiting:
+            self._run_tools(waiting)
+        self.handles.flush()
+
+    def release_branch(self, branch: Branch) -> None:
+        for handle, _ in branch.held:
+            self.handles.drop(handle)
+        branch.held.clear()
+
+    # ------------------------------------------------------------------ generation
+
+    def _budget(self, b: Branch) -> int:
+        """Model tokens the next call may produce. A regeneration replaces everything after the checkpoint."""
+        used = b.checkpoint if b.regenerating else b.response_len
+        left = self.cfg.max_response_tokens - used
+        if self.segment_tokens is not None and not b.regenerating:
+            # A regenerated turn is produced in one call: its continuation must see the error feedback.
+            left = min(left, self.segment_tokens)
+        return left
+
+    def _seed(self, key: str, segment: int) -> int:
+        return zlib.crc32(f"{self.cfg.seed}/{key}/{segment}".encode()) & 0x7FFFFFFF
+
+    def _generate(self, ready: list[Branch]) -> None:
+        groups: dict[str, list[Branch]] = {}
+        for b in ready:
+            if self._budget(b) < 1:
+                self._terminate(b, "length")
+                continue
+            key = b.spawn_key if b.state is AgentState.PENDING and b.spawn_key else b.uid
+            groups.setdefault(key, []).append(b)
+        if not groups:
+            return
+        requests = []
+        for key, members in groups.items():
+            head = members[0]
+            handle, _ = head.best_handle()
+            params = SamplingParams(
+                temperature=self.cfg.temperature,
+                top_p=self.cfg.top_p,
+                max_tokens=self._budget(head),
+                stop=self.stop,
+                n=len(members),
+                seed=self._seed(key, head.segments),
+                top_logprobs=self.cfg.top_logprobs,
+                keep_prefix=True,
+            )
+            requests.append(GenerationRequest(tuple(head.tokens), params, handle))
+            head.state = AgentState.GENERATING
+        outputs = self.policy.generate(requests)
+        if len(outputs) != len(requests):
+            raise ContractError(
+                f"policy.generate returned {len(outputs)} results for {len(requests)} requests"
+            )
+        self.metrics.add("rollout/generate_calls", 1)
+        self.metrics.add("rollout/requests", len(requests))
+        for req, members, outs in zip(requests, groups.values(), outputs, strict=True):
+            if len(outs) != len(members):
+                raise ContractError(f"policy.generate returned {len(outs)} samples for n={len(members)}")
+            self.metrics.count_request(len(req.prompt_ids), outs)
+            for b, out in zip(members, outs, strict=True):
+                b.spawn_key = None
+                self._apply_output(b, out)
+
+    def _apply_output(self, b: Branch, out: GenerationOutput) -> None:
+        b.state = AgentState.GENERATING
+        spliced = b.regenerating
+        if spliced:
+            self._restore(b)
+            # That handle covers the feedback context, which is gone now: never continue from it.
+            self.handles.discard(out.prefix_handle)
+        elif out.prefix_handle is not None:
+            self.handles.hold(out.prefix_handle)
+            b.held.append((out.prefix_handle, len(b.tokens) + len(out.token_ids)))
+        start = b.response_len
+        b.append_model(out.token_ids, out.logprobs)
+        b.segments += 1
+        if not spliced:
+            self.hooks.on_output(b, out, start)
+        self._transition(b, out)
+        self._prune_handles(b)
+
+    def _transition(self, b: Branch, out: GenerationOutput) -> None:
+        if out.finish_reason is FinishReason.STOP and self._ends_in_tool_call(b, out):
+            b.pending_call = parse_last_call(self.cfg.tool_parser, self._turn_text(b))
+            b.state = AgentState.PROCESSING_TOOLS
+        elif out.finish_reason is FinishReason.STOP:
+            self._terminate(b, "answer" if out.stop_reason in ANSWER_STOP_STRINGS else "eos")
+        elif out.finish_reason is FinishReason.ABORT:
+            self._terminate(b, "abort")
+        elif b.response_len >= self.cfg.max_response_tokens:
+            self._terminate(b, "length")
+        else:
+            self.hooks.on_boundary(b)
+
+    def _ends_in_tool_call(self, b: Branch, out: GenerationOutput) -> bool:
+        if out.stop_reason in TOOL_STOP_STRINGS:
+            return True
+        # Backends that do not name the stop string that fired: look at the text itself.
+        tail = self.tokenizer.decode(b.tokens[-32:])
+        return any(tail.endswith(s) for s in TOOL_STOP_STRINGS)
+
+    def _turn_text(self, b: Branch) -> str:
+        return self.tokenizer.decode(b.tokens[b.prompt_len + b.turn_start :])
+
+    def _prune_handles(self, b: Branch) -> None:
+        """Keep the newest handle and the newest one a rollback of this turn could restore to; drop the rest."""
+        if len(b.held) <= 1:
+            return
+        checkpoint_len = b.prompt_len + b.checkpoint
+        keep = {len(b.held) - 1}
+        for i in range(len(b.held) - 1, -1, -1):
+            if b.held[i][1] <= checkpoint_len:
+                keep.add(i)
+                break
+        for i, (handle, _) in enumerate(b.held):
+            if i not in keep:
+                self.handles.drop(handle)
+        b.held = [h for i, h in enumerate(b.held) if i in keep]
+
+    def _terminate(self, b: Branch, finish: str) -> None:
+        b.state = AgentState.TERMINATED
+        b.finish = finish
+        b.pending_call = None
+        if b.open_rollback is not None:
+            # The regenerated turn made no further call: the failed call is gone but nothing was repaired.
+            b.rollbacks.append(b.open_rollback.close(repaired=False))
+            b.open_rollback = None
+        self.metrics.add(f"rollout/finish/{finish}", 1)
+
+    # ------------------------------------------------------------------ tools and rollback
+
+    def _run_tools(self, waiting: list[Branch]) -> None:
+        runnable = []
+        for b in waiting:
+            if b.n_calls >= self.cfg.max_tool_calls:
+                self._terminate(b, "tool_limit")
+            else:
+                runnable.append(b)
+        if not runnable:
+            return
+        calls = [(b.pending_call, b.request.tool_context) for b in runnable]
+        if self.tools is None:
+            results = [
+                ToolResult(text="no tools are available", status="error", error="no tools are configured")
+                for _ in calls
+            ]
+        else:
+            results = list(self.tools.execute(calls))
+        if len(results) != len(calls):
+            raise ContractError(f"tools.execute returned {len(results)} results for {len(calls)} calls")
+        for b, result in zip(runnable, results, strict=True):
+            self.metrics.count_tool(result)
+            if self.cfg.rollback.enable_tool_rollback and matches_rollback(result, self.cfg.rollback):
+                self._rollback_or_give_up(b, result)
+            else:
+                self._accept_result(b, result)
+
+    def _accept_result(self, b: Branch, result: ToolResult) -> None:
+        call = b.pending_call
+        assert call is not None
+        b.tool_calls.append(
+            ToolCallRecord(
+                name=call.name,
+                arguments=call.arguments,
+                result=result.text,
+                status=result.status,
+                position=b.response_len,
+                latency_s=result.latency_s,
+                error=result.error,
+            )
+        )
+        b.n_calls += 1
+        b.pending_call = None
+        if b.open_rollback is not None:
+            b.rollbacks.append(b.open_rollback.close(repaired=True))
+            self.metrics.add("tools/rollback_repairs", 1)
+            b.open_rollback = None
+        ids = self._encode(format_result(result.text))
+        room = self.cfg.max_response_tokens - b.response_len
+        b.append_observation(ids[:room])
+        b.turn_start = b.response_len
+        if len(ids) >= room:
+            self._terminate(b, "length")
+            return
+        b.state = AgentState.GENERATING
+        self.hooks.on_boundary(b)
+
+    def _rollback_or_give_up(self, b: Branch, result: ToolResult) -> None:
+        position = b.checkpoint
+        err = error_line(result)
+        ob = b.open_rollback or OpenRollback(position=position, error=err)
+        ob.error = err
+        ob.attempts += 1
+        b.open_rollback = ob
+        if b.retries[position] >= self.cfg.rollback.max_tool_retries:
+            # Past the limit (seed 001): keep the failed call and its error in the trajectory and stop here.
+            b.append_observation(self._encode(format_result(result.text)))
+            b.rollbacks.append(ob.close(repaired=False))
+            b.open_rollback = None
+            self.metrics.add("tools/rollback_terminations", 1)
+            self._terminate(b, "retry_limit")
+            return
+        b.retries[position] += 1
+        feedback = format_result(result.text) + self.cfg.rollback.feedback_template.format(error=err)
+        b.append_observation(self._encode(feedback))
+        b.pending_call = None
+        b.regenerating = True
+        b.state = AgentState.GENERATING
+        self.metrics.add("tools/rollbacks", 1)
+
+    def _restore(self, b: Branch) -> None:
+        """Truncate to the checkpoint: the failed call, its error and the feedback disappear."""
+        position = b.checkpoint
+        removed = b.truncate(position)
+        assert b.open_rollback is not None
+        b.open_rollback.tokens_removed += removed
+        self.metrics.add("tools/rollback_tokens_removed", removed)
+        for handle, _ in [h for h in b.held if h[1] > len(b.tokens)]:
+            self.handles.drop(handle)
+        b.held = [h for h in b.held if h[1] <= len(b.tokens)]
+        b.regenerating = False
+        self.hooks.on_restore(b, position)
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))

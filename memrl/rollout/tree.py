@@ -1,0 +1,269 @@
+"""``tree``: offline tree search (seed 000), batched across every tree of every request.
+
+Phase 1 builds one tree per request (a root node = the prompt). Phase 2 grows ``initial_rollouts`` chains per
+tree. Phase 3 runs ``expansion_iterations`` rounds: each picks ``nodes_per_expansion`` nodes per tree with the
+expansion policy and forks ``beam_size - 1`` new branches from each, which continue from the node's token state
+through its prefix handle (the shared prefix is never recomputed). Phase 4 samples exactly ``n`` leaves per tree
+(duplicating, flagged, only when the tree has fewer).
+
+A node is a point between two generation segments of a branch (a segment is at most ``segment_tokens`` model
+tokens, or ends at a tool call); it keeps the prefix handle of the state it ends at.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from memrl.policy.base import PolicyClient
+from memrl.rollout.base import STRATEGIES, RolloutRequest, RolloutResult, ToolRunner
+from memrl.rollout.branch import Branch
+from memrl.rollout.config import RolloutConfig
+from memrl.rollout.engine import Engine, EngineHooks
+from memrl.rollout.expansion import EXPANSION_POLICIES, normalized_entropy
+from memrl.rollout.metrics import RolloutMetrics
+from memrl.types import GenerationOutput, StepTrajectory
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class TreeNode:
+    """``response_len`` is the node's position (response tokens before it). ``entropy`` is the mean normalised
+    entropy of the first tokens generated after it (over all continuations seen)."""
+
+    uid: str
+    parent: TreeNode | None
+    owner: Branch | None  # whose tokens hold this node's prefix (None for the root)
+    response_len: int
+    turn_start: int
+    handle: str | None = None
+    handle_covered: int = 0
+    branch_depth: int = 0
+    children: list[TreeNode] = field(default_factory=list)
+    terminal: bool = False
+    expansions: int = 0
+    entropy_sum: float = 0.0
+    entropy_n: int = 0
+
+    @property
+    def entropy(self) -> float:
+        return self.entropy_sum / self.entropy_n if self.entropy_n else 0.0
+
+    def path(self) -> tuple[int, ...]:
+        """Child indices from the root down to this node."""
+        out = []
+        node = self
+        while node.parent is not None:
+            out.append(node.parent.children.index(node))
+            node = node.parent
+        return tuple(reversed(out))
+
+
+@dataclass(eq=False)
+class Tree:
+    tree_id: str
+    index: int
+    request: RolloutRequest
+    root: TreeNode
+    nodes: list[TreeNode] = field(default_factory=list)
+    branches: list[Branch] = field(default_factory=list)
+
+
+@dataclass(eq=False)
+class _Link:
+    tree: Tree
+    node: TreeNode  # the node the branch's current segment started from
+    depth: int
+
+
+class TreeHooks(EngineHooks):
+    """Records nodes as branches pass segment boundaries; keeps the tree valid across rollbacks."""
+
+    def __init__(self, cfg: RolloutConfig, engine_ref: list[Engine]) -> None:
+        self.cfg = cfg
+        self._engine = engine_ref
+
+    @property
+    def handles(self):
+        return self._engine[0].handles
+
+    def on_output(self, branch: Branch, out: GenerationOutput, start: int) -> None:
+        link: _Link = branch.tree
+        if out.top_logprobs:
+            link.node.entropy_sum += normalized_entropy(out.top_logprobs[: self.cfg.tree.entropy_window])
+            link.node.entropy_n += 1
+
+    def on_boundary(self, branch: Branch) -> None:
+        link: _Link = branch.tree
+        handle, covered = branch.best_handle()
+        node = TreeNode(
+            uid=f"{branch.uid}/s{branch.segments}",
+            parent=link.node,
+            owner=branch,
+            response_len=branch.response_len,
+            turn_start=branch.turn_start,
+            handle=handle,
+            handle_covered=covered,
+            branch_depth=link.depth,
+        )
+        self.handles.hold(handle)
+        link.node.children.append(node)
+        link.tree.nodes.append(node)
+        link.node = node
+
+    def on_restore(self, branch: Branch, position: int) -> None:
+        """Forget this branch's nodes past ``position``; if the rollback reached below the fork point, re-attach
+        the branch to the deepest shared ancestor at or before ``position`` (its tokens there are identical)."""
+        link: _Link = branch.tree
+        node = link.node
+        while node.parent is not None and node.response_len > position:
+            if node.owner is branch:
+                node.parent.children.remove(node)
+                link.tree.nodes.remove(node)
+                self.handles.drop(node.handle)
+            node = node.parent
+        if node is not link.node:
+            link.node = node
+            branch.floor = min(branch.floor, node.response_len)
+
+    def add_leaf(self, branch: Branch) -> TreeNode:
+        link: _Link = branch.tree
+        leaf = TreeNode(
+            uid=f"{branch.uid}/leaf",
+            parent=link.node,
+            owner=branch,
+            response_len=branch.response_len,
+            turn_start=branch.turn_start,
+            branch_depth=link.depth,
+            terminal=True,
+        )
+        link.node.children.append(leaf)
+        link.tree.nodes.append(leaf)
+        return leaf
+
+
+def _new_branch(tree: Tree, uid: str, spawn_key: str) -> Branch:
+    b = Branch(
+        uid=uid,
+        request_index=tree.index,
+        request=tree.request,
+        tokens=list(tree.request.prompt_ids),
+        spawn_key=spawn_key,
+    )
+    b.tree = _Link(tree, tree.root, 0)
+    return b
+
+
+def _fork(engine: Engine, tree: Tree, node: TreeNode, uid: str, spawn_key: str) -> Branch:
+    if node.owner is None:  # the root: a fresh chain
+        b = _new_branch(tree, uid, spawn_key)
+    else:
+        b = node.owner.fork(uid, node.response_len, node.turn_start, spawn_key)
+        b.tree = _Link(tree, node, node.branch_depth + 1)
+    if node.handle is not None:
+        engine.handles.hold(node.handle)
+        b.held.append((node.handle, node.handle_covered))
+    return b
+
+
+def _candidates(tree: Tree, cfg: RolloutConfig) -> list[TreeNode]:
+    inner = [n for n in tree.nodes if not n.terminal]
+    if cfg.tree.expand_root or not inner:
+        inner = [tree.root, *inner]
+    return inner
+
+
+def _expand(
+    engine: Engine, trees: list[Tree], cfg: RolloutConfig, it: int, rng: random.Random
+) -> list[Branch]:
+    policy = EXPANSION_POLICIES.get(cfg.tree.expansion_policy)
+    fresh = []
+    for tree in trees:
+        for node in policy(_candidates(tree, cfg), cfg.tree.nodes_per_expansion, rng):
+            node.expansions += 1
+            key = f"{node.uid}/x{it}.{node.expansions}"
+            for _ in range(cfg.tree.beam_size - 1):
+                b = _fork(engine, tree, node, f"{tree.tree_id}/x{it}.{len(tree.branches)}", key)
+                tree.branches.append(b)
+                fresh.append(b)
+    engine.metrics.add("rollout/tree/expanded_nodes", len(fresh) // max(1, cfg.tree.beam_size - 1))
+    return fresh
+
+
+def _sample_leaves(tree: Tree, hooks: TreeHooks, n: int, rng: random.Random) -> list[StepTrajectory]:
+    leaves = [(b, hooks.add_leaf(b)) for b in tree.branches]
+    picked = sorted(rng.sample(range(len(leaves)), n)) if len(leaves) >= n else list(range(len(leaves)))
+    out = []
+    for i in range(n):
+        b, leaf = leaves[picked[i % len(picked)]]
+        dup = i >= len(picked)
+        out.append(
+            b.to_step(
+                f"{b.uid}#{i}" if dup else b.uid,
+                tree_id=tree.tree_id,
+                node_path=leaf.path(),
+                branch_depth=leaf.branch_depth,
+                is_duplicate=dup,
+            )
+        )
+    return out
+
+
+@STRATEGIES.register("tree")
+def tree_rollout(
+    requests: Sequence[RolloutRequest], policy: PolicyClient, tools: ToolRunner | None, cfg: RolloutConfig
+) -> RolloutResult:
+    metrics = RolloutMetrics()
+    engine_ref: list[Engine] = []
+    hooks = TreeHooks(cfg, engine_ref)
+    engine = Engine(policy, tools, cfg, metrics, segment_tokens=cfg.tree.segment_tokens, hooks=hooks)
+    engine_ref.append(engine)
+    rng = random.Random(cfg.seed)
+    # Phase 1: one tree per request; phase 2: the initial chains (one n-sample request per tree).
+    trees = []
+    for k, req in enumerate(requests):
+        tree_id = f"{req.request_id}/tree"
+        root = TreeNode(uid=f"{tree_id}/root", parent=None, owner=None, response_len=0, turn_start=0)
+        tree = Tree(tree_id=tree_id, index=k, request=req, root=root)
+        tree.branches = [
+            _new_branch(tree, f"{tree_id}/c{i}", f"{root.uid}/init") for i in range(cfg.tree.initial_rollouts)
+        ]
+        trees.append(tree)
+    try:
+        engine.run([b for t in trees for b in t.branches])
+        # Phase 3: expansion rounds, each batched across all trees.
+        for it in range(cfg.tree.expansion_iterations):
+            engine.run(_expand(engine, trees, cfg, it, rng))
+        # Phase 4: exactly n leaves per tree.
+        leaves = [_sample_leaves(t, hooks, cfg.n, rng) for t in trees]
+    finally:
+        for t in trees:
+            for b in t.branches:
+                engine.release_branch(b)
+            for node in t.nodes:
+                engine.handles.drop(node.handle)
+                node.handle = None
+        engine.handles.flush()
+    _tree_metrics(metrics, trees, leaves, cfg)
+    return RolloutResult(leaves=leaves, metrics=metrics.summary())
+
+
+def _tree_metrics(
+    metrics: RolloutMetrics, trees: list[Tree], leaves: list[list[StepTrajectory]], cfg
+) -> None:
+    distinct = sum(len(t.branches) for t in trees)
+    metrics.add("rollout/leaves", sum(len(x) for x in leaves))
+    metrics.add("rollout/tree/leaves", distinct)
+    metrics.add("rollout/tree/duplicates", sum(s.meta.is_duplicate for x in leaves for s in x))
+    metrics.add("rollout/tree/nodes", sum(len(t.nodes) for t in trees))
+    metrics.maximum(
+        "rollout/tree/max_branch_depth", max((s.meta.branch_depth for x in leaves for s in x), default=0)
+    )
+    short = [t.tree_id for t in trees if len(t.branches) < cfg.n]
+    if short:
+        logger.warning(
+            "%d trees have fewer than n=%d leaves; duplicated leaves are flagged", len(short), cfg.n
+        )
