@@ -32,6 +32,7 @@ import importlib
 import inspect
 import json
 import logging
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -129,12 +130,13 @@ def record_guard(report: SkipReport, lenient: bool) -> Iterator[None]:
 # Reading files
 
 
+_SURROGATE = re.compile("[\udc80-\udcff]")
+
+
 def _undecodable(value: str) -> int | None:
     """Index of the first lone surrogate (= a non-UTF-8 byte read with surrogateescape), else None."""
-    for i, ch in enumerate(value):
-        if "\udc80" <= ch <= "\udcff":
-            return i
-    return None
+    m = _SURROGATE.search(value)
+    return None if m is None else m.start()
 
 
 def read_text(path: str) -> str:
@@ -251,16 +253,16 @@ class RecordView:
         return value
 
     def check_text(self, value: str, path: str) -> str:
-        bad = _undecodable(value)
-        if bad is not None:
-            byte = ord(value[bad]) - 0xDC00
-            raise self.fail(path, "UTF-8 text", f"invalid byte 0x{byte:02x} at character {bad}")
         if len(value) > self.max_turn_chars:
             raise self.fail(
                 path,
                 f"at most max_turn_chars={self.max_turn_chars} characters",
                 f"{len(value)} characters (raise the adapter option max_turn_chars if this is intended)",
             )
+        bad = _undecodable(value)
+        if bad is not None:
+            byte = ord(value[bad]) - 0xDC00
+            raise self.fail(path, "UTF-8 text", f"invalid byte 0x{byte:02x} at character {bad}")
         return value
 
     def json_list(self, obj: Any, key: str, where: str = "") -> list:
@@ -291,7 +293,10 @@ def _as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
 
 def kind_name(kind: type | tuple[type, ...]) -> str:
     names = {dict: "JSON object", list: "JSON array", str: "string", int: "integer", float: "number"}
-    return " or ".join(names.get(k, k.__name__) for k in _as_tuple(kind))
+    kinds = _as_tuple(kind)
+    if float in kinds:  # "number" already covers integers
+        kinds = tuple(k for k in kinds if k is not int)
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
 
 
 def type_name(value: Any) -> str:

@@ -40,6 +40,9 @@ class DataConfig:
     """Dataset side: which adapter reads which file, and how the data source samples it.
 
     ``options`` are passed to the adapter as keyword arguments (e.g. synthetic ``num_episodes``).
+    ``split``: ``train`` | ``test`` | ``all``; LoCoMo/LongMemEval split by conversation/question hash
+    (adapter option ``test_fraction``), synthetic draws test episodes from held-out names and values.
+    ``lenient``: skip bad records (each skip is reported) instead of failing on the first one.
     """
 
     adapter: str = "synthetic"
@@ -63,3 +66,7 @@ class DataConfig:
             raise ValueError(f"data.n_samples_per_prompt must be >= 1, got {self.n_samples_per_prompt}")
         if self.prompts_per_batch < 1:
             raise ValueError(f"data.prompts_per_batch must be >= 1, got {self.prompts_per_batch}")
+        if self.split not in ("train", "test", "all"):
+            raise ValueError(f"data.split={self.split!r}; valid: train, test, all (all = the whole dataset)")
+        if self.limit is not None and self.limit < 0:
+            raise ValueError(f"data.limit must be >= 0 or null (no limit), got {self.limit}")

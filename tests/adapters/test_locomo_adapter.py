@@ -1,0 +1,109 @@
+"""LoCoMo adapter on the bundled fixture and (when present) the real locomo10.json."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from memrl_adapters import LOCOMO_FIXTURE
+
+from memrl.data.adapters import run_adapter
+from memrl.types import TurnRole
+
+REAL = Path("/work/shared/data/locomo/locomo10.json")
+
+
+def _load(path=LOCOMO_FIXTURE, split="all", **options):
+    return run_adapter("locomo", str(path), split=split, options=options)
+
+
+def test_fixture_every_qa_is_an_episode_over_the_whole_conversation():
+    raw = json.loads(LOCOMO_FIXTURE.read_text())[0]
+    episodes, report = _load()
+    assert report.skipped == 0
+    assert len(episodes) == len(raw["qa"]) == 8
+    conv = raw["conversation"]
+    dialog = conv["session_1"] + conv["session_2"]
+    for ep, qa in zip(episodes, raw["qa"], strict=True):
+        assert ep.final_query == qa["question"] == ep.target.text
+        assert ep.target.role is TurnRole.TARGET
+        assert [t.turn_id for t in ep.history] == [d["dia_id"] for d in dialog]
+        assert [t.speaker for t in ep.history] == [d["speaker"] for d in dialog]
+        assert ep.metadata["category"] == qa["category"]
+        assert ep.metadata["evidence"] == qa["evidence"]
+        assert set(ep.metadata["evidence_turn_ids"]) == set(qa["evidence"])
+        assert ep.metadata["session_dates"] == {
+            "session_1": conv["session_1_date_time"],
+            "session_2": conv["session_2_date_time"],
+        }
+        assert ep.group_id == ep.episode_id
+    dates = {t.turn_id.split(":")[0]: t.timestamp for t in episodes[0].history}
+    assert dates == {"D1": conv["session_1_date_time"], "D2": conv["session_2_date_time"]}
+
+
+def test_numeric_answers_become_text_and_category_5_is_adversarial():
+    episodes, _ = _load()
+    by_q = {e.final_query: e for e in episodes}
+    assert by_q["When did Melanie paint a sunrise?"].target_answer == "2022"
+    adversarial = [e for e in episodes if e.metadata["category"] == 5]
+    assert len(adversarial) == 2
+    for ep in adversarial:
+        assert ep.target_answer is None and ep.metadata["adversarial"] is True
+        assert ep.metadata["adversarial_answer"]
+    assert all(e.target_answer for e in episodes if e.metadata["category"] != 5)
+
+
+def test_captions_appended_unless_disabled():
+    raw = json.loads(LOCOMO_FIXTURE.read_text())[0]["conversation"]
+    captioned = {
+        d["dia_id"]: d["blip_caption"] for d in raw["session_1"] + raw["session_2"] if "blip_caption" in d
+    }
+    assert captioned
+    with_caps, _ = _load()
+    without, _ = _load(include_captions=False)
+    turns = {t.turn_id: t.text for t in with_caps[0].history}
+    plain = {t.turn_id: t.text for t in without[0].history}
+    for tid, caption in captioned.items():
+        assert turns[tid].endswith(f"[shares photo: {caption}]")
+        assert "shares photo" not in plain[tid]
+
+
+def test_messy_evidence_strings_are_normalised_not_dropped(tmp_path):
+    raw = json.loads(LOCOMO_FIXTURE.read_text())
+    raw[0]["qa"][0]["evidence"] = ["D1:3; D2:1", "D", "D9:99"]
+    path = tmp_path / "locomo.json"
+    path.write_text(json.dumps(raw))
+    episodes, _ = _load(path)
+    meta = episodes[0].metadata
+    assert meta["evidence"] == ["D1:3", "D2:1", "D9:99"]
+    assert meta["evidence_turn_ids"] == ["D1:3", "D2:1"]
+    assert meta["evidence_unresolved"] == ["D", "D9:99"]
+
+
+def test_train_test_split_by_conversation(tmp_path):
+    raw = json.loads(LOCOMO_FIXTURE.read_text())
+    convs = []
+    for i in range(12):
+        conv = json.loads(json.dumps(raw[0]))
+        conv["sample_id"] = f"conv-{i}"
+        convs.append(conv)
+    path = tmp_path / "many.json"
+    path.write_text(json.dumps(convs))
+    train, _ = _load(path, split="train")
+    test, _ = _load(path, split="test")
+    every, _ = _load(path, split="all")
+    ids = lambda eps: {e.metadata["sample_id"] for e in eps}  # noqa: E731
+    assert ids(train) and ids(test) and not ids(train) & ids(test)
+    assert len(train) + len(test) == len(every) == 12 * 8
+
+
+@pytest.mark.skipif(not REAL.is_file(), reason="real LoCoMo file not present")
+def test_real_file_gives_1986_episodes():
+    episodes, report = _load(REAL)
+    assert len(episodes) == 1986 and report.skipped == 0
+    cats = Counter(e.metadata["category"] for e in episodes)
+    assert cats[5] == 446 == sum(e.metadata["adversarial"] for e in episodes)
+    assert len({e.episode_id for e in episodes}) == 1986
+    assert len({e.metadata["sample_id"] for e in episodes}) == 10
