@@ -39,7 +39,11 @@ class EpisodeConfig:
     recorded in ``StepMeta.cut_fact_ids``), never the question. ``retrieve_k`` = ``None`` uses ``memory.top_k``.
     ``use_memory`` = ``False`` is the no-memory ablation: the prompt carries neither facts nor summary.
     ``batch_size`` is how many episodes advance together through the state machine (memory ops and
-    generation are batched across them).
+    generation are batched across them). ``ingest_chunk_turns`` history turns per episode go into one batched
+    extraction call (0 = the whole history at once; use 1 with the ``llm`` extractor so each turn is decided
+    against the memory the previous turns built). ``history_steps``: ``turn`` = one untrainable step per
+    history turn carrying its memory ops (for step-wise memory rewards), ``none`` = target steps only (long
+    histories such as LoCoMo: ~600 turns per episode).
     """
 
     reward: str = "exact_match"
@@ -51,6 +55,8 @@ class EpisodeConfig:
     use_summary: bool = True
     update_memory_after_answer: bool = True
     batch_size: int = 16
+    ingest_chunk_turns: int = 0
+    history_steps: str = "turn"
     worker: WorkerConfig = field(default_factory=WorkerConfig)
 
     def __post_init__(self) -> None:
@@ -61,5 +67,11 @@ class EpisodeConfig:
             )
         if self.retrieve_k is not None and self.retrieve_k < 0:
             raise ValueError(f"episode.retrieve_k must be >= 0 or null, got {self.retrieve_k}")
+        if self.history_steps not in ("turn", "none"):
+            raise ValueError(f"episode.history_steps={self.history_steps!r}; valid: turn, none")
+        if self.ingest_chunk_turns < 0:
+            raise ValueError(
+                f"episode.ingest_chunk_turns must be >= 0 (0 = all at once), got {self.ingest_chunk_turns}"
+            )
         if self.batch_size < 1:
             raise ValueError(f"episode.batch_size must be >= 1, got {self.batch_size}")

@@ -1,0 +1,135 @@
+"""Turn a finished :class:`EpisodeState` into ``EpisodeTrajectory`` objects (one per leaf).
+
+Step-wise memory rewards (``step_rewards_ext``, never in the PPO loss): a history step whose turn produced a
+fact that made it into the final prompt gets the episode's mean leaf reward (credit for remembering something
+used); a history step whose facts were not used gets 0; steps without ADD/UPDATE ops and target steps get
+``None``. It is a simple retrieval-credit placeholder for memory-agent training.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from memrl.episode.config import EpisodeConfig
+from memrl.episode.state import EpisodeState
+from memrl.types import EpisodeStatus, EpisodeTrajectory, MemoryOpType, StepMeta, StepTrajectory, TurnRole
+
+
+def history_step_prompt(tokenizer: Any, speaker: str, text: str) -> list[int]:
+    """Token ids a history step records as its prompt: what the memory agent read (``speaker: text``)."""
+    ids = tokenizer(f"{speaker}: {text}" if speaker else text, add_special_tokens=False)["input_ids"]
+    return list(ids) or [0]
+
+
+def history_steps(st: EpisodeState, tokenizer: Any) -> list[StepTrajectory]:
+    """One untrainable step per history turn carrying that turn's memory ops (and the summary op on the last)."""
+    out = []
+    turns = st.inp.history
+    for i, turn in enumerate(turns):
+        ops = list(st.history_ops.get(turn.turn_id, []))
+        if i == len(turns) - 1:
+            ops += st.summary_ops
+        out.append(
+            StepTrajectory(
+                step_id=f"{st.episode_id}/h{i}",
+                prompt_ids=tuple(history_step_prompt(tokenizer, turn.speaker, turn.text)),
+                response_ids=(),
+                response_mask=(),
+                logprobs=(),
+                turn_id=turn.turn_id,
+                turn_role=TurnRole.HISTORY,
+                meta=StepMeta(turn_id=turn.turn_id, turn_role=TurnRole.HISTORY, memory_ops=tuple(ops)),
+            )
+        )
+    return out
+
+
+def _target_meta(st: EpisodeState, leaf: StepTrajectory, leaf_index: int, response: str) -> StepTrajectory:
+    """Attach the episode's prompt/memory facts to a leaf's StepMeta (the rollout filled tree/tool fields)."""
+    ops = list(st.retrieve_ops) + (list(st.update_ops) if leaf_index == 0 else [])
+    prompt = st.prompt
+    extra = dict(leaf.meta.extra)
+    extra.update(
+        {
+            "leaf_index": leaf_index,
+            "source_episode_id": st.episode_id,
+            "response_text": response,
+            "prompt_tokens": len(leaf.prompt_ids),
+            "summary_cut": bool(prompt.summary_cut),
+            "included_fact_ids": list(prompt.included_fact_ids),
+        }
+    )
+    meta = dataclasses.replace(
+        leaf.meta,
+        turn_id=st.inp.target.turn_id,
+        memory_ops=tuple(leaf.meta.memory_ops) + tuple(ops),
+        retrieved_ids=tuple(f.fact_id for f in st.retrieved),
+        cut_fact_ids=tuple(prompt.cut_fact_ids),
+        extra=extra,
+    )
+    return dataclasses.replace(leaf, meta=meta, step_id=f"{st.episode_id}/t{leaf_index}")
+
+
+def _memory_credit(st: EpisodeState, hist: list[StepTrajectory]) -> list[float | None]:
+    used = set(st.prompt.included_fact_ids) if st.prompt is not None else set()
+    mean_reward = sum(st.rewards) / len(st.rewards) if st.rewards else 0.0
+    out: list[float | None] = []
+    for step in hist:
+        written = {
+            fid
+            for op in step.meta.memory_ops
+            if op.op in (MemoryOpType.ADD, MemoryOpType.UPDATE)
+            for fid in op.fact_ids
+        }
+        out.append(None if not written else (mean_reward if written & used else 0.0))
+    return out
+
+
+def _truncated(leaf: StepTrajectory) -> bool:
+    reason = str(leaf.meta.extra.get("finish_reason", leaf.meta.extra.get("stop", "")))
+    return reason in ("length", "max_response_tokens")
+
+
+def assemble_episode(st: EpisodeState, cfg: EpisodeConfig, tokenizer: Any) -> list[EpisodeTrajectory]:
+    inp = st.inp
+    if st.status is EpisodeStatus.FAILED or not st.leaves:
+        return [
+            EpisodeTrajectory(
+                episode_id=inp.episode_id,
+                group_id=inp.group_id,
+                steps=(),
+                reward=0.0,
+                status=EpisodeStatus.FAILED,
+                sample_index=inp.sample_index,
+                failure_reason=st.failure_reason or "no leaves were generated",
+            )
+        ]
+    hist = history_steps(st, tokenizer) if cfg.history_steps == "turn" else []
+    credit = _memory_credit(st, hist)
+    n = len(st.leaves)
+    out = []
+    for j, (leaf, resp, reward) in enumerate(zip(st.leaves, st.responses, st.rewards, strict=True)):
+        target = _target_meta(st, leaf, j, resp)
+        steps = (hist if j == 0 else []) + [target]
+        ext = (credit if j == 0 else []) + [None]
+        status = EpisodeStatus.TRUNCATED if _truncated(leaf) else EpisodeStatus.COMPLETED
+        out.append(
+            EpisodeTrajectory(
+                episode_id=inp.episode_id if n == 1 else f"{inp.episode_id}#{j}",
+                group_id=inp.group_id,
+                steps=tuple(steps),
+                reward=float(reward),
+                status=status,
+                sample_index=inp.sample_index,
+                metrics={
+                    "episode/prompt_tokens": float(len(leaf.prompt_ids)),
+                    "episode/response_tokens": float(len(leaf.response_ids)),
+                    "episode/facts_retrieved": float(len(st.retrieved)),
+                    "episode/facts_cut": float(len(st.prompt.cut_fact_ids)),
+                    "episode/history_turns": float(len(inp.history)),
+                },
+                step_rewards_ext=tuple(ext),
+            )
+        )
+    return out
