@@ -11,7 +11,8 @@ question of one of three types (``metadata["question_type"]``):
   ``metadata["gold_python"]`` is a one-line program printing the answer (``print(31 + 7)``).
 
 ``metadata["evidence_turn_ids"]`` lists the turns stating the facts the answer needs (for updates: the turn with
-the latest value). Splits: ``train`` and ``test`` draw names and categorical values from disjoint pools, so the
+the latest value). Other persons' attributes change too (distractors), so the word "now" alone does not give
+the answer away. Splits: ``train`` and ``test`` draw names and categorical values from disjoint pools, so the
 test set is held out (numbers share one range: the task is to recall them, not to know them); ``all`` is
 train followed by test. Episode ``i`` of a split depends only on ``(seed, split, i)``, never on
 ``num_episodes``, so growing the dataset keeps its prefix. Sentences are short and fixed so a ~1M-parameter
@@ -115,6 +116,7 @@ _ATTRS = {
               "How many dollars does {p} have in savings?", numeric=True),
     )
 }  # fmt: skip
+_DISTRACTOR_UPDATE_P = 0.3  # share of changeable distractor facts stated as old value, then "now" new value
 # Counts start at 2 so every templated sentence stays grammatical ("has 1 pets").
 _NUMERIC_RANGES = {"age": (18, 79), "siblings": (2, 8), "pets": (2, 7), "savings": (100, 999)}
 
@@ -203,12 +205,36 @@ class _EpisodeBuilder:
         """(question, answer, evidence turn ids, gold_python, attributes asked)."""
         return _QUESTIONS[qtype](self)
 
+    def _changed(self, person: str, attr: str) -> bool:
+        """State an old then the current value in two free slots of different sessions, if there are any."""
+        free = self.plan.free()
+        last = max(s for s, _ in free)
+        early = [f for f in free if f[0] < last]
+        if not early:
+            return False
+        first = self.rng.choice(early)
+        second = self.rng.choice([f for f in free if f[0] > first[0]])
+        old = _draw(self.rng, self.pools, attr, avoid=self.values[person][attr])
+        self.plan.slots[first] = _ATTRS[attr].state.format(p=person, v=old)
+        self.plan.slots[second] = _ATTRS[attr].update.format(p=person, v=self.values[person][attr])
+        self.stated.add((person, attr))
+        return True
+
     def add_distractors(self, fraction: float) -> None:
         free = self.plan.free()
         n_facts = int(round(len(free) * fraction))
         unstated = [(p, a) for p in self.persons for a in _ATTRS if (p, a) not in self.stated]
         self.rng.shuffle(unstated)
         for person, attr in unstated[:n_facts]:
+            if not self.plan.free():
+                break
+            # Other persons change too, so "now" alone never points at the answer.
+            if (
+                _ATTRS[attr].update
+                and self.rng.random() < _DISTRACTOR_UPDATE_P
+                and self._changed(person, attr)
+            ):
+                continue
             self.state(person, attr)
         others = [n for n in self.pools["names"] if n not in self.persons + self.speakers]
         for pos in self.plan.free():

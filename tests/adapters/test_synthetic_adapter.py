@@ -167,3 +167,17 @@ def test_path_is_refused():
 def test_make_episode_is_pure():
     assert syn.make_episode(3, "test", 11) == syn.make_episode(3, "test", 11)
     assert syn.make_episode(3, "test", 11) != syn.make_episode(3, "train", 11)
+
+
+def test_distractors_change_too_so_now_is_not_a_shortcut():
+    episodes = _gen(num_episodes=60)
+    non_update_with_changes = 0
+    for ep in episodes:
+        changed = {key: stated for key, stated in _facts(ep).items() if len(stated) > 1}
+        for stated in changed.values():
+            assert len(stated) == 2 and stated[0][1] != stated[1][1]
+            sessions = [int(tid[1:].split(":")[0]) for tid, _ in stated]
+            assert sessions[0] < sessions[1]
+        if ep.metadata["question_type"] != "update" and changed:
+            non_update_with_changes += 1
+    assert non_update_with_changes >= 10
