@@ -22,6 +22,9 @@ Very long turns: a turn longer than ``max_turn_chars`` (default 200,000 characte
 as a bad record with that reason. Nothing in memrl can use a turn that long (it exceeds every context window
 and the fact extractor would stall on it), so it is flagged rather than silently truncated. Adapters accept
 ``max_turn_chars`` as an option to raise the limit.
+
+Empty sessions are rejected too: every real LoCoMo/LongMemEval session has at least two turns, so an empty one
+means a broken export (and would leave a session date with nothing to date).
 """
 
 from __future__ import annotations
@@ -144,7 +147,8 @@ def read_text(path: str) -> str:
     p = Path(path)
     if not p.is_file():
         raise AdapterError(str(path), None, None, "an existing dataset file", "no such file")
-    return p.read_bytes().decode("utf-8", errors="surrogateescape")
+    text = p.read_bytes().decode("utf-8", errors="surrogateescape")
+    return text[1:] if text.startswith("\ufeff") else text  # editors on Windows prepend a BOM
 
 
 def _skip_ws(text: str, i: int) -> int:

@@ -122,3 +122,10 @@ def test_data_config_rejects_bad_split_and_limit():
         DataConfig(split="val")
     with pytest.raises(ValueError, match="data.limit"):
         DataConfig(limit=-1)
+
+
+def test_utf8_bom_is_tolerated(tmp_path):
+    path = tmp_path / "bom.json"
+    path.write_bytes(b"\xef\xbb\xbf" + LOCOMO_FIXTURE.read_bytes())
+    episodes, report = run_adapter("locomo", str(path), split="all")
+    assert len(episodes) == 8 and report.skipped == 0
