@@ -1,0 +1,102 @@
+"""Training metrics: one JSON line per step in ``metrics.jsonl``, TensorBoard scalars, and the curve PNG.
+
+On resume the log is cut back to the checkpoint's step (lines of steps that the killed run wrote after its
+last checkpoint are dropped, because the resumed run recomputes them), so ``metrics.jsonl`` of a resumed run
+reads exactly like the uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """All complete records of a ``metrics.jsonl`` (a torn last line from a kill is ignored)."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            logger.warning("%s: ignoring a torn line (the previous run was killed while writing it)", path)
+    return out
+
+
+class MetricsLogger:
+    """Appends ``{"step": s, **metrics}`` lines; mirrors scalars to TensorBoard when enabled."""
+
+    def __init__(self, run_dir: str | Path, resume_step: int = 0, tensorboard: bool = True) -> None:
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= resume_step]
+        tmp = self.path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
+        os.replace(tmp, self.path)
+        self._fh = open(self.path, "a")  # noqa: SIM115 - kept open for the run
+        self._tb = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            # purge_step drops events the killed run logged after the checkpoint.
+            self._tb = SummaryWriter(str(Path(run_dir) / "tb"), purge_step=resume_step + 1)
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(v)}
+        self._fh.write(json.dumps({"step": step, **clean}, sort_keys=True) + "\n")
+        self._fh.flush()
+        os.fsync(self._fh.fileno())
+        if self._tb is not None:
+            for k, v in clean.items():
+                self._tb.add_scalar(k, v, step)
+
+    def close(self) -> None:
+        self._fh.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def plot_curves(metrics_path: str | Path, out_png: str | Path, title: str = "") -> Path | None:
+    """Reward (train) and held-out exact match vs generated tokens, from ``metrics.jsonl``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_metrics(metrics_path)
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    tr = [r for r in rows if "train/reward_mean" in r]
+    ev = [r for r in rows if "eval/em" in r]
+    x = "counters/generated_tokens"
+    if tr:
+        ax.plot(
+            [r.get(x, r["step"]) for r in tr],
+            [r["train/reward_mean"] for r in tr],
+            alpha=0.5,
+            label="train reward",
+        )
+    if ev:
+        ax.plot(
+            [r.get(x, r["step"]) for r in ev], [r["eval/em"] for r in ev], marker="o", label="held-out EM"
+        )
+    ax.set_xlabel("generated tokens" if any(x in r for r in rows) else "step")
+    ax.set_ylabel("reward / exact match")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax.set_title(title)
+    fig.tight_layout()
+    out_png = Path(out_png)
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+    return out_png

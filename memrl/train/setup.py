@@ -1,0 +1,118 @@
+"""Build what the training loop needs from the root config, and publish updated adapters to the policy.
+
+The policy and the trainer share one model in process: the HF backend generates with the very
+:class:`~peft.PeftModel` the updater trains, so "hot-swapping" the adapter is only dropping the backend's cached
+prefix states. Any other backend (vLLM, a server) gets the adapter written to disk in PEFT format and loaded by
+``policy.load_adapter(path)`` (vLLM serves it as a LoRA request).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from memrl.train.lora import attach_lora, save_adapter
+from memrl.train.replay import ReplayBuffer
+from memrl.train.updater import PolicyUpdater
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainResources:
+    cfg: Any
+    model: Any  # the PeftModel being trained
+    policy: Any  # the PolicyClient that generates rollouts
+    runner: Any  # EpisodeRunner for training rollouts
+    eval_runner: Any  # EpisodeRunner for held-out evaluation (greedy, one chain per question)
+    eval_inputs: list
+    data_source: Any
+    builder: Any
+    updater: PolicyUpdater
+    replay: ReplayBuffer | None
+    shares_model: bool
+
+    def reseed(self, seed: int) -> None:
+        """Make the next rollouts a function of ``seed`` only (per-request seeds derive from these)."""
+        for runner in (self.runner, self.eval_runner):
+            runner.rollout_cfg = dataclasses.replace(runner.rollout_cfg, seed=seed % 2**31)
+        source = getattr(
+            self.policy, "_seed_source", None
+        )  # the HF backend's seed stream for unseeded requests
+        if isinstance(source, torch.Generator):
+            source.manual_seed(seed)
+
+
+def eval_config(cfg: Any) -> Any:
+    """Evaluation is fixed and strategy-independent: greedy, one chain per held-out question."""
+    rollout = dataclasses.replace(cfg.rollout, strategy="chain", n=1, temperature=0.0)
+    return dataclasses.replace(cfg, rollout=rollout)
+
+
+def _load_dataset(cfg: Any, split: str, limit: int | None) -> list:
+    from memrl.data.adapters import load_dataset
+
+    inputs, report = load_dataset(dataclasses.replace(cfg.data, split=split, limit=limit))
+    if report.skipped:
+        logger.warning("data (%s): %d records skipped: %s", split, report.skipped, report.reasons()[:3])
+    if not inputs:
+        raise ValueError(f"data.adapter={cfg.data.adapter!r} split={split!r} gave no episodes; check data.*")
+    return inputs
+
+
+def _model_and_policy(cfg: Any):
+    from memrl.policy.hf import HFPolicy, load_model_and_tokenizer
+
+    base_policy_cfg = dataclasses.replace(cfg.policy, lora_path=None)
+    model, tokenizer = load_model_and_tokenizer(base_policy_cfg)
+    model = attach_lora(model, cfg.train.lora)
+    if cfg.policy.backend == "hf":
+        return model, HFPolicy.from_model(model, tokenizer, cfg.policy), True
+    from memrl.policy import make_policy
+
+    return model, make_policy(cfg.policy), False
+
+
+def build_resources(cfg: Any) -> TrainResources:
+    from memrl.data.batch import TrajectoryBatchBuilder
+    from memrl.data.datasource import RolloutDataSource
+    from memrl.episode.build import build_runner
+
+    torch.manual_seed(cfg.seed)
+    model, policy, shares = _model_and_policy(cfg)
+    train_inputs = _load_dataset(cfg, cfg.data.split, cfg.data.limit)
+    eval_inputs = _load_dataset(cfg, cfg.train.eval_split, cfg.train.eval_episodes)
+    runner = build_runner(cfg, policy=policy)
+    eval_runner = build_runner(eval_config(cfg), policy=policy)
+    builder = TrajectoryBatchBuilder(cfg.data.batch)
+    replay = None
+    if cfg.train.replay.batch_size > 0:
+        replay = ReplayBuffer(cfg.train.replay.capacity, builder.build, seed=cfg.seed)
+    return TrainResources(
+        cfg=cfg,
+        model=model,
+        policy=policy,
+        runner=runner,
+        eval_runner=eval_runner,
+        eval_inputs=eval_inputs,
+        data_source=RolloutDataSource.from_config(cfg.data, train_inputs),
+        builder=builder,
+        updater=PolicyUpdater(model, cfg.train),
+        replay=replay,
+        shares_model=shares,
+    )
+
+
+def publish_adapter(res: TrainResources, step: int) -> None:
+    """Make the policy generate with the freshly updated adapter."""
+    res.model.eval()
+    if res.shares_model:
+        res.policy.invalidate_cache()  # same module: weights are already live; cached KV states are stale
+        return
+    path = save_adapter(res.model, Path(res.cfg.output_dir) / "live_adapter" / f"step_{step:06d}")
+    res.policy.load_adapter(path)
