@@ -17,6 +17,7 @@ import logging
 import zlib
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 
 from memrl.formats import ANSWER_STOP_STRINGS, TOOL_STOP_STRINGS, format_result
 from memrl.policy.base import GenerationRequest, PolicyClient, SamplingParams
@@ -182,9 +183,14 @@ class Engine:
             self._restore(b)
             # That handle covers the feedback context, which is gone now: never continue from it.
             self.handles.discard(out.prefix_handle)
-        elif out.prefix_handle is not None:
-            self.handles.hold(out.prefix_handle)
-            b.held.append((out.prefix_handle, len(b.tokens) + len(out.token_ids)))
+        else:
+            cut = self._cut_straddling_stop(b, out)
+            if cut is not out:
+                self.handles.discard(out.prefix_handle)  # it covers tokens that were cut off
+                out = cut
+            elif out.prefix_handle is not None:
+                self.handles.hold(out.prefix_handle)
+                b.held.append((out.prefix_handle, len(b.tokens) + len(out.token_ids)))
         start = b.response_len
         b.append_model(out.token_ids, out.logprobs)
         b.segments += 1
@@ -192,6 +198,31 @@ class Engine:
             self.hooks.on_output(b, out, start)
         self._transition(b, out)
         self._prune_handles(b)
+
+    def _cut_straddling_stop(self, b: Branch, out: GenerationOutput) -> GenerationOutput:
+        """A stop string split across two segments is invisible to the backend (it matches only new text):
+        find it and end the output right after it, as the backend would have."""
+        if b.response_len == b.turn_start or not out.token_ids:
+            return out
+        p = b.prompt_len
+        tail = self.tokenizer.decode(b.tokens[p + max(b.turn_start, b.response_len - 16) :])
+        if not any(tail.endswith(s[:k]) for s in self.stop for k in range(1, len(s))):
+            return out
+        for i in range(1, len(out.token_ids) + 1):
+            text = tail + self.tokenizer.decode(list(out.token_ids[:i]))
+            for stop in self.stop:
+                at = text.find(stop)
+                if 0 <= at < len(tail) < at + len(stop):
+                    return replace(
+                        out,
+                        token_ids=out.token_ids[:i],
+                        logprobs=out.logprobs[:i],
+                        top_logprobs=out.top_logprobs[:i],
+                        finish_reason=FinishReason.STOP,
+                        stop_reason=stop,
+                        prefix_handle=None,
+                    )
+        return out
 
     def _transition(self, b: Branch, out: GenerationOutput) -> None:
         if out.finish_reason is FinishReason.STOP and self._ends_in_tool_call(b, out):

@@ -1,0 +1,132 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+from rollout_fixtures import PROMPT, encode
+
+from memrl.policy.scripted import ScriptedPolicy, ScriptedTurn, random_script
+from memrl.rollout import RolloutConfig, RolloutRequest, TreeConfig, run_rollout
+
+
+def _cfg(n, init, iters, nodes, beam, seg=6, **kw):
+    tree = TreeConfig(
+        initial_rollouts=init,
+        expansion_iterations=iters,
+        nodes_per_expansion=nodes,
+        beam_size=beam,
+        segment_tokens=seg,
+        expansion_policy=kw.pop("policy", "random"),
+    )
+    return RolloutConfig(strategy="tree", n=n, tree=tree, max_response_tokens=kw.pop("max_tokens", 200), **kw)
+
+
+def _requests(tok, k):
+    return [RolloutRequest(encode(tok, f"#{i} {PROMPT}"), f"ep{i}") for i in range(k)]
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [(4, 2, 1, 1, 3), (16, 4, 3, 2, 3), (6, 1, 1, 1, 2), (5, 2, 2, 2, 2), (3, 1, 0, 1, 2)],
+)
+def test_tree_shape_and_leaf_count(tok, shape):
+    n, init, iters, nodes, beam = shape
+    cfg = _cfg(n, init, iters, nodes, beam)
+    pol = ScriptedPolicy(tok, random_script(min_tokens=20, max_tokens=40))
+    result = run_rollout(_requests(tok, 3), pol, None, cfg)
+    built = init + iters * nodes * (beam - 1)
+    assert cfg.tree.leaves_per_tree() == built
+    assert result.metrics["rollout/tree/leaves"] == 3 * built
+    for leaves in result.leaves:
+        assert len(leaves) == n
+        dups = [s for s in leaves if s.meta.is_duplicate]
+        assert len(dups) == max(0, n - built)
+        originals = [s for s in leaves if not s.meta.is_duplicate]
+        assert len({s.meta.node_path for s in originals}) == len(originals)  # distinct tree positions
+        assert len({s.response_ids for s in originals}) == len(originals)
+        assert {s.meta.tree_id for s in leaves} == {leaves[0].meta.tree_id}
+        assert max(s.meta.branch_depth for s in leaves) <= iters
+        for s in leaves:
+            assert set(s.response_mask) == {1} and s.logprobs == tuple(s.logprobs)
+    assert pol.live_handles == 0 and pol.stats.handles_created == pol.stats.handles_released
+
+
+def test_branches_share_their_parent_prefix_and_reuse_it(tok):
+    cfg = _cfg(8, 2, 3, 1, 3, seg=5)
+    pol = ScriptedPolicy(tok, random_script(min_tokens=25, max_tokens=30))
+    [leaves] = run_rollout(_requests(tok, 1), pol, None, cfg).leaves
+    by_path = {s.meta.node_path: s for s in leaves}
+    for path, step in by_path.items():
+        for other_path, other in by_path.items():
+            common = 0
+            while common < min(len(path), len(other_path)) and path[common] == other_path[common]:
+                common += 1
+            if other is not step and common >= 2:
+                # Same first node => identical first segment (5 tokens), copied, never regenerated.
+                assert step.response_ids[:5] == other.response_ids[:5]
+    # Every fork continued from a kept prefix: prompt tokens were served from the cache, not recomputed.
+    prompt_len = len(leaves[0].prompt_ids)
+    assert pol.stats.prefill_tokens == prompt_len  # the prompt itself once, nothing else recomputed
+    assert pol.stats.cached_tokens > 0
+
+
+def test_one_generate_call_per_iteration_across_requests(tok):
+    def fixed(ctx):  # every leaf is 16 tokens + eos, wherever it forked
+        return "x" * (16 - len(ctx.text.split("A:", 1)[1]))
+
+    calls = []
+    for k in (1, 4):
+        pol = ScriptedPolicy(tok, fixed)
+        # One chain, nodes at 4, 8, 12, 16 - all four expanded, so the work per tree is deterministic.
+        result = run_rollout(_requests(tok, k), pol, None, _cfg(9, 1, 1, 4, 3, seg=4))
+        assert result.metrics["rollout/tree/leaves"] == 9 * k
+        calls.append(pol.stats.generate_calls)
+        # Expansion call 1: 4 requests per tree (one per node, n=2); call 2: the 6 branches still running.
+        assert pol.stats.batch_sizes[5:7] == [4 * k, 6 * k]
+    # Phase 2: 17 tokens in segments of 4 = 5 calls; expansion from position 4: 13 tokens = 4 calls.
+    assert calls == [9, 9]
+
+
+def test_n_smaller_than_tree_samples_distinct_leaves(tok):
+    cfg = _cfg(3, 4, 2, 2, 3)
+    pol = ScriptedPolicy(tok, random_script(min_tokens=20, max_tokens=40))
+    result = run_rollout(_requests(tok, 2), pol, None, cfg)
+    for leaves in result.leaves:
+        assert len(leaves) == 3 and not any(s.meta.is_duplicate for s in leaves)
+        assert len({s.meta.node_path for s in leaves}) == 3
+
+
+def _peaked(k=5):
+    return {1000 + j: (math.log(0.96) if j == 0 else math.log(0.01)) for j in range(k)}
+
+
+def _flat(k=5):
+    return {1000 + j: math.log(1 / k) for j in range(k)}
+
+
+def test_entropy_policy_branches_where_the_model_is_uncertain(tok):
+    seg, hot = 4, 12  # tokens 12..15 follow the node at response position 12 and are uncertain
+
+    def script(ctx):
+        start = len(ctx.text.split("A:", 1)[1])
+        text = "y" * max(1, 24 - start)
+        tops = tuple(_flat() if hot <= start + i < hot + seg else _peaked() for i in range(len(text) + 1))
+        return ScriptedTurn(text=text, logprobs=(math.log(0.96),) * (len(text) + 1), top_logprobs=tops)
+
+    cfg = _cfg(3, 1, 1, 1, 3, seg=seg, policy="entropy")
+    pol = ScriptedPolicy(tok, script)
+    [leaves] = run_rollout(_requests(tok, 1), pol, None, cfg).leaves
+    forks = [s for s in leaves if s.meta.branch_depth == 1]
+    assert len(forks) == 2
+    # The initial chain's nodes sit at 4, 8, 12, 16, 20; the one at 12 is third on the path (index 2).
+    for s in forks:
+        assert s.meta.node_path[:3] == (0, 0, 0) and s.meta.node_path[3] in (1, 2)
+    chain = next(s for s in leaves if s.meta.branch_depth == 0)
+    assert len(chain.meta.node_path) > 4 and chain.meta.node_path[3] == 0
+
+
+def test_unknown_expansion_policy_lists_choices(tok):
+    cfg = _cfg(4, 2, 1, 1, 3, policy="best")
+    pol = ScriptedPolicy(tok, random_script())
+    with pytest.raises(KeyError, match="entropy, random"):
+        run_rollout(_requests(tok, 1), pol, None, cfg)
