@@ -43,7 +43,8 @@ class EpisodeConfig:
     extraction call (0 = the whole history at once; use 1 with the ``llm`` extractor so each turn is decided
     against the memory the previous turns built). ``history_steps``: ``turn`` = one untrainable step per
     history turn carrying its memory ops (for step-wise memory rewards), ``none`` = target steps only (long
-    histories such as LoCoMo: ~600 turns per episode).
+    histories such as LoCoMo: ~600 turns per episode). ``eval_metrics`` are scored by ``memrl eval`` besides
+    ``reward``; ``eval_ablations`` lists the variants it runs (``memory``, ``no_memory``).
     """
 
     reward: str = "exact_match"
@@ -57,6 +58,8 @@ class EpisodeConfig:
     batch_size: int = 16
     ingest_chunk_turns: int = 0
     history_steps: str = "turn"
+    eval_metrics: list[str] = field(default_factory=lambda: ["exact_match", "token_f1"])
+    eval_ablations: list[str] = field(default_factory=lambda: ["memory", "no_memory"])
     worker: WorkerConfig = field(default_factory=WorkerConfig)
 
     def __post_init__(self) -> None:

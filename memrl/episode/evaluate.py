@@ -1,0 +1,174 @@
+"""``memrl eval``: benchmark scores per category / question type, with and without memory in the same run.
+
+For each ablation (``memory``: retrieved facts + summary in the prompt; ``no_memory``: the question alone) the
+dataset's episodes are run once (greedy is the configs' choice) and every leaf-0 answer is scored with
+``episode.reward`` plus ``episode.eval_metrics``. Token accounting: mean prompt tokens actually sent vs the
+tokens the whole raw history would take in the same chat format (what a memory-less long-context agent pays).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from memrl.episode.output import write_json
+from memrl.episode.pipeline import load_inputs, peak_rss_mb, run_episodes
+from memrl.episode.prompt import encode_chat
+from memrl.rewards.base import RewardContext, RewardInput, make_reward
+from memrl.rewards.benchmarks import LOCOMO_CATEGORY_NAMES
+from memrl.types import BatchInput, EpisodeTrajectory
+
+logger = logging.getLogger(__name__)
+
+ABLATIONS = {"memory": True, "no_memory": False}
+
+
+def group_key(metadata: Mapping[str, Any]) -> str:
+    """LoCoMo category name, else the question type, else ``all``."""
+    if "category" in metadata and metadata["category"] is not None:
+        try:
+            return LOCOMO_CATEGORY_NAMES.get(int(metadata["category"]), str(metadata["category"]))
+        except (TypeError, ValueError):
+            return str(metadata["category"])
+    return str(metadata.get("question_type") or "all")
+
+
+def full_history_tokens(tokenizer: Any, bi: BatchInput) -> int:
+    """Prompt tokens if the whole raw history were pasted in (same chat format as the real prompt)."""
+    lines = [f"[{t.timestamp or 'undated'}] {t.speaker}: {t.text}" for t in bi.history]
+    messages = [{"role": "system", "content": "\n".join(lines)}, {"role": "user", "content": bi.final_query}]
+    return len(encode_chat(tokenizer, messages))
+
+
+def score_ablation(
+    inputs: Sequence[BatchInput], trajs: Sequence[EpisodeTrajectory], metric_fns: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Per-metric means overall and per group, over leaf 0 of each input (failed episodes score 0)."""
+    by_id = {bi.episode_id: bi for bi in inputs}
+    leaf0: dict[str, EpisodeTrajectory] = {}
+    for t in trajs:
+        src = t.steps[-1].meta.extra.get("source_episode_id", t.episode_id) if t.steps else t.episode_id
+        leaf0.setdefault(src, t)
+    rows = []
+    for eid, bi in by_id.items():
+        t = leaf0.get(eid)
+        response = t.steps[-1].meta.extra.get("response_text", "") if t is not None and t.steps else ""
+        prompt_tokens = len(t.steps[-1].prompt_ids) if t is not None and t.steps else 0
+        failed = t is None or t.status.value == "failed"
+        rows.append(
+            (
+                bi,
+                RewardInput.from_response(response, bi.target_answer, bi.final_query, bi.metadata),
+                failed,
+                prompt_tokens,
+            )
+        )
+    scores = {name: fn([r[1] for r in rows]) for name, fn in metric_fns.items()}
+    out: dict[str, Any] = {"episodes": len(rows), "failed": sum(r[2] for r in rows)}
+    groups: dict[str, list[int]] = defaultdict(list)
+    for i, r in enumerate(rows):
+        groups[group_key(r[0].metadata)].append(i)
+    for name, vals in scores.items():
+        vals = [0.0 if rows[i][2] else v for i, v in enumerate(vals)]
+        out[name] = sum(vals) / len(vals) if vals else 0.0
+        out[f"{name}_by_group"] = {
+            g: sum(vals[i] for i in idx) / len(idx) for g, idx in sorted(groups.items())
+        }
+    out["group_sizes"] = {g: len(idx) for g, idx in sorted(groups.items())}
+    out["prompt_tokens_mean"] = sum(r[3] for r in rows) / len(rows) if rows else 0.0
+    return out
+
+
+def evaluate(
+    cfg: Any, out_dir: str | Path | None = None, *, policy: Any = None, progress: bool = True
+) -> dict[str, Any]:
+    """Run every ablation in ``episode.eval_ablations`` and write ``eval.json``; returns the report."""
+    from memrl.episode.build import build_runner
+    from memrl.episode.worker import LocalRolloutWorker
+
+    out = Path(out_dir or cfg.output_dir)
+    inputs = load_inputs(cfg)
+    if policy is None:
+        from memrl.policy import make_policy
+
+        policy = make_policy(cfg.policy)
+    names = list(dict.fromkeys([cfg.episode.reward, *cfg.episode.eval_metrics]))
+    ctx = RewardContext(policy=policy)
+    metric_fns = {
+        n: make_reward(n, cfg.episode.reward_options if n == cfg.episode.reward else {}, ctx) for n in names
+    }
+    report: dict[str, Any] = {"dataset": cfg.data.adapter, "reward": cfg.episode.reward, "ablations": {}}
+    t0 = time.perf_counter()
+    for ablation in cfg.episode.eval_ablations:
+        if ablation not in ABLATIONS:
+            raise ValueError(f"episode.eval_ablations: unknown {ablation!r}; valid: {sorted(ABLATIONS)}")
+        sub = dataclasses.replace(
+            cfg, episode=dataclasses.replace(cfg.episode, use_memory=ABLATIONS[ablation])
+        )
+        worker = LocalRolloutWorker(sub, runner=build_runner(sub, policy=policy))
+        ta = time.perf_counter()
+        run_episodes(sub, out / ablation, inputs=inputs, worker=worker, progress=progress)
+        from memrl.episode.output import TrajectoryWriter
+
+        trajs = _reload(TrajectoryWriter(out / ablation), inputs)
+        report["ablations"][ablation] = score_ablation(inputs, trajs, metric_fns)
+        report["ablations"][ablation]["wall_time_s"] = time.perf_counter() - ta
+        worker.close()
+    hist = [full_history_tokens(policy.tokenizer, bi) for bi in inputs]
+    report["full_history_tokens_mean"] = sum(hist) / len(hist) if hist else 0.0
+    if "memory" in report["ablations"] and report["full_history_tokens_mean"]:
+        report["prompt_to_history_token_ratio"] = (
+            report["ablations"]["memory"]["prompt_tokens_mean"] / report["full_history_tokens_mean"]
+        )
+    report["wall_time_s"] = time.perf_counter() - t0
+    report["peak_rss_mb"] = peak_rss_mb()
+    write_json(out / "eval.json", report)
+    return report
+
+
+def _reload(writer: Any, inputs: Sequence[BatchInput]) -> list[EpisodeTrajectory]:
+    """Leaf-0 trajectories rebuilt from the committed Parquet parts (also covers resumed runs)."""
+    import json
+
+    import pandas as pd
+
+    from memrl.types import EpisodeStatus, StepMeta, StepTrajectory, TurnRole
+
+    parts = sorted(writer.parts_dir.glob("part-*.parquet"))
+    frame = pd.concat([pd.read_parquet(p) for p in parts]) if parts else pd.DataFrame()
+    out: list[EpisodeTrajectory] = []
+    if not frame.empty:
+        target = frame[frame.turn_role == "target"]
+        for _, r in target.iterrows():
+            extra = json.loads(r.extra)
+            step = StepTrajectory(
+                step_id=r.step_id,
+                prompt_ids=tuple(int(x) for x in r.prompt_ids),
+                response_ids=(),
+                response_mask=(),
+                logprobs=(),
+                turn_id=r.turn_id,
+                turn_role=TurnRole.TARGET,
+                meta=StepMeta(extra=extra),
+            )
+            out.append(
+                EpisodeTrajectory(r.episode_id, r.group_id, (step,), float(r.reward), EpisodeStatus(r.status))
+            )
+    for e in writer.manifests():
+        if e["status"] == "failed":
+            out.append(
+                EpisodeTrajectory(
+                    e["episode_id"],
+                    e["group_id"],
+                    (),
+                    0.0,
+                    EpisodeStatus.FAILED,
+                    failure_reason=e["failure_reason"],
+                )
+            )
+    return out

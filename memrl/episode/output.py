@@ -1,0 +1,177 @@
+"""Trajectories on disk: Parquet parts (one row per step) + per-part JSON manifests (one entry per episode).
+
+    <output_dir>/trajectories/part-00000.parquet   rows = steps; step_meta flattened into columns
+    <output_dir>/manifests/part-00000.json         every episode of the part (incl. FAILED ones, which have no
+                                                   steps), with status, reward, failure_reason, metrics
+
+A part is committed by writing its Parquet file and then its manifest, each atomically (temp file + fsync +
+rename). Resume trusts manifests only: a Parquet part without a manifest (crash between the two writes) is
+deleted and its episodes re-run, so no episode is lost or written twice.
+
+Read back with ``pandas.read_parquet(out / "trajectories")`` or
+``datasets.load_dataset("parquet", data_files=str(out / "trajectories" / "*.parquet"))``.
+Nested step_meta records (tool calls, rollbacks, memory ops, extra) are JSON strings so every part has the same
+schema; ids and masks are native integer lists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from memrl.types import EpisodeTrajectory, to_dict
+
+SCHEMA = pa.schema(
+    [
+        ("episode_id", pa.string()),
+        ("source_episode_id", pa.string()),
+        ("group_id", pa.string()),
+        ("sample_index", pa.int64()),
+        ("status", pa.string()),
+        ("reward", pa.float64()),
+        ("step_index", pa.int64()),
+        ("step_id", pa.string()),
+        ("turn_id", pa.string()),
+        ("turn_role", pa.string()),
+        ("prompt_ids", pa.list_(pa.int32())),
+        ("response_ids", pa.list_(pa.int32())),
+        ("response_mask", pa.list_(pa.int8())),
+        ("logprobs", pa.list_(pa.float32())),
+        ("step_reward_ext", pa.float64()),
+        ("tree_id", pa.string()),
+        ("node_path", pa.list_(pa.int32())),
+        ("branch_depth", pa.int64()),
+        ("is_duplicate", pa.bool_()),
+        ("retrieved_ids", pa.list_(pa.int64())),
+        ("cut_fact_ids", pa.list_(pa.int64())),
+        ("num_tool_calls", pa.int64()),
+        ("num_rollbacks", pa.int64()),
+        ("num_memory_ops", pa.int64()),
+        ("memory_op_types", pa.list_(pa.string())),
+        ("tool_calls", pa.string()),
+        ("rollbacks", pa.string()),
+        ("memory_ops", pa.string()),
+        ("extra", pa.string()),
+    ]
+)
+
+
+def source_episode_id(traj: EpisodeTrajectory) -> str:
+    if traj.steps:
+        return str(traj.steps[-1].meta.extra.get("source_episode_id", traj.episode_id))
+    return traj.episode_id
+
+
+def step_rows(trajs: Iterable[EpisodeTrajectory]) -> list[dict[str, Any]]:
+    rows = []
+    for traj in trajs:
+        src = source_episode_id(traj)
+        for j, step in enumerate(traj.steps):
+            meta = step.meta
+            ext = traj.step_rewards_ext[j] if traj.step_rewards_ext else None
+            rows.append(
+                {
+                    "episode_id": traj.episode_id,
+                    "source_episode_id": src,
+                    "group_id": traj.group_id,
+                    "sample_index": traj.sample_index,
+                    "status": traj.status.value,
+                    "reward": traj.reward,
+                    "step_index": j,
+                    "step_id": step.step_id,
+                    "turn_id": step.turn_id,
+                    "turn_role": step.turn_role.value,
+                    "prompt_ids": list(step.prompt_ids),
+                    "response_ids": list(step.response_ids),
+                    "response_mask": list(step.response_mask),
+                    "logprobs": list(step.logprobs),
+                    "step_reward_ext": ext,
+                    "tree_id": meta.tree_id,
+                    "node_path": list(meta.node_path),
+                    "branch_depth": meta.branch_depth,
+                    "is_duplicate": meta.is_duplicate,
+                    "retrieved_ids": list(meta.retrieved_ids),
+                    "cut_fact_ids": list(meta.cut_fact_ids),
+                    "num_tool_calls": len(meta.tool_calls),
+                    "num_rollbacks": len(meta.rollbacks),
+                    "num_memory_ops": len(meta.memory_ops),
+                    "memory_op_types": [op.op.value for op in meta.memory_ops],
+                    "tool_calls": json.dumps(to_dict(meta.tool_calls)),
+                    "rollbacks": json.dumps(to_dict(meta.rollbacks)),
+                    "memory_ops": json.dumps(to_dict(meta.memory_ops)),
+                    "extra": json.dumps(to_dict(meta.extra), default=str),
+                }
+            )
+    return rows
+
+
+def episode_entry(traj: EpisodeTrajectory) -> dict[str, Any]:
+    return {
+        "episode_id": traj.episode_id,
+        "source_episode_id": source_episode_id(traj),
+        "group_id": traj.group_id,
+        "status": traj.status.value,
+        "reward": traj.reward,
+        "failure_reason": traj.failure_reason,
+        "num_steps": len(traj.steps),
+        "metrics": dict(traj.metrics),
+    }
+
+
+def _atomic_write_bytes(path: Path, write) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    write(tmp)
+    with open(tmp, "rb") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+class TrajectoryWriter:
+    """Appends committed parts under ``out_dir``; knows which input episodes are already done."""
+
+    def __init__(self, out_dir: str | Path) -> None:
+        self.out = Path(out_dir)
+        self.parts_dir = self.out / "trajectories"
+        self.manifest_dir = self.out / "manifests"
+        self.parts_dir.mkdir(parents=True, exist_ok=True)
+        self.manifest_dir.mkdir(parents=True, exist_ok=True)
+        self._discard_uncommitted()
+        self.next_part = len(list(self.manifest_dir.glob("part-*.json")))
+
+    def _discard_uncommitted(self) -> None:
+        committed = {p.stem for p in self.manifest_dir.glob("part-*.json")}
+        for p in list(self.parts_dir.glob("part-*.parquet*")) + list(self.manifest_dir.glob("*.tmp")):
+            if p.suffix == ".tmp" or p.name.split(".")[0] not in committed:
+                p.unlink()
+
+    def manifests(self) -> list[dict[str, Any]]:
+        """Every committed episode entry, in part order."""
+        out = []
+        for p in sorted(self.manifest_dir.glob("part-*.json")):
+            out.extend(json.loads(p.read_text())["episodes"])
+        return out
+
+    def done_ids(self) -> set[str]:
+        return {e["source_episode_id"] for e in self.manifests()}
+
+    def write(self, trajs: Sequence[EpisodeTrajectory]) -> Path:
+        name = f"part-{self.next_part:05d}"
+        table = pa.Table.from_pylist(step_rows(trajs), schema=SCHEMA)
+        _atomic_write_bytes(self.parts_dir / f"{name}.parquet", lambda p: pq.write_table(table, p))
+        manifest = json.dumps({"part": name, "episodes": [episode_entry(t) for t in trajs]}, default=str)
+        _atomic_write_bytes(self.manifest_dir / f"{name}.json", lambda p: p.write_text(manifest))
+        self.next_part += 1
+        return self.parts_dir / f"{name}.parquet"
+
+
+def write_json(path: str | Path, payload: Any) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(payload, indent=2, sort_keys=True, default=str)
+    _atomic_write_bytes(path, lambda p: p.write_text(text + "\n"))
