@@ -2,13 +2,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+_DTYPES = ("float32", "bfloat16", "float16")
+
 
 @dataclass
 class PolicyConfig:
     """Which backend generates, with which model and sampling defaults (owned by memrl.policy).
 
     ``model = "tiny"`` is the embedded byte-level Llama built by ``memrl model tiny``; any HF causal-LM path or
-    hub id works in its place.
+    hub id works in its place. ``backend`` is a name in :data:`memrl.policy.BACKENDS` (``hf``, ``vllm``,
+    ``openai``) or a dotted path to a ``(PolicyConfig) -> PolicyClient`` constructor.
     """
 
     backend: str = "hf"
@@ -22,3 +25,51 @@ class PolicyConfig:
     max_tokens: int = 64
     top_logprobs: int = 5
     base_url: str | None = None
+    # --- all backends ---
+    seed: int = 0  # seeds requests that carry no seed of their own (reproducible runs)
+    # --- hf backend ---
+    attn_implementation: str = "sdpa"
+    max_batch_size: int = 32  # rows (requests x n) decoded together; more are split into sub-batches
+    score_batch_size: int = 8  # sequences per forward pass in logprobs()
+    prefix_cache_tokens: int = 65536  # KV budget of kept prefixes (tokens); least recently used evicted first
+    # --- openai-compatible http backend ---
+    served_model_name: str | None = None  # "model" field sent to the server (default: the model string)
+    api_key_env: str = "OPENAI_API_KEY"  # env var read for a bearer token (optional)
+    request_timeout_s: float = 120.0
+    max_retries: int = 3
+    retry_backoff_s: float = 0.5
+    # --- vllm backend ---
+    gpu_memory_utilization: float = 0.8
+    max_lora_rank: int = 64
+    vllm_kv_cache_gb: float = 2.0  # VLLM_CPU_KVCACHE_SPACE on CPU hosts
+    enforce_eager: bool = False
+
+    def __post_init__(self) -> None:
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"policy.dtype={self.dtype!r}: expected one of {_DTYPES}")
+        for name in ("max_model_len", "max_tokens", "max_batch_size", "score_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"policy.{name}={getattr(self, name)}: must be >= 1")
+        if self.temperature < 0:
+            raise ValueError(f"policy.temperature={self.temperature}: must be >= 0 (0 = greedy)")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"policy.top_p={self.top_p}: must be in (0, 1]")
+        if self.top_logprobs < 0:
+            raise ValueError(f"policy.top_logprobs={self.top_logprobs}: must be >= 0 (0 = none)")
+        if self.prefix_cache_tokens < 0:
+            raise ValueError(f"policy.prefix_cache_tokens={self.prefix_cache_tokens}: must be >= 0 (0 = off)")
+        if self.request_timeout_s <= 0:
+            raise ValueError(f"policy.request_timeout_s={self.request_timeout_s}: must be > 0 seconds")
+        if self.max_retries < 0 or self.retry_backoff_s < 0:
+            raise ValueError(
+                "policy.max_retries and policy.retry_backoff_s must be >= 0 (0 = no retry / no wait)"
+            )
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(
+                f"policy.gpu_memory_utilization={self.gpu_memory_utilization}: must be in (0, 1]"
+            )
+        if self.backend == "openai" and not self.base_url:
+            raise ValueError(
+                "policy.backend='openai' needs policy.base_url, e.g. http://127.0.0.1:8000 "
+                "(a vLLM/SGLang server or `memrl serve`)"
+            )

@@ -1,0 +1,395 @@
+"""The default backend: any transformers causal LM (optionally with a PEFT LoRA adapter), decoded by our own loop.
+
+The loop runs ``model(...)`` over a :class:`transformers.DynamicCache` so that it can report per-token logprobs
+and top-k alternatives, honour stop strings / stop ids per sequence and resume from kept prefix states.
+
+Batch layout (``B`` rows = requests x ``n``): row ``i`` reuses ``c_i`` cached prompt positions and computes the
+``r_i`` remaining ones. The batch cache is ``[B, heads, C, head_dim]`` with ``C = max c_i``, each row's cached
+states right-aligned (left-padded); the new tokens ``[B, R]`` are left-padded too, so a row's attention mask may
+have a hole between its cached part and its new part. Position ids are ``cumsum(mask) - 1``, so every real token
+sits at the position it would have without padding (RoPE keys stored in the cache stay valid).
+
+>>> policy = HFPolicy(PolicyConfig(model="tiny"))
+>>> [[out]] = policy.generate([GenerationRequest(prompt_ids=ids, params=SamplingParams(temperature=0))])
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from memrl.policy.base import GenerationRequest, SamplingParams
+from memrl.policy.config import PolicyConfig
+from memrl.policy.errors import PolicyError
+from memrl.policy.prefix_cache import PrefixCache, PrefixEntry
+from memrl.policy.sampling import StopChecker, choose_tokens
+from memrl.types import FinishReason, GenerationOutput
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class _Row:
+    """One sequence being decoded (request ``req``, sample ``sample``)."""
+
+    req: int
+    sample: int
+    prompt: tuple[int, ...]
+    params: SamplingParams
+    generator: torch.Generator
+    stopper: StopChecker
+    budget: int  # new tokens allowed (max_tokens clipped to the context window)
+    entry: PrefixEntry | None = None
+    cached: int = 0
+    out: list[int] = field(default_factory=list)
+    lps: list[float] = field(default_factory=list)
+    tops: list[dict[int, float]] = field(default_factory=list)
+    finish: FinishReason | None = None
+    stop_reason: str | int | None = None
+    handle: str | None = None
+
+    def to_output(self) -> GenerationOutput:
+        return GenerationOutput(
+            token_ids=tuple(self.out),
+            logprobs=tuple(self.lps),
+            finish_reason=self.finish or FinishReason.ABORT,
+            top_logprobs=tuple(self.tops) if self.params.top_logprobs > 0 else (),
+            stop_reason=self.stop_reason,
+            prompt_token_ids=self.prompt,
+            cached_tokens=self.cached,
+            prefix_handle=self.handle,
+        )
+
+
+def resolve_model_path(model: str) -> str:
+    """``"tiny"`` → the embedded model's directory (built on first use); anything else is passed through."""
+    if model == "tiny":
+        from memrl.policy.tiny import ensure_tiny_model
+
+        return str(ensure_tiny_model())
+    return model
+
+
+def load_model_and_tokenizer(cfg: PolicyConfig):
+    """Load ``cfg.model`` (path or hub id) and, if ``cfg.lora_path`` is set, attach that PEFT adapter."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = resolve_model_path(cfg.model)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=_DTYPES[cfg.dtype], attn_implementation=cfg.attn_implementation
+        )
+    except OSError as exc:
+        raise PolicyError(
+            f"policy.model={cfg.model!r}: cannot load a causal LM from {path!r} ({exc}); give a local model "
+            "directory, a hub id available offline, or 'tiny' (built by `memrl model tiny`)"
+        ) from exc
+    if cfg.lora_path:
+        model = _attach_adapter(model, cfg.lora_path)
+    return model.to(cfg.device).eval(), tokenizer
+
+
+def _attach_adapter(model, path: str):
+    from peft import PeftModel
+
+    if not (Path(path) / "adapter_config.json").is_file():
+        raise PolicyError(
+            f"policy.lora_path={path!r}: no adapter_config.json there (expected a PEFT adapter dir)"
+        )
+    return PeftModel.from_pretrained(model, path, is_trainable=False)
+
+
+class HFPolicy:
+    """:class:`~memrl.policy.base.PolicyClient` over a transformers model, in process."""
+
+    def __init__(self, cfg: PolicyConfig, model=None, tokenizer=None) -> None:
+        self.cfg = cfg
+        if model is None:
+            model, tokenizer = load_model_and_tokenizer(cfg)
+        elif tokenizer is None:
+            raise PolicyError("HFPolicy: a model was given without its tokenizer")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = torch.device(cfg.device)
+        self.prefix_cache = PrefixCache(cfg.prefix_cache_tokens)
+        self._seed_source = torch.Generator().manual_seed(cfg.seed)
+        self.pad_id = _pad_id(tokenizer)
+        self.eos_ids = _eos_ids(model, tokenizer)
+        self.max_model_len = min(cfg.max_model_len, _model_max_len(model))
+
+    @classmethod
+    def from_model(cls, model, tokenizer, cfg: PolicyConfig | None = None) -> HFPolicy:
+        """Wrap an already loaded (possibly PEFT-wrapped, possibly shared with a trainer) model."""
+        cfg = cfg or PolicyConfig(device=str(next(model.parameters()).device))
+        return cls(cfg, model=model, tokenizer=tokenizer)
+
+    # ------------------------------------------------------------------ weights
+
+    def load_adapter(self, path: str | Path) -> None:
+        """Hot-swap LoRA weights from a PEFT adapter directory (attaching the adapter on first call)."""
+        from peft import PeftModel, load_peft_weights
+
+        path = str(path)
+        if not isinstance(self.model, PeftModel):
+            self.model = _attach_adapter(self.model, path).to(self.device).eval()
+        else:
+            self.set_adapter_state(load_peft_weights(path, device=str(self.device)))
+        self.invalidate_cache()
+
+    def set_adapter_state(self, weights: Mapping[str, torch.Tensor]) -> None:
+        """Load in-memory LoRA weights (PEFT state-dict names, as ``get_peft_model_state_dict`` returns)."""
+        from peft import PeftModel, set_peft_model_state_dict
+
+        if not isinstance(self.model, PeftModel):
+            raise PolicyError("set_adapter_state: no LoRA adapter is attached; call load_adapter(path) first")
+        result = set_peft_model_state_dict(self.model, dict(weights))
+        unexpected = list(getattr(result, "unexpected_keys", []) or [])
+        if unexpected:
+            raise PolicyError(
+                f"adapter weights do not match the attached adapter; unexpected keys {unexpected[:5]}"
+            )
+        self.invalidate_cache()
+
+    def invalidate_cache(self) -> None:
+        """Forget kept prefix states; call after changing the model's weights in place."""
+        self.prefix_cache.clear()
+
+    def release(self, handles: Sequence[str]) -> None:
+        self.prefix_cache.release(handles)
+
+    # ------------------------------------------------------------------ generation
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[list[GenerationOutput]]:
+        rows = [row for i, req in enumerate(requests) for row in self._rows_for(i, req)]
+        runnable = [r for r in rows if r.finish is None]
+        # Similar remaining lengths together: less padding per sub-batch.
+        runnable.sort(key=lambda r: len(r.prompt) - r.cached)
+        step = self.cfg.max_batch_size
+        for start in range(0, len(runnable), step):
+            self._decode(runnable[start : start + step])
+        grouped: list[list[GenerationOutput]] = [[] for _ in requests]
+        for r in sorted(rows, key=lambda r: (r.req, r.sample)):
+            grouped[r.req].append(r.to_output())
+        return grouped
+
+    def _rows_for(self, index: int, req: GenerationRequest) -> list[_Row]:
+        p = req.params
+        entry, cached = None, 0
+        if req.prefix_handle is not None:
+            entry, cached = self.prefix_cache.lookup(req.prefix_handle, req.prompt_ids)
+        budget = min(p.max_tokens, self.max_model_len - len(req.prompt_ids))
+        base_seed = (
+            p.seed if p.seed is not None else int(torch.randint(0, 2**62, (1,), generator=self._seed_source))
+        )
+        rows = []
+        for s in range(p.n):
+            row = _Row(
+                req=index,
+                sample=s,
+                prompt=req.prompt_ids,
+                params=p,
+                generator=torch.Generator().manual_seed(base_seed + s),
+                stopper=StopChecker(self.tokenizer, p.stop, p.stop_token_ids, self.eos_ids),
+                budget=budget,
+                entry=entry if cached > 0 else None,
+                cached=cached,
+            )
+            if budget < 1:
+                logger.warning(
+                    "request %d: prompt of %d tokens leaves no room in max_model_len=%d; aborted",
+                    index,
+                    len(req.prompt_ids),
+                    self.max_model_len,
+                )
+                row.finish, row.cached = FinishReason.ABORT, 0
+            rows.append(row)
+        return rows
+
+    @torch.inference_mode()
+    def _decode(self, rows: list[_Row]) -> None:
+        input_ids, mask, pos, cache = self._prefill_inputs(rows)
+        logits = self._forward(input_ids, mask, pos, cache)
+        active = list(rows)
+        while True:
+            choices = choose_tokens(logits, [r.params for r in active], [r.generator for r in active])
+            keep_idx = []
+            for b, (row, choice) in enumerate(zip(active, choices, strict=True)):
+                row.out.append(choice.token)
+                row.lps.append(choice.logprob)
+                row.tops.append(choice.top)
+                done, reason = row.stopper.check(row.out)
+                if done:
+                    row.finish, row.stop_reason = FinishReason.STOP, reason
+                elif len(row.out) >= row.budget:
+                    row.finish = FinishReason.LENGTH
+                if row.finish is None:
+                    keep_idx.append(b)
+                elif row.params.keep_prefix:
+                    row.handle = self._keep(row, cache, b, mask[b])
+            if not keep_idx:
+                return
+            if len(keep_idx) < len(active):
+                idx = torch.tensor(keep_idx, device=self.device)
+                cache.batch_select_indices(idx)
+                mask, pos = mask[idx], pos[idx]
+                active = [active[b] for b in keep_idx]
+            next_ids = torch.tensor([[r.out[-1]] for r in active], device=self.device)
+            mask = torch.cat([mask, mask.new_ones(len(active), 1)], dim=1)
+            pos = pos[:, -1:] + 1
+            logits = self._forward(next_ids, mask, pos, cache)
+
+    def _forward(self, input_ids, mask, pos, cache) -> torch.Tensor:
+        """Last-position logits ``[B, V]``; ``cache`` is extended in place."""
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=mask,
+            position_ids=pos,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out.logits[:, -1, :]
+
+    def _prefill_inputs(self, rows: list[_Row]):
+        """Inputs for the first forward of a sub-batch.
+
+        Returns ``input_ids [B, R]``, ``mask [B, C + R]``, ``position_ids [B, R]`` and the batch cache holding
+        each row's reused prefix (``[B, heads, C, head_dim]`` per layer, right-aligned).
+        """
+        from transformers import DynamicCache
+
+        B = len(rows)
+        C = max(r.cached for r in rows)
+        rest = [r.prompt[r.cached :] for r in rows]
+        R = max(len(x) for x in rest)
+        input_ids = torch.full((B, R), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((B, C + R), dtype=torch.long)
+        for i, (row, tail) in enumerate(zip(rows, rest, strict=True)):
+            input_ids[i, R - len(tail) :] = torch.tensor(tail)
+            mask[i, C + R - len(tail) :] = 1
+            mask[i, C - row.cached : C] = 1
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, C:]
+        config = self._text_config()
+        if C == 0:
+            cache = DynamicCache(config=config)
+        else:
+            cache = DynamicCache(_gather_prefixes(rows, C), config=config)
+        dev = self.device
+        return input_ids.to(dev), mask.to(dev), pos.to(dev), cache
+
+    def _keep(self, row: _Row, cache, batch_index: int, row_mask: torch.Tensor) -> str:
+        """Copy the row's real (unpadded) key/value states out of the batch cache and register a handle.
+
+        The cache holds ``prompt + out[:-1]`` (the last sampled token was never fed); ``row_mask`` marks which of
+        its ``[C + R + steps]`` positions are real for this row."""
+        real = row_mask.bool()
+        keys = [layer.keys[batch_index][:, real].clone() for layer in cache.layers]
+        values = [layer.values[batch_index][:, real].clone() for layer in cache.layers]
+        return self.prefix_cache.put(
+            PrefixEntry(tokens=row.prompt + tuple(row.out), keys=keys, values=values)
+        )
+
+    def _text_config(self):
+        cfg = self.model.config
+        return cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
+
+    # ------------------------------------------------------------------ scoring
+
+    @torch.inference_mode()
+    def logprobs(
+        self, sequences: Sequence[tuple[Sequence[int], Sequence[int]]], *, temperature: float = 1.0
+    ) -> list[list[float]]:
+        """log p(response_i | prompt, response_<i) under ``logits / temperature`` for each pair."""
+        if temperature <= 0:
+            raise PolicyError(f"logprobs: temperature must be > 0, got {temperature}")
+        results: list[list[float]] = []
+        step = self.cfg.score_batch_size
+        for start in range(0, len(sequences), step):
+            results.extend(self._score_chunk(sequences[start : start + step], temperature))
+        return results
+
+    def _score_chunk(self, chunk, temperature: float) -> list[list[float]]:
+        pairs = [(list(map(int, p)), list(map(int, r))) for p, r in chunk]
+        for i, (p, r) in enumerate(pairs):
+            if not p:
+                raise PolicyError(
+                    f"logprobs: sequence {i} has an empty prompt (need >= 1 token to condition on)"
+                )
+            if len(p) + len(r) > self.max_model_len:
+                raise PolicyError(
+                    f"logprobs: sequence {i} has {len(p) + len(r)} tokens > max_model_len={self.max_model_len}"
+                )
+        L = max(len(p) + len(r) for p, r in pairs)
+        keep = max(len(r) for _, r in pairs) + 1
+        ids = torch.full((len(pairs), L), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(pairs), L), dtype=torch.long)
+        for i, (p, r) in enumerate(pairs):  # left-padded: every response ends at the right edge
+            seq = p + r
+            ids[i, L - len(seq) :] = torch.tensor(seq)
+            mask[i, L - len(seq) :] = 1
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        logits = self.model(
+            input_ids=ids.to(self.device),
+            attention_mask=mask.to(self.device),
+            position_ids=pos.to(self.device),
+            logits_to_keep=keep,
+        ).logits  # [B, keep, V]: positions L-keep .. L-1
+        logp = torch.log_softmax(logits.float() / temperature, dim=-1)
+        out = []
+        for i, (_, r) in enumerate(pairs):
+            if not r:
+                out.append([])
+                continue
+            # Token r[j] sits at L-len(r)+j and is predicted by position L-len(r)+j-1 = column keep-len(r)-1+j.
+            cols = torch.arange(keep - len(r) - 1, keep - 1)
+            out.append(logp[i, cols, torch.tensor(r)].tolist())
+        return out
+
+
+def _gather_prefixes(rows: Sequence[_Row], C: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer ``(keys, values)`` of shape ``[B, heads, C, head_dim]``: row ``i``'s first ``c_i`` cached
+    states right-aligned, zeros elsewhere (masked out)."""
+    ref = next(r.entry for r in rows if r.entry is not None)
+    layers = []
+    for layer in range(len(ref.keys)):
+        heads, _, dim = ref.keys[layer].shape
+        k = ref.keys[layer].new_zeros((len(rows), heads, C, dim))
+        v = ref.values[layer].new_zeros((len(rows), heads, C, dim))
+        for i, row in enumerate(rows):
+            if row.entry is not None and row.cached > 0:
+                k[i, :, C - row.cached :] = row.entry.keys[layer][:, : row.cached]
+                v[i, :, C - row.cached :] = row.entry.values[layer][:, : row.cached]
+        layers.append((k, v))
+    return layers
+
+
+def _pad_id(tokenizer) -> int:
+    for tid in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0):
+        if tid is not None:
+            return int(tid)
+    return 0
+
+
+def _eos_ids(model, tokenizer) -> list[int]:
+    ids = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(gen_eos, int):
+        ids.add(gen_eos)
+    elif gen_eos:
+        ids.update(int(t) for t in gen_eos)
+    return sorted(ids)
+
+
+def _model_max_len(model) -> int:
+    cfg = model.config
+    cfg = cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
+    return int(getattr(cfg, "max_position_embeddings", None) or 1 << 30)

@@ -1,0 +1,95 @@
+"""Kept prefix states (KV caches) for the HF backend, addressed by opaque handles.
+
+A handle covers ``tokens`` (prompt + output of the generation that kept it) and stores the key/value states of
+the first ``kv_len`` of them (the last sampled token was never fed to the model). A later request may reuse the
+longest common prefix of the handle's tokens and its own prompt: branching mid-sequence just crops the cache.
+Handles are a speed hint, never a correctness requirement: an evicted or unknown-but-evicted handle falls back to
+full recompute (``cached_tokens = 0``); an unknown handle that was never issued is an error.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from memrl.policy.errors import PolicyError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class PrefixEntry:
+    """``keys[l]`` / ``values[l]``: ``[heads, kv_len, head_dim]`` for layer ``l``."""
+
+    tokens: tuple[int, ...]
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+
+    @property
+    def kv_len(self) -> int:
+        return self.keys[0].shape[1] if self.keys else 0
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+class PrefixCache:
+    """LRU store of :class:`PrefixEntry` bounded by ``budget_tokens`` cached positions in total."""
+
+    def __init__(self, budget_tokens: int) -> None:
+        self.budget_tokens = budget_tokens
+        self._entries: OrderedDict[str, PrefixEntry] = OrderedDict()
+        self._issued: set[str] = set()
+        self._counter = itertools.count()
+        self.evictions = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def cached_tokens(self) -> int:
+        return sum(e.kv_len for e in self._entries.values())
+
+    def put(self, entry: PrefixEntry) -> str:
+        handle = f"kv-{next(self._counter)}"
+        self._issued.add(handle)
+        if entry.kv_len > self.budget_tokens:
+            logger.debug(
+                "prefix of %d tokens exceeds the cache budget; handle %s will recompute", entry.kv_len, handle
+            )
+            return handle
+        self._entries[handle] = entry
+        while self.cached_tokens > self.budget_tokens:
+            old, _ = self._entries.popitem(last=False)
+            self.evictions += 1
+            logger.debug("evicted prefix handle %s (budget %d tokens)", old, self.budget_tokens)
+        return handle
+
+    def lookup(self, handle: str, prompt: Sequence[int]) -> tuple[PrefixEntry | None, int]:
+        """The entry and how many leading prompt tokens it can serve (always leaving >= 1 token to compute)."""
+        if handle not in self._issued:
+            raise PolicyError(f"unknown prefix_handle {handle!r}: it was never returned by this backend")
+        entry = self._entries.get(handle)
+        if entry is None:
+            return None, 0
+        self._entries.move_to_end(handle)
+        usable = min(common_prefix_len(entry.tokens, prompt), entry.kv_len, len(prompt) - 1)
+        return entry, max(usable, 0)
+
+    def release(self, handles: Sequence[str]) -> None:
+        for h in handles:
+            self._entries.pop(h, None)
+
+    def clear(self) -> None:
+        """Drop every state (after a weight update the cached keys/values are stale). Handles stay valid names."""
+        self._entries.clear()

@@ -1,0 +1,223 @@
+"""The HF backend against the model's own forward pass (random-init tiny Llama: real forward passes, seconds)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from memrl.policy import BACKENDS, make_policy
+from memrl.policy.base import GenerationRequest, SamplingParams
+from memrl.policy.config import PolicyConfig
+from memrl.policy.errors import PolicyError
+from memrl.policy.hf import HFPolicy
+from memrl.policy.tiny_arch import random_tiny_llama
+from memrl.registry import RegistryError
+from memrl.types import FinishReason
+
+
+def enc(policy, text: str) -> tuple[int, ...]:
+    return tuple(policy.tokenizer.encode(text, add_special_tokens=False))
+
+
+def greedy(max_tokens=12, **kw) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=max_tokens, **kw)
+
+
+@torch.no_grad()
+def manual_greedy(model, prompt, steps):
+    ids = list(prompt)
+    for _ in range(steps):
+        ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt) :]
+
+
+@torch.no_grad()
+def forward_logsoftmax(model, prompt, out, temperature=1.0):
+    """log p(out_j | prompt, out_<j) from one full forward pass, ``[len(out), V]``."""
+    ids = torch.tensor([list(prompt) + list(out)])
+    logits = model(ids).logits[0, len(prompt) - 1 : -1]
+    return torch.log_softmax(logits / temperature, dim=-1)
+
+
+@pytest.fixture(scope="module")
+def peaked_policy():
+    """A random tiny Llama with larger weights, so its greedy outputs vary instead of repeating one byte."""
+    model, tok = random_tiny_llama(seed=3, initializer_range=0.3)
+    return HFPolicy.from_model(model, tok, PolicyConfig(model="random-peaked", seed=0))
+
+
+PROMPTS = ("Alice: I moved to Lisbon in May.", "Q?", "Bob bought a red bike; what colour is it?")
+
+
+def test_greedy_equals_manual_argmax_loop(peaked_policy):
+    prompts = [enc(peaked_policy, p) for p in PROMPTS]
+    outs = peaked_policy.generate([GenerationRequest(p, greedy(12)) for p in prompts])
+    for prompt, [out] in zip(prompts, outs, strict=True):
+        assert list(out.token_ids) == manual_greedy(peaked_policy.model, prompt, 12)
+        assert out.finish_reason is FinishReason.LENGTH and out.prompt_token_ids == prompt
+    assert len({o[0].token_ids for o in outs}) > 1  # the check is not vacuous
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logprobs_and_top_logprobs_match_forward(peaked_policy, temperature):
+    prompt = enc(peaked_policy, PROMPTS[0])
+    params = SamplingParams(temperature=temperature, max_tokens=10, top_logprobs=4, seed=7)
+    [[out]] = peaked_policy.generate([GenerationRequest(prompt, params)])
+    ref = forward_logsoftmax(peaked_policy.model, prompt, out.token_ids, temperature)
+    picked = ref[torch.arange(len(out.token_ids)), torch.tensor(out.token_ids)]
+    assert torch.allclose(torch.tensor(out.logprobs), picked, atol=1e-4)
+    for j, top in enumerate(out.top_logprobs):
+        vals, ids = ref[j].topk(4)
+        assert list(top) == ids.tolist()
+        assert torch.allclose(torch.tensor(list(top.values())), vals, atol=1e-4)
+
+
+def test_training_time_logprobs_match_forward(peaked_policy):
+    pairs = [(enc(peaked_policy, p), enc(peaked_policy, " answer " * (i + 1))) for i, p in enumerate(PROMPTS)]
+    pairs.append((enc(peaked_policy, "x"), ()))
+    scores = peaked_policy.logprobs(pairs)
+    for (prompt, resp), got in zip(pairs, scores, strict=True):
+        assert len(got) == len(resp)
+        if resp:
+            ref = forward_logsoftmax(peaked_policy.model, prompt, resp)
+            want = ref[torch.arange(len(resp)), torch.tensor(resp)]
+            assert torch.allclose(torch.tensor(got), want, atol=1e-4)
+
+
+def test_left_padding_does_not_change_results(peaked_policy):
+    short = enc(peaked_policy, "Q?")
+    long = enc(peaked_policy, "a much longer prompt that forces left padding of the short one " * 3)
+    params = SamplingParams(temperature=1.0, max_tokens=16, seed=11, top_logprobs=3)
+    [[alone]] = peaked_policy.generate([GenerationRequest(short, params)])
+    batched = peaked_policy.generate([GenerationRequest(long, params), GenerationRequest(short, params)])
+    together = batched[1][0]
+    assert together.token_ids == alone.token_ids
+    assert torch.allclose(torch.tensor(together.logprobs), torch.tensor(alone.logprobs), atol=1e-4)
+
+
+def test_stop_strings_end_exactly_at_first_occurrence(peaked_policy):
+    tok = peaked_policy.tokenizer
+    prompt = enc(peaked_policy, PROMPTS[2])
+    free = SamplingParams(temperature=1.0, max_tokens=80, seed=5)
+    [[ref]] = peaked_policy.generate([GenerationRequest(prompt, free)])
+    ascii_ids = range(3 + 33, 3 + 127)  # ByT5: byte b is id b + 3; printable, non-space ASCII
+    ids = ref.token_ids
+    j = next(j for j in range(10, len(ids) - 1) if ids[j] in ascii_ids and ids[j + 1] in ascii_ids)
+    stop = tok.decode(ids[j : j + 2])  # a string the model really writes
+    text = tok.decode(ids)
+    first_end = text.find(stop) + len(stop)
+    params = SamplingParams(temperature=1.0, max_tokens=80, seed=5, stop=("never-there", stop))
+    [[out]] = peaked_policy.generate([GenerationRequest(prompt, params)])
+    got = tok.decode(out.token_ids)
+    assert got == text[:first_end] and got.endswith(stop) and stop not in got[:-1]
+    assert out.finish_reason is FinishReason.STOP and out.stop_reason == stop
+
+
+def test_stop_token_ids_and_eos(peaked_policy):
+    prompt = enc(peaked_policy, PROMPTS[0])
+    [[ref]] = peaked_policy.generate([GenerationRequest(prompt, greedy(20))])
+    target = ref.token_ids[5]
+    [[out]] = peaked_policy.generate([GenerationRequest(prompt, greedy(20, stop_token_ids=(target,)))])
+    assert out.token_ids == ref.token_ids[: ref.token_ids.index(target) + 1]
+    assert out.finish_reason is FinishReason.STOP and out.stop_reason == target
+
+
+def test_prefix_reuse_equals_full_recompute(peaked_policy):
+    policy = peaked_policy
+    prompt = enc(policy, PROMPTS[0] * 4)
+    [[first]] = policy.generate([GenerationRequest(prompt, greedy(10, keep_prefix=True))])
+    assert first.prefix_handle is not None
+    tool_result = enc(policy, " <result>42</result>")
+    cont = prompt + first.token_ids + tool_result
+    branch = prompt + first.token_ids[:4]  # branch mid-sequence: the cache is cropped
+    reqs = [
+        GenerationRequest(p, greedy(10, top_logprobs=2), prefix_handle=first.prefix_handle)
+        for p in (cont, branch)
+    ]
+    reused = policy.generate(reqs)
+    fresh = policy.generate([GenerationRequest(p, greedy(10, top_logprobs=2)) for p in (cont, branch)])
+    assert [o[0].cached_tokens for o in reused] == [
+        len(prompt) + 9,
+        len(prompt) + 3,
+    ]  # >= 1 token is always computed
+    assert [o[0].cached_tokens for o in fresh] == [0, 0]
+    for [a], [b] in zip(reused, fresh, strict=True):
+        assert a.token_ids == b.token_ids
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)
+    policy.release([first.prefix_handle])
+    [[after]] = policy.generate([GenerationRequest(cont, greedy(10), prefix_handle=first.prefix_handle)])
+    assert after.cached_tokens == 0 and after.token_ids == fresh[0][0].token_ids
+
+
+def test_chained_handles_and_unknown_handle(peaked_policy):
+    policy = peaked_policy
+    prompt = enc(policy, "chain")
+    [[a]] = policy.generate([GenerationRequest(prompt, greedy(5, keep_prefix=True))])
+    p2 = prompt + a.token_ids
+    [[b]] = policy.generate(
+        [GenerationRequest(p2, greedy(5, keep_prefix=True), prefix_handle=a.prefix_handle)]
+    )
+    assert b.cached_tokens == len(p2) - 1
+    p3 = p2 + b.token_ids
+    [[c]] = policy.generate([GenerationRequest(p3, greedy(5), prefix_handle=b.prefix_handle)])
+    [[c_ref]] = policy.generate([GenerationRequest(p3, greedy(5))])
+    assert c.cached_tokens == len(p3) - 1 and c.token_ids == c_ref.token_ids
+    policy.release([a.prefix_handle, b.prefix_handle])
+    with pytest.raises(PolicyError, match="never returned"):
+        policy.generate([GenerationRequest(prompt, greedy(2), prefix_handle="kv-bogus")])
+
+
+def test_n_samples_seeded_and_batch_invariant(peaked_policy):
+    prompt = enc(peaked_policy, PROMPTS[1])
+    params = SamplingParams(temperature=1.0, max_tokens=12, n=3, seed=21)
+    [outs] = peaked_policy.generate([GenerationRequest(prompt, params)])
+    assert len(outs) == 3 and len({o.token_ids for o in outs}) > 1
+    other = GenerationRequest(enc(peaked_policy, "padding partner " * 5), params)
+    again = peaked_policy.generate([other, GenerationRequest(prompt, params)])[1]
+    assert [o.token_ids for o in again] == [o.token_ids for o in outs]
+
+
+def test_context_overflow_aborts_that_request_only():
+    model, tok = random_tiny_llama(seed=0, max_position_embeddings=24)
+    policy = HFPolicy.from_model(model, tok, PolicyConfig(model="x"))
+    ok, too_long = (4, 5, 6), tuple(range(3, 30))
+    [[a], [b]] = policy.generate([GenerationRequest(ok, greedy(100)), GenerationRequest(too_long, greedy(4))])
+    assert a.finish_reason is FinishReason.LENGTH and len(a.token_ids) == 24 - 3
+    assert b.finish_reason is FinishReason.ABORT and b.token_ids == ()
+
+
+def test_lora_adapter_generation_and_hot_swap(tmp_path):
+    from peft import LoraConfig, get_peft_model
+
+    model, tok = random_tiny_llama(seed=1, initializer_range=0.3)
+    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    policy = HFPolicy.from_model(peft_model, tok, PolicyConfig(model="x"))
+    prompt = enc(policy, PROMPTS[0])
+    [[base]] = policy.generate([GenerationRequest(prompt, greedy(10, keep_prefix=True))])  # lora_B = 0: no-op
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.5)
+    peft_model.save_pretrained(tmp_path / "adapter")
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:
+                param.zero_()
+    policy.load_adapter(tmp_path / "adapter")  # hot swap: weights change, kept prefixes are dropped
+    [[swapped]] = policy.generate([GenerationRequest(prompt, greedy(10), prefix_handle=base.prefix_handle)])
+    assert swapped.cached_tokens == 0
+    assert list(swapped.token_ids) == manual_greedy(policy.model, prompt, 10)
+    ref = forward_logsoftmax(policy.model, prompt, swapped.token_ids)
+    assert not torch.allclose(torch.tensor(base.logprobs), torch.tensor(swapped.logprobs), atol=1e-3)
+    assert torch.allclose(
+        torch.tensor(swapped.logprobs), ref[torch.arange(10), torch.tensor(swapped.token_ids)], atol=1e-4
+    )
+
+
+def test_registry_and_chat_template(tiny_hf_policy):
+    assert {"hf", "vllm", "openai"} <= set(BACKENDS.names())
+    with pytest.raises(RegistryError, match="valid choices: hf, openai, vllm"):
+        make_policy(PolicyConfig(backend="nope"))
+    msgs = [{"role": "system", "content": "facts"}, {"role": "user", "content": "Q?"}]
+    ids = tiny_hf_policy.tokenizer.apply_chat_template(msgs, add_generation_prompt=True)["input_ids"]
+    assert tiny_hf_policy.tokenizer.decode(ids).endswith("<|user|>\nQ?\n<|assistant|>\n")
