@@ -1,0 +1,255 @@
+"""How a sandboxed interpreter is started (registry :data:`LAUNCHERS`, chosen by ``tools.sandbox.mode``).
+
+Both launchers run the same bootstrap: it applies the rlimits to itself (so every child inherits them), reads
+the program from stdin (a sealed memfd: no file on disk, no pipe to deadlock on) and executes it as
+``<sandbox>``; an uncaught exception prints a normal traceback without the bootstrap's frame and exits 1.
+The environment is built from nothing — no host variable reaches the code.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import resource
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from memrl.registry import Registry
+from memrl.tools import seccomp
+from memrl.tools.base import ToolInfraError
+from memrl.tools.config import SandboxConfig
+
+log = logging.getLogger(__name__)
+
+BWRAP = "/usr/bin/bwrap"
+SANDBOX_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
+
+_BOOTSTRAP = """\
+import resource as _r, sys as _s
+for _k, _v in {limits!r}:
+    _r.setrlimit(_k, (_v, _v))
+_src = _s.stdin.buffer.read()
+_s.stdin.close()
+_s.argv = ["<sandbox>"]
+__builtins__.exit = __builtins__.quit = _s.exit  # normally added by `site`, which -S skips
+del _r, _k, _v
+_g = {{"__name__": "__main__", "__builtins__": __builtins__, "__doc__": None}}
+try:
+    exec(compile(_src, "<sandbox>", "exec"), _g)
+except SystemExit:
+    raise
+except BaseException as _e:
+    import linecache as _l, traceback as _t
+    _txt = _src.decode("utf-8", "replace")
+    _l.cache["<sandbox>"] = (len(_txt), None, _txt.splitlines(True), "<sandbox>")
+    _t.print_exception(type(_e), _e, _e.__traceback__.tb_next)
+    _s.stderr.flush()
+    _s.exit(1)
+"""
+
+
+def bootstrap(cfg: SandboxConfig, nproc: int | None = None) -> str:
+    limits = [
+        (resource.RLIMIT_CPU, cfg.cpu_s),
+        (resource.RLIMIT_AS, cfg.memory_mb << 20),
+        (resource.RLIMIT_NPROC, nproc or cfg.max_processes),
+        (resource.RLIMIT_FSIZE, cfg.max_file_mb << 20),
+        (resource.RLIMIT_NOFILE, cfg.max_open_files),
+        (resource.RLIMIT_CORE, 0),
+    ]
+    return _BOOTSTRAP.format(limits=limits)
+
+
+def python_argv(cfg: SandboxConfig, nproc: int | None = None) -> list[str]:
+    # -I: isolated (no env vars, no user site, no cwd on sys.path); -S: no site import (faster start);
+    # -u: unbuffered, so what was printed before a kill is still seen; -B: no .pyc writes.
+    return [cfg.python, "-I", "-S", "-u", "-B", "-c", bootstrap(cfg, nproc)]
+
+
+def code_fd(code: str) -> int:
+    """The program as a memfd positioned at 0 (becomes the child's stdin)."""
+    fd = os.memfd_create("memrl-code", os.MFD_CLOEXEC)
+    os.write(fd, code.encode("utf-8", errors="surrogateescape"))
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+@dataclass
+class Spawned:
+    proc: subprocess.Popen
+    stdout_fd: int
+    stderr_fd: int
+    status_fd: int | None = None  # bwrap --json-status-fd read end
+    cleanup: list = field(default_factory=list)  # callables run after the tree is reaped
+
+
+def _drop_to(cfg: SandboxConfig) -> dict:
+    """Popen kwargs that run the launcher as an unprivileged host uid when memrl itself runs as root."""
+    if os.geteuid() != 0:
+        return {}
+    return {"user": cfg.sandbox_uid, "group": cfg.sandbox_uid, "extra_groups": []}
+
+
+def _popen(argv: list[str], cfg: SandboxConfig, stdin_fd: int, pass_fds: tuple, cwd: str) -> Spawned:
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdin=stdin_fd,
+            stdout=out_w,
+            stderr=err_w,
+            pass_fds=pass_fds,
+            env=dict(SANDBOX_ENV),
+            cwd=cwd,
+            start_new_session=True,  # own session + process group: the group kill reaches every child
+            **_drop_to(cfg),
+        )
+    except OSError as exc:
+        for fd in (out_r, err_r):
+            os.close(fd)
+        raise ToolInfraError(f"cannot start the sandbox ({argv[0]}): {exc}") from exc
+    finally:
+        os.close(out_w)
+        os.close(err_w)
+    return Spawned(proc, out_r, err_r)
+
+
+LAUNCHERS: Registry[type] = Registry("sandbox mode")
+
+
+@LAUNCHERS.register("bwrap")
+class BwrapLauncher:
+    """bubblewrap: new user (uid ``sandbox_uid``, no capabilities, no nested user namespaces), pid, net (only a
+    down-by-default loopback), ipc, uts and mount namespaces; only ``/usr`` (+ the interpreter's prefix and
+    ``ro_binds``) visible, read-only; fresh ``/proc`` of the new pid namespace; size-capped private ``/tmp``;
+    ``--die-with-parent``; new session (no terminal injection); seccomp deny list."""
+
+    def __init__(self, cfg: SandboxConfig) -> None:
+        if not (os.path.exists(BWRAP) or shutil.which("bwrap")):
+            raise ToolInfraError(
+                "bubblewrap is not installed, so model code cannot run isolated. Install it "
+                "(`apt-get install bubblewrap`) or set tools.sandbox.mode=rlimit to accept the weak rlimit-only "
+                "mode (no filesystem, network or pid isolation)."
+            )
+        self.cfg = cfg
+        self.bwrap = BWRAP if os.path.exists(BWRAP) else str(shutil.which("bwrap"))
+        self.filter = seccomp.deny_filter() if cfg.seccomp and seccomp.supported() else None
+        if cfg.seccomp and self.filter is None:
+            log.warning("seccomp deny list is only built for x86_64; the sandbox runs without it here")
+        self.binds = self._bind_paths()
+
+    def _bind_paths(self) -> list[str]:
+        real = Path(os.path.realpath(self.cfg.python))
+        if not real.is_file():
+            raise ToolInfraError(f"tools.sandbox.python={self.cfg.python!r} does not exist")
+        paths = list(self.cfg.ro_binds)
+        prefix = str(real.parent.parent)
+        if not (prefix == "/usr" or prefix.startswith("/usr/")):
+            paths.append(prefix)
+        for p in paths:
+            if not os.path.exists(p):
+                raise ToolInfraError(f"tools.sandbox.ro_binds entry {p!r} does not exist")
+        return paths
+
+    def _fs_args(self, fds: list[int]) -> list[str]:
+        args = ["--ro-bind", "/usr", "/usr"]
+        for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+            host = f"/{name}"
+            if os.path.islink(host):  # merged-/usr layouts: keep the symlink
+                args += ["--symlink", os.readlink(host), host]
+            elif os.path.isdir(host):
+                args += ["--ro-bind", host, host]
+        for path in ("/etc/ld.so.cache", "/etc/localtime"):
+            args += ["--ro-bind-try", path, path]
+        for path in self.binds:
+            # Bound through an fd opened here, so a prefix under a 0700 dir (e.g. /root/.pyenv) still binds;
+            # only that subtree becomes visible.
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            fds.append(fd)
+            args += ["--ro-bind-fd", str(fd), path]
+        args += ["--dev", "/dev", "--proc", "/proc", "--size", str(self.cfg.tmp_mb << 20), "--tmpfs", "/tmp"]
+        return args + ["--remount-ro", "/", "--chdir", "/tmp"]
+
+    def spawn(self, code: str) -> Spawned:
+        uid = str(self.cfg.sandbox_uid if os.geteuid() == 0 else os.getuid())
+        fds: list[int] = []
+        status_r, status_w = os.pipe()
+        stdin_fd = code_fd(code)
+        try:
+            argv = [self.bwrap, "--unshare-all", "--unshare-user", "--uid", uid, "--gid", uid]
+            argv += ["--disable-userns", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+            argv += self._fs_args(fds)
+            argv += ["--clearenv", "--setenv", "HOME", "/tmp", "--setenv", "TMPDIR", "/tmp"]
+            for k, v in SANDBOX_ENV.items():
+                argv += ["--setenv", k, v]
+            argv += ["--json-status-fd", str(status_w)]
+            if self.filter is not None:
+                sfd = os.memfd_create("memrl-seccomp", os.MFD_CLOEXEC)
+                os.write(sfd, self.filter)
+                os.lseek(sfd, 0, os.SEEK_SET)
+                fds.append(sfd)
+                argv += ["--seccomp", str(sfd)]
+            argv += ["--", *python_argv(self.cfg)]
+            spawned = _popen(argv, self.cfg, stdin_fd, (status_w, *fds), cwd="/")
+        except BaseException:
+            os.close(status_r)
+            raise
+        finally:
+            os.close(status_w)
+            os.close(stdin_fd)
+            for fd in fds:
+                os.close(fd)
+        spawned.status_fd = status_r
+        return spawned
+
+
+@LAUNCHERS.register("rlimit")
+class RlimitLauncher:
+    """rlimits only (opt-in). Runs as ``sandbox_uid`` when memrl is root, in a fresh private working directory
+    with an empty environment — but the code CAN read every file that uid can read, use the network, see host
+    processes, and escape the process-group kill with setsid + double fork."""
+
+    WARNING = (
+        "tools.sandbox.mode=rlimit: model code runs WITHOUT isolation — it can read any file its uid can read, "
+        "reach the network, see host processes, and a setsid/double-fork can outlive the timeout. Only "
+        "resource limits (CPU, memory, processes, file size, open files) and the wall-clock kill apply. "
+        "Install bubblewrap and use mode=bwrap for untrusted code."
+    )
+
+    def __init__(self, cfg: SandboxConfig) -> None:
+        self.cfg = cfg
+        if not os.path.isfile(os.path.realpath(cfg.python)):
+            raise ToolInfraError(f"tools.sandbox.python={cfg.python!r} does not exist")
+        log.warning(self.WARNING)
+
+    def _nproc(self) -> int:
+        """RLIMIT_NPROC counts every process of the uid host-wide; leave room above what it already runs."""
+        uid = self.cfg.sandbox_uid if os.geteuid() == 0 else os.getuid()
+        running = 0
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit():
+                try:
+                    running += entry.stat().st_uid == uid
+                except OSError:
+                    continue
+        return running + self.cfg.max_processes
+
+    def spawn(self, code: str) -> Spawned:
+        workdir = tempfile.mkdtemp(prefix="memrl-sandbox-")
+        if os.geteuid() == 0:
+            os.chown(workdir, self.cfg.sandbox_uid, self.cfg.sandbox_uid)
+        stdin_fd = code_fd(code)
+        argv = python_argv(self.cfg, self._nproc())
+        try:
+            spawned = _popen(argv, self.cfg, stdin_fd, (), cwd=workdir)
+        except BaseException:
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise
+        finally:
+            os.close(stdin_fd)
+        spawned.cleanup.append(lambda: shutil.rmtree(workdir, ignore_errors=True))
+        return spawned
