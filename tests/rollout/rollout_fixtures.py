@@ -69,14 +69,3 @@ def fixing_script(calls: int = 1, fix: bool = True):
         return turn[len(partial) :] if turn.startswith(partial) else turn
 
     return script
-
-
-_TAG = re.compile(r"<(python|search)>(.*?)</\1>", re.DOTALL)
-
-
-def interim_tag_parser(text: str) -> list[ToolCall]:
-    """Stands in for ``memrl.tools.PARSERS['tag']`` only while the tools layer does not provide it."""
-    return [
-        ToolCall(name=m.group(1), arguments=m.group(2), raw=m.group(0), start=m.start(), end=m.end())
-        for m in _TAG.finditer(text)
-    ]
