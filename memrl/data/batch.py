@@ -362,6 +362,16 @@ def select_steps(batch: PackedBatch, indices: Sequence[int], layout: str | None 
     return LAYOUTS.get(layout or batch.layout)([rows[i] for i in indices])
 
 
+def slice_padded(batch: PackedBatch, start: int, stop: int) -> PackedBatch:
+    """Rows ``[start, stop)`` of a padded batch, keeping its widths (fixed-shape micro-batches, as verl)."""
+    if batch.layout != "padded":
+        raise ValueError(f"slice_padded needs a padded batch, got layout {batch.layout!r}")
+    fields = {}
+    for name, value in batch.__dict__.items():
+        fields[name] = value[start:stop] if isinstance(value, (torch.Tensor, list)) else value
+    return PackedBatch(**fields)
+
+
 def split_by_tokens(batch: PackedBatch, max_tokens: int) -> list[PackedBatch]:
     """Token-budget micro-batches (verl's dynamic batch size): consecutive rows, ≤ ``max_tokens`` each.
 
