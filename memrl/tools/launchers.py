@@ -14,6 +14,7 @@ import resource
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,14 +29,16 @@ BWRAP = "/usr/bin/bwrap"
 SANDBOX_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1"}
 
 _BOOTSTRAP = """\
-import resource as _r, sys as _s
+import os as _o, resource as _r, sys as _s
 for _k, _v in {limits!r}:
     _r.setrlimit(_k, (_v, _v))
+_o.write({ready_fd}, b"R")  # the interpreter is up and limited: what follows is the user's doing
+_o.close({ready_fd})
 _src = _s.stdin.buffer.read()
 _s.stdin.close()
 _s.argv = ["<sandbox>"]
 __builtins__.exit = __builtins__.quit = _s.exit  # normally added by `site`, which -S skips
-del _r, _k, _v
+del _o, _r, _k, _v
 _g = {{"__name__": "__main__", "__builtins__": __builtins__, "__doc__": None}}
 try:
     exec(compile(_src, "<sandbox>", "exec"), _g)
@@ -51,7 +54,7 @@ except BaseException as _e:
 """
 
 
-def bootstrap(cfg: SandboxConfig, nproc: int | None = None) -> str:
+def bootstrap(cfg: SandboxConfig, ready_fd: int, nproc: int | None = None) -> str:
     limits = [
         (resource.RLIMIT_CPU, cfg.cpu_s),
         (resource.RLIMIT_AS, cfg.memory_mb << 20),
@@ -60,13 +63,13 @@ def bootstrap(cfg: SandboxConfig, nproc: int | None = None) -> str:
         (resource.RLIMIT_NOFILE, cfg.max_open_files),
         (resource.RLIMIT_CORE, 0),
     ]
-    return _BOOTSTRAP.format(limits=limits)
+    return _BOOTSTRAP.format(limits=limits, ready_fd=ready_fd)
 
 
-def python_argv(cfg: SandboxConfig, nproc: int | None = None) -> list[str]:
+def python_argv(cfg: SandboxConfig, ready_fd: int, nproc: int | None = None) -> list[str]:
     # -I: isolated (no env vars, no user site, no cwd on sys.path); -S: no site import (faster start);
     # -u: unbuffered, so what was printed before a kill is still seen; -B: no .pyc writes.
-    return [cfg.python, "-I", "-S", "-u", "-B", "-c", bootstrap(cfg, nproc)]
+    return [cfg.python, "-I", "-S", "-u", "-B", "-c", bootstrap(cfg, ready_fd, nproc)]
 
 
 def code_fd(code: str) -> int:
@@ -82,6 +85,7 @@ class Spawned:
     proc: subprocess.Popen
     stdout_fd: int
     stderr_fd: int
+    ready_fd: int  # read end: the bootstrap writes one byte once the interpreter runs under its limits
     status_fd: int | None = None  # bwrap --json-status-fd read end
     cleanup: list = field(default_factory=list)  # callables run after the tree is reaped
 
@@ -93,29 +97,39 @@ def _drop_to(cfg: SandboxConfig) -> dict:
     return {"user": cfg.sandbox_uid, "group": cfg.sandbox_uid, "extra_groups": []}
 
 
-def _popen(argv: list[str], cfg: SandboxConfig, stdin_fd: int, pass_fds: tuple, cwd: str) -> Spawned:
+def _popen(
+    make_argv: Callable[[int], list[str]],
+    cfg: SandboxConfig,
+    stdin_fd: int,
+    pass_fds: tuple,
+    cwd: str,
+    env: dict | None = None,
+) -> Spawned:
+    """Start ``make_argv(ready_fd)`` with fresh pipes; the caller supervises and closes the read ends."""
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
+    ready_r, ready_w = os.pipe()
+    argv = make_argv(ready_w)
     try:
         proc = subprocess.Popen(
             argv,
             stdin=stdin_fd,
             stdout=out_w,
             stderr=err_w,
-            pass_fds=pass_fds,
-            env=dict(SANDBOX_ENV),
+            pass_fds=(*pass_fds, ready_w),
+            env=dict(SANDBOX_ENV) if env is None else env,
             cwd=cwd,
             start_new_session=True,  # own session + process group: the group kill reaches every child
             **_drop_to(cfg),
         )
     except OSError as exc:
-        for fd in (out_r, err_r):
+        for fd in (out_r, err_r, ready_r):
             os.close(fd)
         raise ToolInfraError(f"cannot start the sandbox ({argv[0]}): {exc}") from exc
     finally:
-        os.close(out_w)
-        os.close(err_w)
-    return Spawned(proc, out_r, err_r)
+        for fd in (out_w, err_w, ready_w):
+            os.close(fd)
+    return Spawned(proc, out_r, err_r, ready_r)
 
 
 LAUNCHERS: Registry[type] = Registry("sandbox mode")
@@ -193,8 +207,14 @@ class BwrapLauncher:
                 os.lseek(sfd, 0, os.SEEK_SET)
                 fds.append(sfd)
                 argv += ["--seccomp", str(sfd)]
-            argv += ["--", *python_argv(self.cfg)]
-            spawned = _popen(argv, self.cfg, stdin_fd, (status_w, *fds), cwd="/")
+            argv.append("--")
+            spawned = _popen(
+                lambda ready: argv + python_argv(self.cfg, ready),
+                self.cfg,
+                stdin_fd,
+                (status_w, *fds),
+                cwd="/",
+            )
         except BaseException:
             os.close(status_r)
             raise
@@ -243,9 +263,12 @@ class RlimitLauncher:
         if os.geteuid() == 0:
             os.chown(workdir, self.cfg.sandbox_uid, self.cfg.sandbox_uid)
         stdin_fd = code_fd(code)
-        argv = python_argv(self.cfg, self._nproc())
+        nproc = self._nproc()
         try:
-            spawned = _popen(argv, self.cfg, stdin_fd, (), cwd=workdir)
+            env = {**SANDBOX_ENV, "HOME": workdir, "TMPDIR": workdir}
+            spawned = _popen(
+                lambda ready: python_argv(self.cfg, ready, nproc), self.cfg, stdin_fd, (), workdir, env
+            )
         except BaseException:
             shutil.rmtree(workdir, ignore_errors=True)
             raise

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import selectors
 import signal
 import subprocess
@@ -53,6 +54,7 @@ class Supervised:
     kill_latency_s: float | None = None  # deadline (or limit) → tree reaped
     status: dict = field(default_factory=dict)  # merged bwrap --json-status-fd documents
     status_complete: bool = False
+    ready: bool = False  # the bootstrap reported the interpreter running under its limits
 
 
 class _StatusReader:
@@ -94,17 +96,18 @@ def kill_tree(proc: subprocess.Popen, pidfd: int | None) -> None:
 def supervise(
     proc: subprocess.Popen,
     streams: dict[int, CappedBuffer],
+    ready_fd: int,
     status_fd: int | None,
     deadline: float,
     max_stream_bytes: int,
 ) -> Supervised:
-    """Read ``streams`` (fd → buffer) and ``status_fd`` until EOF, the deadline or the output limit; then make
-    sure the tree is dead and the leader reaped. Closes every fd it was given."""
+    """Read ``streams`` (fd → buffer), ``ready_fd`` and ``status_fd`` until EOF, the deadline or the output
+    limit; then make sure the tree is dead and the leader reaped. Closes every fd it was given."""
     out = Supervised()
     status = _StatusReader()
     pidfd: int | None = None
     sel = selectors.DefaultSelector()
-    fds = list(streams) + ([status_fd] if status_fd is not None else [])
+    fds = [*streams, ready_fd] + ([status_fd] if status_fd is not None else [])
     for fd in fds:
         os.set_blocking(fd, False)
         sel.register(fd, selectors.EVENT_READ)
@@ -123,6 +126,9 @@ def supervise(
                 if not data:
                     sel.unregister(fd)
                     continue
+                if fd == ready_fd:
+                    out.ready = True
+                    continue
                 if fd == status_fd:
                     status.feed(data)
                     if pidfd is None and "child-pid" in status.doc:
@@ -134,6 +140,7 @@ def supervise(
             if out.killed_reason:
                 break
         _finish(proc, out, pidfd, deadline)
+        _await_ns_init(pidfd)
     finally:
         sel.close()
         for fd in fds:
@@ -143,6 +150,18 @@ def supervise(
     out.status = status.doc
     out.status_complete = "exit-code" in status.doc
     return out
+
+
+def _await_ns_init(pidfd: int | None) -> None:
+    """bwrap's outer process exits as soon as its namespace init reports the exit code, so the init may still be
+    tearing the namespace down (it is then reaped by the host's init, not by us). Wait until it has exited, so
+    no process of the call is alive when we return; SIGKILL it if it lingers."""
+    if pidfd is None:
+        return
+    if not select.select([pidfd], [], [], 0.5)[0]:
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        select.select([pidfd], [], [], 1.0)
 
 
 def _exited_unreaped(pid: int) -> bool:

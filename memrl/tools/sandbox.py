@@ -75,6 +75,7 @@ class Sandbox:
             sup = supervise(
                 spawned.proc,
                 {spawned.stdout_fd: out, spawned.stderr_fd: err},
+                spawned.ready_fd,
                 spawned.status_fd,
                 deadline=t0 + timeout_s,
                 max_stream_bytes=self.cfg.max_stream_bytes,
@@ -82,10 +83,12 @@ class Sandbox:
         finally:
             for fn in spawned.cleanup:
                 fn()
-        if spawned.status_fd is not None and "child-pid" not in sup.status and sup.killed_reason is None:
-            # bwrap exited before it started the interpreter: the sandbox itself is broken, not the code.
+        if not sup.ready and sup.killed_reason is None:
+            # Nothing of the user's ran: bwrap or the interpreter failed to start. Code cannot fake this (the
+            # ready byte is written before its first line), so a failing program is never an infra error.
             raise ToolInfraError(
-                f"bubblewrap failed to set up the sandbox (exit {sup.returncode}): {err.text().strip()[:500]}"
+                f"the {self.cfg.mode} sandbox failed to start the interpreter (exit {sup.returncode}): "
+                f"{err.text().strip()[:500]}"
             )
         extra = {}
         if "pid-namespace" in sup.status:
