@@ -1,0 +1,1 @@
+"""Optional integrations with other training frameworks (``memrl.integrations.verl``: verl rollout hook)."""

@@ -64,3 +64,14 @@ def make_episodes(
                 )
             )
     return out
+
+
+def vowel_reward(options, ctx):
+    """Test reward with signal on a random model's output: the share of ``a e i o u`` bytes in the response."""
+    from memrl.rewards.base import PerItemReward
+
+    def score(x) -> float:
+        text = x.response or ""
+        return sum(c in "aeiou" for c in text) / max(1, len(text))
+
+    return PerItemReward("vowels", score)
