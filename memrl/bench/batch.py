@@ -39,8 +39,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--response-median", type=float, default=24)
     p.add_argument("--sigma", type=float, default=0.9, help="log-normal sigma of both length distributions")
     p.add_argument("--max-len", type=int, default=1024, help="clip for each of prompt/response length")
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--hidden", type=int, default=256)
+    # Defaults sized for a shared 2-core CPU (~1 min); --layers 4 --hidden 256 is the bigger variant.
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--micro-batch", type=int, default=8, help="rows (padded) or bins (packed) per forward")
     p.add_argument("--repeats", type=int, default=2, help="timed passes per layout (best is reported)")
