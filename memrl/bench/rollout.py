@@ -130,6 +130,9 @@ def error_prone_script(calls: int):
 class _ScriptedTools:
     """``print(k)`` prints k; anything else is a NameError traceback (what the sandbox returns for ``prnt``)."""
 
+    def record_retry(self, tool: str) -> None:
+        pass
+
     def execute(self, calls):
         out = []
         for call, _ in calls:

@@ -72,6 +72,10 @@ class ToolRunner(Protocol):
 
     def execute(self, calls: Sequence[tuple[ToolCall, Any]]) -> list[ToolResult]: ...
 
+    def record_retry(self, tool: str) -> None:
+        """Counted once per rollback (a failed call of ``tool`` regenerated)."""
+        ...
+
 
 RolloutStrategy = Callable[
     [Sequence[RolloutRequest], PolicyClient, "ToolRunner | None", RolloutConfig], RolloutResult

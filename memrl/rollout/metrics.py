@@ -33,10 +33,9 @@ class RolloutMetrics:
         self.add("rollout/forwarded_tokens", prompt_len - cached + decode)
 
     def count_tool(self, result: ToolResult) -> None:
-        self.add("tools/calls", 1)
-        self.add(f"tools/status/{result.status}", 1)
-        self.add("tools/latency_s_total", result.latency_s)
-        self.maximum("tools/latency_s_max", result.latency_s)
+        # Per-tool latency and success counters live in the executor (tools/<tool>/...); these are per rollout.
+        self.add("rollout/tool_calls", 1)
+        self.add(f"rollout/tool_status/{result.status}", 1)
 
     def summary(self) -> dict[str, float]:
         out = dict(self.values)

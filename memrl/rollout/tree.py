@@ -12,6 +12,7 @@ tokens, or ends at a tool call); it keeps the prefix handle of the state it ends
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 from collections.abc import Sequence
@@ -200,16 +201,34 @@ def _sample_leaves(tree: Tree, hooks: TreeHooks, n: int, rng: random.Random) -> 
     for i in range(n):
         b, leaf = leaves[picked[i % len(picked)]]
         dup = i >= len(picked)
-        out.append(
-            b.to_step(
-                f"{b.uid}#{i}" if dup else b.uid,
-                tree_id=tree.tree_id,
-                node_path=leaf.path(),
-                branch_depth=leaf.branch_depth,
-                is_duplicate=dup,
-            )
+        step = b.to_step(
+            f"{b.uid}#{i}" if dup else b.uid,
+            tree_id=tree.tree_id,
+            node_path=leaf.path(),
+            branch_depth=leaf.branch_depth,
+            is_duplicate=dup,
         )
+        out.append(_with_tree_path(step, leaf))
     return out
+
+
+def _with_tree_path(step: StepTrajectory, leaf: TreeNode) -> StepTrajectory:
+    """Record the leaf's root-to-leaf nodes in ``extra["tree_path"]`` so inspectors can redraw the tree
+    (``memrl inspect``): node uid, response position, entropy after the node and its number of children."""
+    path = []
+    node: TreeNode | None = leaf
+    while node is not None:
+        path.append(
+            {
+                "uid": node.uid,
+                "pos": node.response_len,
+                "entropy": node.entropy,
+                "children": len(node.children),
+            }
+        )
+        node = node.parent
+    meta = dataclasses.replace(step.meta, extra={**step.meta.extra, "tree_path": path[::-1]})
+    return dataclasses.replace(step, meta=meta)
 
 
 @STRATEGIES.register("tree")

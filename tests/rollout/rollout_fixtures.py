@@ -20,6 +20,10 @@ class TableTools:
     ``sleep`` times out, ``bad syntax`` is a SyntaxError. Records every batch it was given."""
 
     batches: list[list[ToolCall]] = field(default_factory=list)
+    retries: list[str] = field(default_factory=list)
+
+    def record_retry(self, tool: str) -> None:
+        self.retries.append(tool)
 
     def execute(self, calls):
         self.batches.append([c for c, _ in calls])

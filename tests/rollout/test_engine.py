@@ -85,6 +85,7 @@ def test_rollback_replaces_the_failed_call(tok):
         and m["tools/rollback_terminations"] == 0
     )
     assert m["tools/rollback_tokens_removed"] == 2 * removed
+    assert tools.retries == ["python", "python"]  # counted in the tools layer's retry metric
     # The regenerated call saw the error: the tools got prnt, then print.
     assert [c.arguments for batch in tools.batches for c in batch] == ["prnt(1)"] * 2 + ["print(1)"] * 2
 
