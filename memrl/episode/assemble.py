@@ -39,7 +39,13 @@ def history_steps(st: EpisodeState, tokenizer: Any) -> list[StepTrajectory]:
                 logprobs=(),
                 turn_id=turn.turn_id,
                 turn_role=TurnRole.HISTORY,
-                meta=StepMeta(turn_id=turn.turn_id, turn_role=TurnRole.HISTORY, memory_ops=tuple(ops)),
+                meta=StepMeta(
+                    turn_id=turn.turn_id,
+                    turn_role=TurnRole.HISTORY,
+                    memory_ops=tuple(ops),
+                    # the turn as read, for inspectors (memrl inspect) that have no tokenizer at hand
+                    extra={"speaker": turn.speaker, "text": turn.text, "timestamp": turn.timestamp},
+                ),
             )
         )
     return out
@@ -69,6 +75,24 @@ def _target_meta(st: EpisodeState, leaf: StepTrajectory, leaf_index: int, respon
         extra=extra,
     )
     return dataclasses.replace(leaf, meta=meta, step_id=f"{st.episode_id}/t{leaf_index}")
+
+
+def _inspection_extra(st: EpisodeState, step: StepTrajectory, tokenizer: Any) -> StepTrajectory:
+    """What ``memrl inspect`` needs beyond the training fields: the question, gold answer and evidence, and the
+    response decoded in spans (cut at mask changes and tree nodes; see :mod:`memrl.inspect.spans`)."""
+    from memrl.inspect.spans import decode_spans
+
+    meta = st.inp.metadata
+    cuts = [node["pos"] for node in step.meta.extra.get("tree_path", ())]
+    extra = {
+        **step.meta.extra,
+        "question": st.inp.final_query,
+        "gold_answer": st.inp.target_answer,
+        "gold_evidence": list(meta.get("evidence_turn_ids", ())),
+        "category": str(meta.get("category", meta.get("question_type", ""))),
+        "response_spans": decode_spans(tokenizer, step.response_ids, step.response_mask, cuts),
+    }
+    return dataclasses.replace(step, meta=dataclasses.replace(step.meta, extra=extra))
 
 
 def _memory_credit(st: EpisodeState, hist: list[StepTrajectory]) -> list[float | None]:
@@ -110,7 +134,7 @@ def assemble_episode(st: EpisodeState, cfg: EpisodeConfig, tokenizer: Any) -> li
     n = len(st.leaves)
     out = []
     for j, (leaf, resp, reward) in enumerate(zip(st.leaves, st.responses, st.rewards, strict=True)):
-        target = _target_meta(st, leaf, j, resp)
+        target = _inspection_extra(st, _target_meta(st, leaf, j, resp), tokenizer)
         steps = (hist if j == 0 else []) + [target]
         ext = (credit if j == 0 else []) + [None]
         status = EpisodeStatus.TRUNCATED if _truncated(leaf) else EpisodeStatus.COMPLETED

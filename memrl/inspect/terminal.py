@@ -1,0 +1,201 @@
+"""Rich terminal view of one :class:`~memrl.inspect.model.EpisodeView` (``memrl inspect RUN --episode ID``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+from rich.tree import Tree
+
+from memrl.inspect.model import EpisodeView, LeafView, TreeNodeView
+from memrl.types import MemoryOp
+
+OP_STYLE = {
+    "ADD": "green",
+    "UPDATE": "yellow",
+    "DELETE": "red",
+    "NOOP": "dim",
+    "COMPRESS": "magenta",
+    "RETRIEVE": "cyan",
+}
+
+
+def _reward_style(reward: float | None) -> str:
+    if reward is None:
+        return "white"
+    return "bold green" if reward >= 0.75 else "yellow" if reward > 0.25 else "bold red"
+
+
+def _op_text(op: MemoryOp) -> Text:
+    t = Text(f"{op.op.value:<8}", style=OP_STYLE.get(op.op.value, ""))
+    ids = ",".join(str(i) for i in op.fact_ids)
+    if ids:
+        t.append(f" #{ids}", style="bold")
+    if op.text:
+        t.append(f" {op.text}")
+    return t
+
+
+def header(view: EpisodeView) -> Panel:
+    t = Text()
+    t.append("question  ", style="bold")
+    t.append(f"{view.question or '-'}\n")
+    t.append("gold      ", style="bold")
+    t.append(
+        f"{view.gold_answer!s}   category={view.category or '-'}   evidence={', '.join(view.gold_evidence) or '-'}\n"
+    )
+    t.append("rewards   ", style="bold")
+    for r in view.rewards:
+        t.append(f"{r:.2f} ", style=_reward_style(r))
+    if view.failure_reason:
+        t.append(f"\nFAILED: {view.failure_reason}", style="bold red")
+    return Panel(t, title=f"episode {view.episode_id}  (group {view.group_id}, {view.status})", expand=True)
+
+
+def history_table(view: EpisodeView) -> Table:
+    table = Table(title="History turns → memory ops", show_lines=False, expand=True)
+    table.add_column("turn", style="bold", no_wrap=True)
+    table.add_column("speaker: text", ratio=3)
+    table.add_column("memory ops", ratio=3)
+    table.add_column("facts", justify="right")
+    for turn in view.history:
+        ops = Text("\n").join(_op_text(op) for op in turn.ops) if turn.ops else Text("-", style="dim")
+        said = f"{turn.speaker}: {turn.text}" if turn.speaker else turn.text
+        table.add_row(turn.turn_id, said, ops, str(turn.facts_after))
+    return table
+
+
+def memory_panel(view: EpisodeView) -> Panel:
+    table = Table(expand=True, show_header=True)
+    table.add_column("id", justify="right")
+    table.add_column("fact", ratio=4)
+    table.add_column("sources")
+    for f in view.facts:
+        style = "strike dim" if f.deleted else ""
+        table.add_row(str(f.fact_id), Text(f.text, style=style), ",".join(f.source_ids))
+    summary = Text(f"summary: {view.summary or '(none)'}", style="magenta")
+    n_live = sum(not f.deleted for f in view.facts)
+    return Panel(Group(table, summary), title=f"Final memory ({n_live} live facts)")
+
+
+def retrieved_table(view: EpisodeView) -> Table:
+    table = Table(title="Retrieved for the question", expand=True)
+    for col, kw in (
+        ("#", {"justify": "right"}),
+        ("id", {"justify": "right"}),
+        ("score", {"justify": "right"}),
+    ):
+        table.add_column(col, **kw)
+    table.add_column("fact", ratio=4)
+    table.add_column("sources")
+    table.add_column("gold")
+    table.add_column("prompt")
+    for f in view.retrieved:
+        table.add_row(
+            str(f.rank),
+            str(f.fact_id),
+            f"{f.score:.4f}",
+            f.text,
+            ",".join(f.source_ids),
+            Text("HIT", style="bold green") if f.gold_hit else Text("-", style="dim"),
+            "in" if f.in_prompt else Text("cut", style="red"),
+        )
+    return table
+
+
+def leaf_text(leaf: LeafView) -> Text:
+    """Model tokens plain, tool results / feedback highlighted (they are masked out of the loss)."""
+    t = Text()
+    for span in leaf.spans:
+        t.append(span.text, style="" if span.is_model else "black on bright_cyan")
+    return t
+
+
+def leaf_panel(leaf: LeafView) -> Panel:
+    parts: list[Any] = [leaf_text(leaf)]
+    for call in leaf.tool_calls:
+        parts.append(
+            Text(f"tool {call.name} [{call.status}] @{call.position}: {call.arguments!r} → {call.result!r}")
+        )
+    for rb in leaf.rollbacks:
+        parts.append(
+            Text(
+                f"rollback @{rb.position}: {rb.error} (attempts {rb.attempts}, removed {rb.tokens_removed} tokens, "
+                f"{'repaired' if rb.repaired else 'not repaired'})",
+                style="red",
+            )
+        )
+    title = (
+        f"leaf {leaf.leaf_index}  reward {leaf.reward:.2f}  finish={leaf.finish or '-'}  "
+        f"model/tool tokens {leaf.model_tokens}/{leaf.tool_tokens}"
+        + ("  DUPLICATE" if leaf.is_duplicate else "")
+    )
+    return Panel(Group(*parts), title=title, border_style=_reward_style(leaf.reward))
+
+
+def tree_view(view: EpisodeView) -> Tree | Text:
+    root = view.root
+    if root is None:
+        return Text("(no generation tree)", style="dim")
+
+    def label(node: TreeNodeView) -> Text:
+        t = Text()
+        if node.parent is None:
+            t.append("root", style="bold")
+        else:
+            snippet = "".join(s.text for s in node.spans).replace("\n", " ")
+            t.append(f"[{node.start}:{node.end}] ", style="dim")
+            t.append(snippet[:60] + ("…" if len(snippet) > 60 else ""))
+        if node.is_branch_point:
+            t.append(f"  ⑂ entropy {node.entropy:.2f}", style="bold magenta")
+        if node.is_leaf:
+            r = node.reward(view.leaves)
+            t.append(f"  → leaf {node.leaves} reward {r:.2f}", style=_reward_style(r))
+        return t
+
+    tree = Tree(label(root))
+
+    def grow(branch: Tree, node: TreeNodeView) -> None:
+        for uid in node.children:
+            child = view.tree[uid]
+            grow(branch.add(label(child)), child)
+
+    grow(tree, root)
+    return tree
+
+
+def render(view: EpisodeView, console: Console | None = None) -> None:
+    """Print the whole episode view."""
+    console = console or Console()
+    console.print(header(view))
+    if view.history:
+        console.print(history_table(view))
+    console.print(memory_panel(view))
+    if view.retrieved:
+        console.print(retrieved_table(view))
+    console.print(Panel(tree_view(view), title="Generation tree (segments; ⑂ = branch point)"))
+    for leaf in view.leaves:
+        console.print(leaf_panel(leaf))
+
+
+def render_run_table(rows: list[dict[str, Any]], console: Console | None = None) -> None:
+    """One line per episode (see :func:`memrl.inspect.summary.episode_table`)."""
+    console = console or Console()
+    table = Table(title="Episodes", expand=True)
+    for col in ("episode", "category", "leaves", "reward", "gold hit", "rollbacks", "status"):
+        table.add_column(col)
+    for r in rows:
+        hit = r["gold_hit"]
+        table.add_row(
+            r["episode_id"],
+            str(r["category"]),
+            str(r["leaves"]),
+            f"{r['reward_mean']:.2f}",
+            "-" if hit is None else ("yes" if hit else "no"),
+            str(r["rollbacks"]),
+            r["status"],
+        )
+    console.print(table)
