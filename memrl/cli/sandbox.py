@@ -18,7 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     run_p.add_argument("--config", help="YAML config; its tools.sandbox section is used")
     run_p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. tools.sandbox.timeout_s=2")
-    run_p.set_defaults(func=run)
+    run_p.set_defaults(func=run, accepts_extra=True)  # overrides may follow options
     p.set_defaults(func=lambda args: (p.print_help(), 2)[1])
 
 
@@ -34,7 +34,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"memrl sandbox run: {args.file!r} is not a file", file=sys.stderr)
             return 2
         code = path.read_text(encoding="utf-8")
-    cfg = load_config(args.config, list(args.overrides)).tools.sandbox
+    overrides = [*args.overrides, *getattr(args, "extra", [])]
+    cfg = load_config(args.config, overrides).tools.sandbox
     with Sandbox(cfg) as sb:
         result = sb.run(code)
     if args.json:

@@ -31,7 +31,10 @@ _COUNTERS = ("calls", "successes", "failures", "timeouts", "retries", "time_tota
 
 
 class ToolMetrics:
-    """Thread-safe per-tool counters, exported as ``tools/<tool>/<counter>`` plus ``tools/<counter>`` totals."""
+    """Thread-safe per-tool counters, exported as ``tools/<tool>/<counter>`` plus ``tools/<counter>`` totals.
+
+    ``failures`` counts every non-ok result (timeouts included; ``timeouts`` is the subset); malformed calls
+    count under the tool they named, or ``invalid``. ``retries`` is fed by the rollback layer."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
