@@ -142,26 +142,31 @@ class ExtractiveCompressor:
         self.count_tokens = count_tokens
 
     def _summarise(self, turns: Sequence[TurnSpec]) -> str:
-        pieces: list[str] = []
-        for turn in turns[-self.window :]:
+        pieces: list[tuple[int, str]] = []  # (turn index, sentence)
+        recent = list(turns[-self.window :])
+        for ti, turn in enumerate(recent):
             sentences = split_sentences(turn.text)
             caption = turn_caption(turn)
             if caption:
                 sentences.append(f"[shares a photo: {caption}]")
-            prefix = f"{turn.speaker}: " if turn.speaker else ""
-            pieces.extend(prefix + s for s in sentences)
+            pieces.extend((ti, s) for s in sentences)
         if not pieces:
             return ""
-        costs = self.count_tokens(pieces)
+        prefix = [f"{t.speaker}: " if t.speaker else "" for t in recent]
+        # Budget each sentence with its speaker prefix (worst case: it starts a new turn in the summary).
+        costs = self.count_tokens([prefix[ti] + s for ti, s in pieces])
         n = len(pieces)
         # Recency adds up to 1.0 so that among equally informative sentences the newest wins.
-        order = sorted(range(n), key=lambda i: salience(pieces[i]) + i / n, reverse=True)
+        order = sorted(range(n), key=lambda i: salience(pieces[i][1]) + i / n, reverse=True)
         chosen, used = [], 0
         for i in order:
             if used + costs[i] <= self.budget:
                 chosen.append(i)
                 used += costs[i]
-        return " ".join(pieces[i] for i in sorted(chosen))
+        by_turn: dict[int, list[str]] = {}
+        for i in sorted(chosen):
+            by_turn.setdefault(pieces[i][0], []).append(pieces[i][1])
+        return " ".join(prefix[ti] + " ".join(ss) for ti, ss in by_turn.items())
 
     def compress(self, requests: Sequence[CompressRequest]) -> list[CompressResult]:
         return [CompressResult(self._summarise(r.turns)) for r in requests]

@@ -139,17 +139,23 @@ def _ivf(dim: int, cfg: MemoryConfig, train: np.ndarray) -> faiss.Index:
     nlist = max(1, min(cfg.ivf_nlist, len(train) // 39))
     quantizer = faiss.IndexFlatIP(dim)
     index = faiss.IndexIVFFlat(quantizer, dim, nlist, faiss.METRIC_INNER_PRODUCT)
-    if len(train):
+    if nlist == 1:
+        # One list holds everything: its centroid is irrelevant, so skip k-means on a handful of points.
+        quantizer.add(np.zeros((1, dim), dtype=np.float32))
+        index.is_trained = True
+    else:
         index.train(train)
     index.nprobe = min(nlist, 8)
     return index
 
 
-INDEX_KINDS: dict[str, tuple[IndexBuilder, bool]] = {
-    # name: (builder, needs_training_data)
-    "flat": (_flat, False),
-    "hnsw": (_hnsw, False),
-    "ivf": (_ivf, True),
+INDEX_KINDS: dict[str, tuple[IndexBuilder, bool, bool]] = {
+    # name: (builder, needs_training_data, removes_in_place)
+    # IndexIDMap2.remove_ids is only correct when the wrapped index renumbers like a flat array; HNSW cannot
+    # remove at all and IVF keeps stale internal ids, so both are rebuilt from the kept vectors instead.
+    "flat": (_flat, False, True),
+    "hnsw": (_hnsw, False, False),
+    "ivf": (_ivf, True, False),
 }
 
 
@@ -176,7 +182,7 @@ class _Namespace:
         self.revision = 0
 
     def rebuild(self) -> None:
-        builder, needs_train = INDEX_KINDS[self.cfg.index]
+        builder, needs_train, _ = INDEX_KINDS[self.cfg.index]
         ids = np.fromiter(self.records, dtype=np.int64, count=len(self.records))
         mat = np.stack([self.vectors[i] for i in ids]) if len(ids) else np.zeros((0, self.dim), np.float32)
         base = builder(self.dim, self.cfg, mat if needs_train else mat[:0])
@@ -194,11 +200,10 @@ class _Namespace:
     def remove(self, ids: Sequence[int]) -> None:
         if self.dirty or self.index is None:
             return
-        try:
+        if INDEX_KINDS[self.cfg.index][2]:
             self.index.remove_ids(np.asarray(ids, dtype=np.int64))
-        except RuntimeError:
-            # HNSW cannot remove vectors: rebuild on the next search instead.
-            self.dirty = True
+        else:
+            self.dirty = True  # rebuilt from self.vectors on the next search
 
 
 class FaissFactStore(FactStore):

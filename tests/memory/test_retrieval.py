@@ -1,0 +1,95 @@
+"""Dense / BM25 / hybrid retrieval, time-aware scoring and neighbour expansion on real MiniLM + FAISS."""
+
+from __future__ import annotations
+
+import pytest
+
+from memrl.memory.config import MemoryConfig
+from memrl.memory.manager import MemorySystem
+from memrl.memory.retrieval import RETRIEVERS, query_periods, rrf, time_rescore, tokenize
+from memrl.memory.store import FactRecord
+from memrl.types import MemoryOpType, TurnSpec
+
+HISTORY = [
+    ("D1:1", "Ann", "8 May 2023", "I adopted a puppy yesterday, he is so fluffy."),
+    ("D1:2", "Bob", "8 May 2023", "Congrats! What did you name him?"),
+    ("D1:3", "Ann", "8 May 2023", "His name is Zorblax, after a cartoon."),
+    ("D2:1", "Bob", "20 June 2024", "I started a new job as a carpenter."),
+    ("D2:2", "Ann", "20 June 2024", "I'm training for the Bergen marathon."),
+    ("D2:3", "Bob", "20 June 2024", "Currently I am reading a novel about pirates."),
+]
+
+
+@pytest.fixture(scope="module")
+def system(minilm):
+    """One system per retrieval mode over the same history (one encode call each)."""
+    systems = {}
+    for mode in ("dense", "bm25", "hybrid"):
+        s = MemorySystem(MemoryConfig(retrieval=mode, candidate_pool=10, top_k=3), embedder=minilm)
+        s.extract_facts_batch(
+            [(s.manager("ep"), TurnSpec("history", x, i, sp, ts)) for i, sp, ts, x in HISTORY]
+        )
+        systems[mode] = s
+    return systems
+
+
+def test_tokenize_drops_stopwords_and_plurals():
+    assert tokenize("What did the dogs eat in 2023?") == ["dog", "eat", "2023"]
+
+
+def test_rrf_fuses_by_rank():
+    fused = rrf([([(1, 9.0), (2, 8.0)], 1.0), ([(2, 0.5), (3, 0.1)], 1.0)], rrf_k=60, k=3)
+    assert [f for f, _ in fused] == [2, 1, 3]
+    assert fused[0][1] == pytest.approx(1 / 62 + 1 / 61)
+
+
+def test_bm25_finds_rare_token_dense_finds_paraphrase(system):
+    bm25 = system["bm25"].manager("ep").retrieve("Zorblax", k=1)
+    assert bm25[0].source_ids == ("D1:3",)
+    dense = system["dense"].manager("ep").retrieve("Which pet did Ann get?", k=1)
+    assert dense[0].source_ids == ("D1:1",)
+    # hybrid gets both right
+    assert system["hybrid"].manager("ep").retrieve("Zorblax", k=1)[0].source_ids == ("D1:3",)
+    assert system["hybrid"].manager("ep").retrieve("Which pet did Ann get?", k=1)[0].source_ids == ("D1:1",)
+
+
+def test_scores_descend_and_retrieve_is_logged(system):
+    mgr = system["hybrid"].manager("ep")
+    hits = mgr.retrieve("What job did Bob start?", k=3, turn_id="Q")
+    assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+    assert (
+        hits[0].source_ids == ("D2:1",) and hits[0].timestamp == "20 June 2024" and hits[0].speaker == "Bob"
+    )
+    op = mgr.memory_ops[-1]
+    assert (
+        op.op is MemoryOpType.RETRIEVE and op.turn_id == "Q" and op.fact_ids == tuple(h.fact_id for h in hits)
+    )
+    assert op.text == "What job did Bob start?" and op.scores == tuple(h.score for h in hits)
+
+
+def test_neighbour_expansion_attaches_adjacent_turns(minilm):
+    s = MemorySystem(MemoryConfig(retrieval="bm25", neighbour_turns=1, top_k=2), embedder=minilm)
+    s.extract_facts_batch([(s.manager("ep"), TurnSpec("history", x, i, sp, ts)) for i, sp, ts, x in HISTORY])
+    hits = s.manager("ep").retrieve("Zorblax cartoon", k=1)
+    assert hits[0].source_ids == ("D1:2", "D1:3", "D2:1")
+    assert hits[0].text.splitlines()[1] == "Ann: His name is Zorblax, after a cartoon."
+
+
+def test_time_rescore_boosts_named_period_and_recency():
+    recs = {
+        1: FactRecord(1, "ep", "a", timestamp="8 May 2023", order=0),
+        2: FactRecord(2, "ep", "b", timestamp="20 June 2024", order=1),
+    }
+    assert query_periods("What happened in June 2024?") == ({"2024"}, {"june"})
+    cfg = MemoryConfig(time_weight=1.0, recency_weight=1.0)
+    assert time_rescore([(1, 0.5), (2, 0.4)], recs, "What happened in June 2024?", cfg)[0][0] == 2
+    assert time_rescore([(1, 0.5), (2, 0.4)], recs, "What is Ann doing currently?", cfg)[0][0] == 2
+    assert time_rescore([(1, 0.5), (2, 0.4)], recs, "What did Ann adopt?", cfg)[0][0] == 1
+    assert (
+        time_rescore([(1, 0.5), (2, 0.4)], recs, "in June 2024", MemoryConfig())[0][0] == 1
+    )  # off by default
+
+
+def test_unknown_retriever_lists_choices():
+    with pytest.raises(KeyError, match="bm25, dense, hybrid"):
+        RETRIEVERS.get("sparse")
