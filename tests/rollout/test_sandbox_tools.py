@@ -6,7 +6,7 @@ import pytest
 from rollout_fixtures import PROMPT, encode, fixing_script
 
 from memrl.policy.scripted import ScriptedPolicy
-from memrl.rollout import RollbackConfig, RolloutConfig, RolloutRequest, TreeConfig, run_rollout
+from memrl.rollout import RollbackConfig, RolloutConfig, RolloutRequest, run_rollout
 
 # A busy host may also kill a spinning call by its CPU limit instead of the wall clock; both end the call.
 from memrl.tools import ToolCall, ToolExecutor, ToolInfraError, ToolsConfig
@@ -64,8 +64,7 @@ def test_a_sandbox_timeout_does_not_stall_the_batch(tok, executor):
             "<python>while True: pass</python>" if ctx.text.startswith("#0") else "<python>print(2)</python>"
         )
 
-    tree = TreeConfig(initial_rollouts=2, expansion_iterations=0)
-    cfg = RolloutConfig(strategy="tree", n=2, tree=tree)
+    cfg = RolloutConfig(strategy="chain", n=2)
     pol = ScriptedPolicy(tok, script)
     result = run_rollout(_reqs(tok, 3), pol, executor, cfg)
     statuses = [[s.meta.tool_calls[0].status for s in leaves] for leaves in result.leaves]
