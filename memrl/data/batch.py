@@ -23,6 +23,7 @@ Layouts (a registry, :data:`LAYOUTS`):
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -101,7 +102,7 @@ def _fit(row: BatchRow, config: BatchConfig) -> BatchRow:
             f"{r_max}; raise the limits or set data.batch.on_overflow=truncate"
         )
     logger.warning("step %s truncated to the batch length limits", row.step_id)
-    return BatchRow(**{**row.__dict__, **cut, "truncated": True})
+    return dataclasses.replace(row, **cut, truncated=True)
 
 
 def rows_from_episodes(episodes: Sequence[EpisodeTrajectory], config: BatchConfig) -> list[BatchRow]:
