@@ -1,0 +1,341 @@
+"""The embedded default policy: a small byte-level Llama trained by SFT on the synthetic memory task.
+
+``memrl model tiny`` (or the first ``policy.model: tiny``) builds it with no download: synthetic train-split
+episodes → prompts exactly as the episode pipeline builds them → gold responses (``<answer>``, python tool calls
+for arithmetic) → a seeded SFT run on CPU → held-out exact match on the test split (disjoint names and values),
+with and without the gold facts in the prompt. The result lives in ``<cache>/tiny-<recipe digest>/``
+(``$MEMRL_CACHE_DIR`` or ``~/.cache/memrl``): HF model + tokenizer (with chat template) + ``metrics.json`` +
+``loss.png``. A changed recipe or prompt template is a new digest, hence a new build.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import dataclasses
+import fcntl
+import hashlib
+import json
+import logging
+import math
+import operator
+import os
+import random
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from memrl.policy.tiny_arch import byte_tokenizer, tiny_llama_config
+from memrl.policy.tiny_data import FactOptions, SFTExample, build_example, choose_facts, encode_text
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TinyRecipe:
+    """Everything that determines the tiny model; its digest names the cache directory."""
+
+    seed: int = 0
+    train_episodes: int = 3000
+    eval_episodes: int = 150
+    hidden_size: int = 128
+    num_layers: int = 3
+    num_heads: int = 4
+    intermediate_size: int = 256
+    max_position_embeddings: int = 4096  # memory prompts are long; contexts of >= 2048 tokens must work
+    steps: int = 400
+    batch_size: int = 16
+    lr: float = 3e-3
+    warmup_steps: int = 30
+    weight_decay: float = 0.01
+    prompt_loss_weight: float = 0.1
+    facts: FactOptions = field(
+        default_factory=lambda: FactOptions(min_distractors=1, max_distractors=3, summary_p=0.1)
+    )
+    tools: tuple[str, ...] = ("python", "search")
+    template: str = "target_turn.j2"
+    version: int = 1
+
+    def digest(self) -> str:
+        from memrl.episode.prompt import load_template
+
+        payload = json.dumps(dataclasses.asdict(self), sort_keys=True)
+        payload += load_template(self.template).render(facts=[], summary="x", tools=["t"])
+        return hashlib.sha256(payload.encode()).hexdigest()[:12]
+
+
+def cache_root() -> Path:
+    env = os.environ.get("MEMRL_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "memrl"
+
+
+def tiny_model_dir(recipe: TinyRecipe | None = None) -> Path:
+    return cache_root() / f"tiny-{(recipe or TinyRecipe()).digest()}"
+
+
+def ensure_tiny_model(recipe: TinyRecipe | None = None, *, force: bool = False) -> Path:
+    """The tiny model's directory, building it first if needed (one builder at a time, via a file lock)."""
+    recipe = recipe or TinyRecipe()
+    out = tiny_model_dir(recipe)
+    if (out / "metrics.json").is_file() and not force:
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f"{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a concurrent builder finishes first; then we reuse its result
+        if (out / "metrics.json").is_file() and not force:
+            return out
+        logger.info("building the tiny model into %s (a few minutes on 2 CPU cores)", out)
+        tmp = out.parent / f"{out.name}.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        build_tiny_model(recipe, tmp)
+        shutil.rmtree(out, ignore_errors=True)
+        tmp.rename(out)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- data
+
+
+def _episodes(split: str, n: int, seed: int):
+    from memrl.data.adapters import run_adapter
+
+    episodes, _ = run_adapter("synthetic", None, split=split, options={"num_episodes": n, "seed": seed})
+    return episodes
+
+
+def _prompt_builder(tokenizer, recipe: TinyRecipe):
+    from memrl.episode.config import EpisodeConfig
+    from memrl.episode.prompt import PromptBuilder
+
+    cfg = EpisodeConfig(prompt_template=recipe.template, prompt_token_budget=recipe.max_position_embeddings)
+    return PromptBuilder(cfg, tokenizer)
+
+
+def make_sft_examples(recipe: TinyRecipe, tokenizer) -> list[SFTExample]:
+    builder = _prompt_builder(tokenizer, recipe)
+    rng = random.Random(recipe.seed)
+    eps = _episodes("train", recipe.train_episodes, recipe.seed)
+    return [build_example(ep, builder, rng, recipe.facts, recipe.tools) for ep in eps]
+
+
+# ---------------------------------------------------------------------------------------------- training
+
+
+def _batch(examples: Sequence[SFTExample], pad_id: int, prompt_weight: float):
+    """Right-padded ``input_ids``/``attention_mask`` ``[B, L]`` and per-token loss ``weights`` ``[B, L]``.
+
+    ``weights[i, t]`` weighs predicting token ``t``: 1 for model response tokens, ``prompt_weight`` for prompt
+    tokens (a little language modelling of the facts teaches a byte-level model words and names faster), 0 for
+    tool output and padding."""
+    L = max(len(e.prompt_ids) + len(e.response_ids) for e in examples)
+    ids = torch.full((len(examples), L), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(examples), L), dtype=torch.long)
+    weights = torch.zeros((len(examples), L))
+    for i, e in enumerate(examples):
+        seq = list(e.prompt_ids) + list(e.response_ids)
+        ids[i, : len(seq)] = torch.tensor(seq)
+        attn[i, : len(seq)] = 1
+        p = len(e.prompt_ids)
+        weights[i, 1:p] = prompt_weight
+        weights[i, p : len(seq)] = torch.tensor(e.response_mask, dtype=torch.float32)
+    return ids, attn, weights
+
+
+def _lr_at(step: int, recipe: TinyRecipe) -> float:
+    if step < recipe.warmup_steps:
+        return recipe.lr * (step + 1) / recipe.warmup_steps
+    frac = (step - recipe.warmup_steps) / max(1, recipe.steps - recipe.warmup_steps)
+    return recipe.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def train_sft(model, examples: Sequence[SFTExample], recipe: TinyRecipe, pad_id: int) -> list[float]:
+    """Seeded SFT (AdamW, warmup + cosine) on weighted token cross-entropy (see :func:`_batch`)."""
+    from tqdm import tqdm
+
+    gen = torch.Generator().manual_seed(recipe.seed)
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=recipe.lr, weight_decay=recipe.weight_decay, betas=(0.9, 0.98)
+    )
+    model.train()
+    losses = []
+    bar = tqdm(range(recipe.steps), desc="tiny sft", mininterval=5)
+    for step in bar:
+        idx = torch.randint(0, len(examples), (recipe.batch_size,), generator=gen).tolist()
+        ids, attn, weights = _batch([examples[i] for i in idx], pad_id, recipe.prompt_loss_weight)
+        logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]  # [B, L-1, V] predicts ids[:, 1:]
+        ce = torch.nn.functional.cross_entropy(
+            logits.transpose(1, 2), ids[:, 1:], reduction="none"
+        )  # [B, L-1]
+        loss = (ce * weights[:, 1:]).sum() / weights[:, 1:].sum()
+        for group in opt.param_groups:
+            group["lr"] = _lr_at(step, recipe)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        losses.append(loss.item())
+        bar.set_postfix(loss=f"{losses[-1]:.3f}")
+    model.eval()
+    return losses
+
+
+def build_tiny_model(recipe: TinyRecipe, out_dir: Path) -> dict:
+    """Train, evaluate and save the tiny model into ``out_dir``; returns the metrics written there."""
+    from transformers import LlamaForCausalLM
+
+    t0 = time.time()
+    torch.manual_seed(recipe.seed)
+    random.seed(recipe.seed)
+    tokenizer = byte_tokenizer()
+    examples = make_sft_examples(recipe, tokenizer)
+    t_data = time.time() - t0
+    config = tiny_llama_config(
+        hidden_size=recipe.hidden_size,
+        num_hidden_layers=recipe.num_layers,
+        num_attention_heads=recipe.num_heads,
+        num_key_value_heads=recipe.num_heads,
+        intermediate_size=recipe.intermediate_size,
+        max_position_embeddings=recipe.max_position_embeddings,
+    )
+    config._attn_implementation = "sdpa"
+    model = LlamaForCausalLM(config)
+    losses = train_sft(model, examples, recipe, int(tokenizer.pad_token_id))
+    t_train = time.time() - t0 - t_data
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    evals = evaluate_tiny(model, tokenizer, recipe)
+    metrics = {
+        "recipe": dataclasses.asdict(recipe),
+        "digest": recipe.digest(),
+        "num_parameters": sum(p.numel() for p in model.parameters()),
+        "sft_examples": len(examples),
+        "mean_prompt_tokens": sum(len(e.prompt_ids) for e in examples) / len(examples),
+        "final_loss": sum(losses[-20:]) / max(1, len(losses[-20:])),
+        "losses": losses,
+        "time_s": {"data": t_data, "train": t_train, "total": time.time() - t0},
+        "torch_threads": torch.get_num_threads(),
+        **evals,
+    }
+    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    _plot_loss(losses, out_dir / "loss.png")
+    return metrics
+
+
+def _plot_loss(losses: Sequence[float], path: Path) -> None:
+    with contextlib.suppress(ImportError):
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(5, 3))
+        ax.plot(losses)
+        ax.set_xlabel("step")
+        ax.set_ylabel("response-token loss")
+        ax.set_yscale("log")
+        fig.tight_layout()
+        fig.savefig(path)
+        plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------------- evaluation
+
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv}
+
+
+def arithmetic_tool(code: str) -> str:
+    """The eval's stand-in for the python tool: runs ``print(<integer arithmetic>)`` and nothing else.
+
+    The real sandboxed python tool lives in :mod:`memrl.tools`; here only the SFT task's one-line programs need
+    running, so we evaluate their AST without executing code. Anything else is reported as an error string.
+    """
+
+    def ev(node):
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+            return _OPS[type(node.op)](ev(node.left), ev(node.right))
+        raise ValueError("unsupported")
+
+    try:
+        tree = ast.parse(code.strip(), mode="eval").body
+        if not (
+            isinstance(tree, ast.Call) and getattr(tree.func, "id", None) == "print" and len(tree.args) == 1
+        ):
+            raise ValueError("not a print call")
+        return str(ev(tree.args[0]))
+    except (SyntaxError, ValueError, ZeroDivisionError) as exc:
+        return f"Error: {exc}"
+
+
+def evaluate_tiny(model, tokenizer, recipe: TinyRecipe) -> dict:
+    """Held-out exact match (test split) with and without the gold evidence facts, greedy, with python calls."""
+    from memrl.policy.config import PolicyConfig
+    from memrl.policy.hf import HFPolicy
+
+    policy = HFPolicy.from_model(model, tokenizer, PolicyConfig(model="tiny", seed=recipe.seed))
+    builder = _prompt_builder(tokenizer, recipe)
+    eps = _episodes("test", recipe.eval_episodes, recipe.seed + 1)
+    out = {}
+    for with_gold in (True, False):
+        rng = random.Random(recipe.seed + 7)
+        prompts = [
+            builder.build(
+                ep.final_query, choose_facts(ep, rng, recipe.facts, with_gold=with_gold), "", recipe.tools
+            )
+            for ep in eps
+        ]
+        answers = run_with_tools(policy, [p.ids for p in prompts])
+        hits = [a.strip() == (ep.target_answer or "").strip() for a, ep in zip(answers, eps, strict=True)]
+        by_type: dict[str, list[bool]] = {}
+        for ep, hit in zip(eps, hits, strict=True):
+            by_type.setdefault(ep.metadata["question_type"], []).append(hit)
+        key = "with_gold_facts" if with_gold else "without_gold_facts"
+        out[f"eval/em_{key}"] = sum(hits) / len(hits)
+        out[f"eval/em_{key}_by_type"] = {k: sum(v) / len(v) for k, v in sorted(by_type.items())}
+        out[f"eval/samples_{key}"] = [
+            {"q": ep.final_query, "gold": ep.target_answer, "pred": a}
+            for ep, a in list(zip(eps, answers, strict=True))[:5]
+        ]
+    return out
+
+
+def run_with_tools(
+    policy, prompts: Sequence[Sequence[int]], max_calls: int = 2, max_tokens: int = 96
+) -> list[str]:
+    """Greedy generation with ``<python>`` calls answered by :func:`arithmetic_tool`; returns answer strings."""
+    from memrl.formats import ANSWER_STOP_STRINGS, TOOL_STOP_STRINGS, extract_answer, format_result
+    from memrl.policy.base import GenerationRequest, SamplingParams
+
+    tok = policy.tokenizer
+    params = SamplingParams(
+        temperature=0.0, max_tokens=max_tokens, stop=TOOL_STOP_STRINGS + ANSWER_STOP_STRINGS
+    )
+    contexts = [list(p) for p in prompts]
+    texts = [""] * len(prompts)
+    live = list(range(len(prompts)))
+    for call in range(max_calls + 1):
+        outs = policy.generate([GenerationRequest(tuple(contexts[i]), params) for i in live])
+        nxt = []
+        for i, [o] in zip(live, outs, strict=True):
+            contexts[i] += o.token_ids
+            piece = tok.decode(o.token_ids, skip_special_tokens=True)
+            texts[i] += piece
+            if o.stop_reason == "</python>" and call < max_calls:
+                code = piece.rsplit("<python>", 1)[-1].removesuffix("</python>")
+                result = format_result(arithmetic_tool(code))
+                contexts[i] += encode_text(tok, result)
+                texts[i] += result
+                nxt.append(i)
+        live = nxt
+        if not live:
+            break
+    return [extract_answer(t) for t in texts]

@@ -1,0 +1,139 @@
+"""SFT data for the embedded tiny model: synthetic-task episodes → (prompt ids, response ids, loss mask).
+
+Prompts are built exactly as the episode pipeline builds them (:class:`memrl.episode.prompt.PromptBuilder`:
+system = ``prompts/target_turn.j2`` with facts oldest first, summary and tools; messages ``[system, user]``;
+chat template with generation prompt). Facts are rule-extractor style (``"{speaker}: {text}"``, one per turn):
+the gold evidence turns plus distractors ranked as a lexical retriever would rank them for the question (so
+the old value of an updated attribute is usually there too), plus a few random turns.
+
+Responses follow :mod:`memrl.formats`: ``<answer>X</answer>`` + eos; arithmetic questions
+``<python>{gold_python}</python> <result>{value}</result><answer>X</answer>`` + eos, where the
+`` <result>…</result>`` part is tool output (loss mask 0).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from memrl.formats import format_answer, format_result, format_tool_call
+from memrl.types import BatchInput, TurnSpec
+
+_WORD = re.compile(r"[A-Za-z0-9']+")
+_STOPWORDS = frozenset(
+    [
+        "what",
+        "is",
+        "the",
+        "a",
+        "an",
+        "of",
+        "does",
+        "do",
+        "how",
+        "many",
+        "which",
+        "in",
+        "s",
+        "to",
+        "be",
+        "will",
+        "have",
+        "has",
+        "did",
+    ]
+)
+
+
+@dataclass(frozen=True)
+class SFTExample:
+    prompt_ids: tuple[int, ...]
+    response_ids: tuple[int, ...]
+    response_mask: tuple[int, ...]  # 1 = model token (trained), 0 = tool output
+
+
+@dataclass(frozen=True)
+class FactOptions:
+    """How many distractor facts join the gold ones, and how often a short-term summary is present."""
+
+    min_distractors: int = 2
+    max_distractors: int = 5
+    lexical_share: float = 0.6  # share of distractors picked by word overlap with the question
+    summary_p: float = 0.3
+    summary_turns: int = 2
+
+
+def _terms(text: str) -> set[str]:
+    return {w.lower() for w in _WORD.findall(text)} - _STOPWORDS
+
+
+def _fact(turn: TurnSpec, score: float) -> dict:
+    return {
+        "id": int(turn.turn_id.replace("D", "").replace(":", "")),
+        "text": f"{turn.speaker}: {turn.text}" if turn.speaker else turn.text,
+        "timestamp": turn.timestamp,
+        "speaker": turn.speaker,
+        "source_ids": [turn.turn_id],
+        "score": score,
+    }
+
+
+def choose_facts(
+    ep: BatchInput, rng: random.Random, opts: FactOptions, *, with_gold: bool = True
+) -> list[dict]:
+    """Gold evidence (unless ``with_gold=False``) + distractors, as retrieval dicts sorted oldest first."""
+    history = list(ep.history)
+    gold_ids = set(ep.metadata.get("evidence_turn_ids", ()))
+    others = [t for t in history if t.turn_id not in gold_ids]
+    q = _terms(ep.final_query)
+    ranked = sorted(others, key=lambda t: (-len(q & _terms(t.text)), rng.random()))
+    k = rng.randint(opts.min_distractors, opts.max_distractors)
+    n_lex = min(len(ranked), round(k * opts.lexical_share))
+    picked = ranked[:n_lex]
+    rest = [t for t in others if t not in picked]
+    picked += rng.sample(rest, min(len(rest), k - n_lex))
+    if with_gold:
+        picked += [t for t in history if t.turn_id in gold_ids]
+    order = {t.turn_id: i for i, t in enumerate(history)}
+    picked.sort(key=lambda t: order[t.turn_id])
+    return [_fact(t, 1.0 if t.turn_id in gold_ids else 0.5) for t in picked]
+
+
+def summary_for(ep: BatchInput, rng: random.Random, opts: FactOptions) -> str:
+    """An extractive-style short-term summary of the last turns (present in a share of the examples)."""
+    if rng.random() >= opts.summary_p:
+        return ""
+    return " ".join(f"{t.speaker}: {t.text}" for t in ep.history[-opts.summary_turns :])
+
+
+def response_segments(ep: BatchInput) -> list[tuple[str, int]]:
+    """``(text, mask)`` segments of the gold response (without eos)."""
+    answer = ep.target_answer or ""
+    program = ep.metadata.get("gold_python")
+    segments = []
+    if program:
+        segments += [(format_tool_call("python", program), 1), (format_result(answer), 0)]
+    segments.append((format_answer(answer), 1))
+    return segments
+
+
+def encode_text(tokenizer, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def build_example(
+    ep: BatchInput, builder, rng: random.Random, opts: FactOptions, tools: Sequence[str]
+) -> SFTExample:
+    """One SFT example; ``builder`` is a :class:`~memrl.episode.prompt.PromptBuilder` over the tokenizer."""
+    tok = builder.tokenizer
+    built = builder.build(ep.final_query, choose_facts(ep, rng, opts), summary_for(ep, rng, opts), tools)
+    ids, mask = [], []
+    for text, m in response_segments(ep):
+        seg = encode_text(tok, text)
+        ids += seg
+        mask += [m] * len(seg)
+    ids.append(int(tok.eos_token_id))
+    mask.append(1)
+    return SFTExample(tuple(built.ids), tuple(ids), tuple(mask))
