@@ -72,9 +72,11 @@ def _python_error(r: SandboxResult, timeout_s: float) -> tuple[str, str | None]:
     code = r.exit_code or 0
     if code > 128 and code - 128 in signal.Signals._value2member_map_:
         name = signal.Signals(code - 128).name
-        hint = {"SIGXCPU": " (CPU time limit)", "SIGSEGV": " (segmentation fault)", "SIGKILL": ""}.get(
-            name, ""
-        )
+        hint = {
+            "SIGXCPU": " (CPU time limit)",
+            "SIGSEGV": " (segmentation fault)",
+            "SIGKILL": " (CPU time limit?)",
+        }.get(name, "")
         return "error", f"ProcessKilled: the program was killed by {name}{hint}"
     return "error", f"ExitError: the program exited with status {code}"
 

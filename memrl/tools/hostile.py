@@ -22,10 +22,27 @@ from pathlib import Path
 from string import Template
 
 from memrl.formats import RESULT_CLOSE, format_result
+from memrl.tools.config import SandboxConfig
 from memrl.tools.sandbox import SandboxResult
 from memrl.tools.text import neutralize
 
 CANARY_ENV = "MEMRL_SANDBOX_CANARY"
+
+
+def quick_limits(**overrides) -> SandboxConfig:
+    """Small limits that keep the hostile suite fast (tests and bench); isolation is the same as the default."""
+    base = dict(
+        timeout_s=1.5,
+        cpu_s=2,
+        memory_mb=128,
+        max_processes=16,
+        tmp_mb=32,
+        max_stream_bytes=1 << 20,
+        capture_bytes=8192,
+        concurrency=2,
+    )
+    base.update(overrides)
+    return SandboxConfig(**base)
 
 
 def count_fds() -> int:

@@ -140,7 +140,12 @@ class BwrapLauncher:
     """bubblewrap: new user (uid ``sandbox_uid``, no capabilities, no nested user namespaces), pid, net (only a
     down-by-default loopback), ipc, uts and mount namespaces; only ``/usr`` (+ the interpreter's prefix and
     ``ro_binds``) visible, read-only; fresh ``/proc`` of the new pid namespace; size-capped private ``/tmp``;
-    ``--die-with-parent``; new session (no terminal injection); seccomp deny list."""
+    ``--die-with-parent``; new session (no terminal injection); seccomp deny list.
+
+    ``--as-pid-1``: the interpreter itself is the namespace's init, so bwrap's outer process reaps it with
+    ``waitpid`` (with bwrap's own init, the outer process exits on the init's exit *event* and the dying init is
+    left to the host's init as a zombie). When it exits, the kernel kills everything else in the namespace.
+    Cost: orphans inside are not reaped before the call ends (they count toward ``max_processes``)."""
 
     def __init__(self, cfg: SandboxConfig) -> None:
         if not (os.path.exists(BWRAP) or shutil.which("bwrap")):
@@ -195,7 +200,14 @@ class BwrapLauncher:
         stdin_fd = code_fd(code)
         try:
             argv = [self.bwrap, "--unshare-all", "--unshare-user", "--uid", uid, "--gid", uid]
-            argv += ["--disable-userns", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+            argv += [
+                "--disable-userns",
+                "--die-with-parent",
+                "--new-session",
+                "--cap-drop",
+                "ALL",
+                "--as-pid-1",
+            ]
             argv += self._fs_args(fds)
             argv += ["--clearenv", "--setenv", "HOME", "/tmp", "--setenv", "TMPDIR", "/tmp"]
             for k, v in SANDBOX_ENV.items():

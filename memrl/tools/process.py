@@ -75,22 +75,77 @@ class _StatusReader:
 def _open_pidfd(pid: int) -> int | None:
     try:
         return os.pidfd_open(pid)
-    except (ProcessLookupError, OSError):
+    except OSError:  # already gone
         return None
 
 
-def kill_tree(proc: subprocess.Popen, pidfd: int | None) -> None:
+def _wait_fd(fd: int, timeout: float) -> bool:
+    """Wait until ``fd`` is readable (a pidfd: the process exited) or ``timeout`` passes."""
+    return bool(select.select([fd], [], [], max(timeout, 0.0))[0])
+
+
+def kill_tree(leader_pidfd: int, leader_pid: int, ns_pidfd: int | None) -> None:
     """SIGKILL the sandbox's pid-namespace init first (the kernel then kills everything in that namespace and
-    bwrap reaps it, so nothing is reparented to the host's init as a zombie), then the whole process group."""
-    if pidfd is not None:
+    bwrap reaps it and exits), then the whole process group of the leader."""
+    if ns_pidfd is not None:
         with contextlib.suppress(ProcessLookupError):
-            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-        give_up = time.monotonic() + 1.0
-        while not _exited_unreaped(proc.pid) and time.monotonic() < give_up:
-            time.sleep(0.001)
+            signal.pidfd_send_signal(ns_pidfd, signal.SIGKILL)
+        _wait_fd(leader_pidfd, 1.0)
     # The leader is unreaped (a zombie at worst), so its pgid cannot have been reused yet.
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
+        os.killpg(leader_pid, signal.SIGKILL)
+
+
+class _Reader:
+    """One supervised call's fds: output streams, the ready pipe, bwrap's status pipe, the leader's pidfd."""
+
+    def __init__(self, streams: dict[int, CappedBuffer], ready_fd: int, status_fd: int | None, leader: int):
+        self.streams, self.ready_fd, self.status_fd, self.leader = streams, ready_fd, status_fd, leader
+        self.status = _StatusReader()
+        self.ready = False
+        self.ns_pidfd: int | None = None
+        self.sel = selectors.DefaultSelector()
+        self.pipes = [*streams, ready_fd] + ([status_fd] if status_fd is not None else [])
+        for fd in self.pipes:
+            os.set_blocking(fd, False)
+            self.sel.register(fd, selectors.EVENT_READ)
+        self.sel.register(leader, selectors.EVENT_READ)
+
+    def output_bytes(self) -> int:
+        return sum(b.total for b in self.streams.values())
+
+    def read(self, fd: int) -> int:
+        """One read from a pipe: bytes read, 0 if nothing was available, -1 at EOF (then unregistered)."""
+        try:
+            data = os.read(fd, 65536)
+        except BlockingIOError:
+            return 0
+        if not data:
+            self.sel.unregister(fd)
+            return -1
+        if fd == self.ready_fd:
+            self.ready = True
+        elif fd == self.status_fd:
+            self.status.feed(data)
+            if self.ns_pidfd is None and "child-pid" in self.status.doc:
+                self.ns_pidfd = _open_pidfd(int(self.status.doc["child-pid"]))
+        else:
+            self.streams[fd].feed(data)
+        return len(data)
+
+    def drain(self, max_bytes: int) -> None:
+        """After the leader exited: take what is already buffered in the pipes, bounded (a surviving writer in
+        rlimit mode must not keep us here)."""
+        for fd in self.pipes:
+            while fd in self.sel.get_map() and self.output_bytes() <= max_bytes and self.read(fd) > 0:
+                pass
+
+    def close(self) -> None:
+        self.sel.close()
+        for fd in self.pipes:
+            os.close(fd)
+        if self.ns_pidfd is not None:
+            os.close(self.ns_pidfd)
 
 
 def supervise(
@@ -101,96 +156,54 @@ def supervise(
     deadline: float,
     max_stream_bytes: int,
 ) -> Supervised:
-    """Read ``streams`` (fd → buffer), ``ready_fd`` and ``status_fd`` until EOF, the deadline or the output
-    limit; then make sure the tree is dead and the leader reaped. Closes every fd it was given."""
+    """Read ``streams`` (fd → buffer), ``ready_fd`` and ``status_fd`` until the leader exits, the deadline or
+    the output limit; then make sure the tree is dead and the leader reaped. Closes every fd it was given."""
     out = Supervised()
-    status = _StatusReader()
-    pidfd: int | None = None
-    sel = selectors.DefaultSelector()
-    fds = [*streams, ready_fd] + ([status_fd] if status_fd is not None else [])
-    for fd in fds:
-        os.set_blocking(fd, False)
-        sel.register(fd, selectors.EVENT_READ)
+    leader = os.pidfd_open(proc.pid)  # our unreaped child: no pid-reuse race
+    reader = _Reader(streams, ready_fd, status_fd, leader)
+    trigger = None
     try:
-        while sel.get_map():
+        leader_exited = False
+        while not leader_exited:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 out.timed_out, out.killed_reason = True, "timeout"
                 break
-            for key, _ in sel.select(remaining):
-                fd = key.fd
-                try:
-                    data = os.read(fd, 65536)
-                except BlockingIOError:
-                    continue
-                if not data:
-                    sel.unregister(fd)
-                    continue
-                if fd == ready_fd:
-                    out.ready = True
-                    continue
-                if fd == status_fd:
-                    status.feed(data)
-                    if pidfd is None and "child-pid" in status.doc:
-                        pidfd = _open_pidfd(int(status.doc["child-pid"]))
-                    continue
-                streams[fd].feed(data)
-                if sum(b.total for b in streams.values()) > max_stream_bytes:
-                    out.killed_reason = "output_limit"
-            if out.killed_reason:
+            for key, _ in reader.sel.select(remaining):
+                if key.fd == leader:
+                    leader_exited = True
+                else:
+                    reader.read(key.fd)
+            if reader.output_bytes() > max_stream_bytes:
+                out.killed_reason = "output_limit"
                 break
-        _finish(proc, out, pidfd, deadline)
-        _await_ns_init(pidfd)
+        if leader_exited:
+            reader.drain(max_stream_bytes)
+        else:
+            trigger = min(time.monotonic(), deadline) if out.timed_out else time.monotonic()
+            kill_tree(leader, proc.pid, reader.ns_pidfd)
+        # rlimit mode has no pid namespace: whatever is left in the group dies with the call.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        _await_ns_init(reader.ns_pidfd)
+        if trigger is not None:  # deadline (or output limit) → every process of the call gone
+            out.kill_latency_s = time.monotonic() - trigger
     finally:
-        sel.close()
-        for fd in fds:
-            os.close(fd)
-        if pidfd is not None:
-            os.close(pidfd)
-    out.status = status.doc
-    out.status_complete = "exit-code" in status.doc
+        reader.close()
+        os.close(leader)
+    out.returncode = proc.returncode
+    out.status = reader.status.doc
+    out.status_complete = "exit-code" in reader.status.doc
+    out.ready = reader.ready
     return out
 
 
 def _await_ns_init(pidfd: int | None) -> None:
-    """bwrap's outer process exits as soon as its namespace init reports the exit code, so the init may still be
-    tearing the namespace down (it is then reaped by the host's init, not by us). Wait until it has exited, so
-    no process of the call is alive when we return; SIGKILL it if it lingers."""
-    if pidfd is None:
+    """Make sure the namespace's init (the interpreter, with ``--as-pid-1``) has exited before we return, so no
+    process of the call is alive; SIGKILL it if it lingers."""
+    if pidfd is None or _wait_fd(pidfd, 0.5):
         return
-    if not select.select([pidfd], [], [], 0.5)[0]:
-        with contextlib.suppress(ProcessLookupError):
-            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
-        select.select([pidfd], [], [], 1.0)
-
-
-def _exited_unreaped(pid: int) -> bool:
-    """True once ``pid`` has exited; it stays a zombie (WNOWAIT), so its pid and pgid cannot be reused."""
-    try:
-        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT | os.WNOHANG) is not None
-    except ChildProcessError:
-        return True
-
-
-def _finish(proc: subprocess.Popen, out: Supervised, pidfd: int | None, deadline: float) -> None:
-    """Streams are closed (or we gave up on them): wait for the leader within the deadline, kill if needed,
-    sweep the process group while the leader is still a zombie, then reap it."""
-    if out.killed_reason is None:
-        delay = 0.0005
-        while not _exited_unreaped(proc.pid):
-            if time.monotonic() >= deadline:
-                out.timed_out, out.killed_reason = True, "timeout"
-                break
-            time.sleep(delay)
-            delay = min(delay * 2, 0.01)
-    if out.killed_reason is not None:
-        trigger = min(time.monotonic(), deadline) if out.timed_out else time.monotonic()
-        kill_tree(proc, pidfd)
-        proc.wait()
-        out.kill_latency_s = time.monotonic() - trigger
-    else:
-        # rlimit mode has no pid namespace: children left in the group die with the call.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    out.returncode = proc.returncode
+    with contextlib.suppress(ProcessLookupError):
+        signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    _wait_fd(pidfd, 1.0)
