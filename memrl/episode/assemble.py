@@ -111,8 +111,9 @@ def _memory_credit(st: EpisodeState, hist: list[StepTrajectory]) -> list[float |
 
 
 def _truncated(leaf: StepTrajectory) -> bool:
-    reason = str(leaf.meta.extra.get("finish_reason", leaf.meta.extra.get("stop", "")))
-    return reason in ("length", "max_response_tokens")
+    # The rollout engine records why a branch ended in extra["finish"]: answer | eos | length | abort |
+    # tool_limit | retry_limit. Only running out of response budget makes the episode TRUNCATED.
+    return str(leaf.meta.extra.get("finish", "")) == "length"
 
 
 def assemble_episode(st: EpisodeState, cfg: EpisodeConfig, tokenizer: Any) -> list[EpisodeTrajectory]:

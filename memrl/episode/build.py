@@ -79,7 +79,9 @@ def rollout_config_for(cfg: Any) -> Any:
     return cfg.rollout
 
 
-def build_runner(cfg: Any, *, policy: Any = None, use_memory: bool | None = None) -> EpisodeRunner:
+def build_runner(
+    cfg: Any, *, policy: Any = None, use_memory: bool | None = None, cache_embeddings: bool = True
+) -> EpisodeRunner:
     """An EpisodeRunner for the root config ``cfg``; ``use_memory`` overrides ``episode.use_memory``."""
     if policy is None:
         from memrl.policy import make_policy
@@ -93,7 +95,7 @@ def build_runner(cfg: Any, *, policy: Any = None, use_memory: bool | None = None
     return EpisodeRunner(
         episode_cfg,
         policy=policy,
-        memory=build_memory(cfg),
+        memory=build_memory(cfg, cache_embeddings=cache_embeddings),
         rollout_cfg=rollout_config_for(cfg),
         reward=reward,
         tools=tools,

@@ -66,15 +66,26 @@ class EpisodeRunner:
         tool_names: Sequence[str] = (),
     ) -> None:
         self.cfg = cfg
+        self.metrics: Counter[str] = Counter()  # cumulative over batches, namespaced
         self.policy = policy
         self.memory = memory
         self.rollout_cfg = rollout_cfg
         self.reward = reward
-        self.tools = tools
+        self.tools = _TimedTools(tools, self.metrics_ref()) if tools is not None else None
         self.tool_names = list(tool_names) if tools is not None else []
         self.prompts = PromptBuilder(cfg, policy.tokenizer)
-        self.metrics: Counter[str] = Counter()  # cumulative over batches, namespaced
         self._infra = _infra_errors()
+
+    def metrics_ref(self) -> Counter[str]:
+        return self.metrics
+
+    def snapshot_metrics(self) -> dict[str, float]:
+        """Runner metrics plus the tool executor's per-tool counters (``tools/<tool>/calls`` ...)."""
+        out = {k: float(v) for k, v in self.metrics.items()}
+        inner = getattr(self.tools, "inner", None)
+        if inner is not None and hasattr(inner, "metrics"):
+            out.update(inner.metrics())
+        return out
 
     # ------------------------------------------------------------------------------------------------
     def run_batch(self, inputs: Sequence[BatchInput]) -> list[EpisodeTrajectory]:
@@ -250,3 +261,22 @@ class EpisodeRunner:
         for t in trajs:
             self.metrics[f"episode/{t.status.value}"] += 1
         return trajs
+
+
+class _TimedTools:
+    """Tool-runner proxy that adds the wall time of each batched ``execute`` to ``episode/time_tools_s`` (tools
+    run inside the generation phase; the bench separates the two with it)."""
+
+    def __init__(self, inner: Any, metrics: Counter[str]) -> None:
+        self.inner = inner
+        self._metrics = metrics
+
+    def execute(self, items: Sequence[Any]) -> list[Any]:
+        t0 = time.perf_counter()
+        try:
+            return self.inner.execute(items)
+        finally:
+            self._metrics["episode/time_tools_s"] += time.perf_counter() - t0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)

@@ -78,7 +78,7 @@ class LocalRolloutWorker:
         return out
 
     def metrics(self) -> dict[str, float]:
-        return dict(self.runner.metrics) if self._runner is not None else {}
+        return self.runner.snapshot_metrics() if self._runner is not None else {}
 
     def close(self) -> None:
         tools = getattr(self._runner, "tools", None)
