@@ -1,0 +1,39 @@
+from __future__ import annotations
+
+import math
+import random
+from types import SimpleNamespace
+
+import pytest
+
+from memrl.rollout.expansion import EXPANSION_POLICIES, normalized_entropy
+
+
+def test_normalized_entropy_bounds():
+    flat = {i: math.log(0.2) for i in range(5)}
+    peaked = {0: math.log(0.999), 1: math.log(0.001)}
+    assert normalized_entropy([flat]) == pytest.approx(1.0)
+    assert normalized_entropy([peaked]) < 0.02
+    assert normalized_entropy([flat, {7: 0.0}]) == pytest.approx(0.5)  # k < 2 counts as certain
+    assert normalized_entropy([]) == 0.0
+
+
+def _nodes(entropies):
+    return [SimpleNamespace(name=i, entropy=e, expansions=0) for i, e in enumerate(entropies)]
+
+
+def test_entropy_policy_prefers_uncertain_nodes_and_spreads_out():
+    nodes = _nodes([0.1, 0.9, 0.5, 0.8])
+    pick = EXPANSION_POLICIES.get("entropy")
+    assert [n.name for n in pick(nodes, 2, random.Random(0))] == [1, 3]
+    nodes[1].expansions = 3  # already expanded a lot: 0.9 / 4 < 0.5
+    assert [n.name for n in pick(nodes, 2, random.Random(0))] == [3, 2]
+
+
+def test_policies_return_k_nodes_even_from_few_candidates():
+    nodes = _nodes([0.3, 0.2])
+    for name in ("random", "entropy"):
+        got = EXPANSION_POLICIES.get(name)(nodes, 5, random.Random(1))
+        assert len(got) == 5 and {n.name for n in got} == {0, 1}
+    got = EXPANSION_POLICIES.get("random")(_nodes([0] * 10), 4, random.Random(2))
+    assert len({n.name for n in got}) == 4  # without replacement when there are enough
