@@ -267,3 +267,36 @@ def random_script(
         return ScriptedTurn(text=text, logprobs=tuple(lps), top_logprobs=tuple(tops))
 
     return script
+
+
+def DEMO_SCRIPT(ctx: ScriptContext) -> str:  # noqa: N802  (a constant-like script for configs and docs)
+    """Answers 42, whatever the question."""
+    return "<answer>42</answer>"
+
+
+def scripted_backend(cfg: Any) -> ScriptedPolicy:
+    """Backend factory (``policy.backend: scripted``): ``policy.model`` is ``random`` (:func:`random_script`)
+    or a dotted path ``package.module:script`` to a :data:`Script`. The tokenizer is the byte-level one of the
+    embedded model (no files needed)."""
+    from memrl.policy.tiny_arch import byte_tokenizer
+    from memrl.registry import Registry
+
+    if cfg.model == "random":
+        script = random_script()
+    else:
+        if ":" not in cfg.model:
+            raise ContractError(
+                f"policy.model={cfg.model!r}: the scripted backend needs 'random' or 'package.module:script'"
+            )
+        script = Registry[Script]("script").get(cfg.model)
+    return ScriptedPolicy(byte_tokenizer(), script)
+
+
+def _register() -> None:
+    from memrl.policy import BACKENDS
+
+    if "scripted" not in BACKENDS:
+        BACKENDS.register("scripted")(scripted_backend)
+
+
+_register()

@@ -64,3 +64,15 @@ def test_turn_validation():
     pol = ScriptedPolicy(TOK, lambda ctx: ScriptedTurn(text="ab", logprobs=(-1.0,)))
     with pytest.raises(ValueError, match="logprobs"):
         pol.generate([GenerationRequest(ids("p"))])
+
+
+def test_backend_factory_by_name_and_dotted_path():
+    from memrl.policy import make_policy
+    from memrl.policy.config import PolicyConfig
+
+    for backend in ("scripted", "memrl.policy.scripted:scripted_backend"):
+        pol = make_policy(PolicyConfig(backend=backend, model="memrl.policy.scripted:DEMO_SCRIPT"))
+        [[out]] = pol.generate([GenerationRequest(ids("p"), SamplingParams(max_tokens=99))])
+        assert pol.tokenizer.decode(out.token_ids) == "<answer>42</answer></s>"
+    with pytest.raises(ValueError, match="package.module:script"):
+        make_policy(PolicyConfig(backend="scripted", model="nonsense"))
