@@ -38,7 +38,8 @@ class SandboxConfig:
     max_stream_bytes: int = 8 << 20  # total output past which the call is killed (killed_reason=output_limit)
     sandbox_uid: int = 65534  # host uid the sandbox runs as when memrl runs as root (never root itself)
     seccomp: bool = True  # deny ptrace, mount, keyctl, bpf, perf_event_open, ... (x86_64)
-    ro_binds: list[str] = field(default_factory=list)  # extra host paths bound read-only (e.g. a venv)
+    ro_binds: list[str] = field(default_factory=list)  # extra host paths bound read-only (e.g. site-packages)
+    python_path: list[str] = field(default_factory=list)  # prepended to sys.path inside (e.g. those binds)
 
     def __post_init__(self) -> None:
         if self.mode not in SANDBOX_MODES:

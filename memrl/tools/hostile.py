@@ -256,6 +256,14 @@ CASES: list[HostileCase] = [
         _says("STOPPED"),
     ),
     HostileCase(
+        "fill_dev_and_shm",
+        "import os\nfor d in ('/dev', '/dev/shm', '/proc', '/'):\n    total = 0\n    try:\n        for i in range(64):\n"
+        "            with open(f'{d}/fill{i}', 'wb') as f:\n                for _ in range(16):\n"
+        "                    f.write(b'x' * 2**20); total += 1\n    except OSError as e:\n        print(d, total, 'MB', type(e).__name__)\n"
+        "    else:\n        print(d, total, 'MB FILLED')",
+        lambda r: "an unbounded filesystem took 1 GB" if "FILLED" in r.stdout else None,
+    ),
+    HostileCase(
         "million_files",
         "import os\nn = 0\ntry:\n    for i in range(10**6):\n        open(f'/tmp/f{i}', 'w').close(); n += 1\n"
         "except OSError as e:\n    print('STOPPED', n, e)\nprint('DONE', n)",

@@ -12,6 +12,7 @@ import logging
 import os
 import resource
 import shutil
+import stat
 import subprocess
 import tempfile
 from collections.abc import Callable
@@ -37,6 +38,7 @@ _o.close({ready_fd})
 _src = _s.stdin.buffer.read()
 _s.stdin.close()
 _s.argv = ["<sandbox>"]
+_s.path[:0] = {python_path!r}
 __builtins__.exit = __builtins__.quit = _s.exit  # normally added by `site`, which -S skips
 del _o, _r, _k, _v
 _g = {{"__name__": "__main__", "__builtins__": __builtins__, "__doc__": None}}
@@ -63,7 +65,7 @@ def bootstrap(cfg: SandboxConfig, ready_fd: int, nproc: int | None = None) -> st
         (resource.RLIMIT_NOFILE, cfg.max_open_files),
         (resource.RLIMIT_CORE, 0),
     ]
-    return _BOOTSTRAP.format(limits=limits, ready_fd=ready_fd)
+    return _BOOTSTRAP.format(limits=limits, ready_fd=ready_fd, python_path=list(cfg.python_path))
 
 
 def python_argv(cfg: SandboxConfig, ready_fd: int, nproc: int | None = None) -> list[str]:
@@ -132,6 +134,16 @@ def _popen(
     return Spawned(proc, out_r, err_r, ready_r)
 
 
+def _world_readable(path: str) -> bool:
+    """Can an unrelated uid (the sandbox's, when memrl runs as root) reach and read ``path``?"""
+    p = Path(os.path.realpath(path))
+    for parent in reversed(p.parents):
+        if not os.stat(parent).st_mode & stat.S_IXOTH:
+            return False
+    mode = os.stat(p).st_mode
+    return bool(mode & stat.S_IROTH) and (not p.is_dir() or bool(mode & stat.S_IXOTH))
+
+
 LAUNCHERS: Registry[type] = Registry("sandbox mode")
 
 
@@ -139,7 +151,8 @@ LAUNCHERS: Registry[type] = Registry("sandbox mode")
 class BwrapLauncher:
     """bubblewrap: new user (uid ``sandbox_uid``, no capabilities, no nested user namespaces), pid, net (only a
     down-by-default loopback), ipc, uts and mount namespaces; only ``/usr`` (+ the interpreter's prefix and
-    ``ro_binds``) visible, read-only; fresh ``/proc`` of the new pid namespace; size-capped private ``/tmp``;
+    ``ro_binds``) visible, read-only; fresh ``/proc`` of the new pid namespace; size-capped private ``/tmp`` and
+    ``/dev/shm``, read-only ``/dev`` with only null/zero/full/random/urandom/tty;
     ``--die-with-parent``; new session (no terminal injection); seccomp deny list.
 
     ``--as-pid-1``: the interpreter itself is the namespace's init, so bwrap's outer process reaps it with
@@ -172,9 +185,15 @@ class BwrapLauncher:
         for p in paths:
             if not os.path.exists(p):
                 raise ToolInfraError(f"tools.sandbox.ro_binds entry {p!r} does not exist")
+            if os.geteuid() == 0 and not _world_readable(p):
+                raise ToolInfraError(
+                    f"{p!r} must be bound into the sandbox but uid {self.cfg.sandbox_uid} cannot read it (a parent "
+                    "directory lacks o+x or the path lacks o+r). Use an interpreter under /usr (the default "
+                    "/usr/bin/python3) or a world-readable prefix; memrl never runs the sandbox as root."
+                )
         return paths
 
-    def _fs_args(self, fds: list[int]) -> list[str]:
+    def _fs_args(self) -> list[str]:
         args = ["--ro-bind", "/usr", "/usr"]
         for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
             host = f"/{name}"
@@ -185,12 +204,11 @@ class BwrapLauncher:
         for path in ("/etc/ld.so.cache", "/etc/localtime"):
             args += ["--ro-bind-try", path, path]
         for path in self.binds:
-            # Bound through an fd opened here, so a prefix under a 0700 dir (e.g. /root/.pyenv) still binds;
-            # only that subtree becomes visible.
-            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-            fds.append(fd)
-            args += ["--ro-bind-fd", str(fd), path]
-        args += ["--dev", "/dev", "--proc", "/proc", "--size", str(self.cfg.tmp_mb << 20), "--tmpfs", "/tmp"]
+            args += ["--ro-bind", path, path]
+        size = str(self.cfg.tmp_mb << 20)
+        # bwrap's /dev is an unbounded tmpfs: give /dev/shm its own capped tmpfs and make /dev itself read-only.
+        args += ["--dev", "/dev", "--size", size, "--tmpfs", "/dev/shm", "--remount-ro", "/dev"]
+        args += ["--proc", "/proc", "--size", size, "--tmpfs", "/tmp"]
         return args + ["--remount-ro", "/", "--chdir", "/tmp"]
 
     def spawn(self, code: str) -> Spawned:
@@ -208,7 +226,7 @@ class BwrapLauncher:
                 "ALL",
                 "--as-pid-1",
             ]
-            argv += self._fs_args(fds)
+            argv += self._fs_args()
             argv += ["--clearenv", "--setenv", "HOME", "/tmp", "--setenv", "TMPDIR", "/tmp"]
             for k, v in SANDBOX_ENV.items():
                 argv += ["--setenv", k, v]

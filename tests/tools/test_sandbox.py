@@ -108,7 +108,7 @@ def test_broken_bubblewrap_is_an_infra_error_not_an_observation():
 def test_bwrap_setup_failure_raises(monkeypatch):
     sb = Sandbox(small_config())
     real = sb.launcher._fs_args
-    monkeypatch.setattr(sb.launcher, "_fs_args", lambda fds: ["--ro-bind", "/no/such/dir", "/x", *real(fds)])
+    monkeypatch.setattr(sb.launcher, "_fs_args", lambda: ["--ro-bind", "/no/such/dir", "/x", *real()])
     with pytest.raises(
         ToolInfraError, match="sandbox failed to start the interpreter.*Can.t find source path"
     ):
@@ -145,3 +145,66 @@ def test_closed_pool_refuses():
     sb.close()
     with pytest.raises(ToolInfraError, match="closed"):
         sb.run("print(1)")
+
+
+@pytest.fixture
+def shared_dir():
+    """A world-readable directory (pytest's tmp_path is 0700 — the sandbox uid could not bind it)."""
+    import shutil
+    import tempfile
+
+    d = tempfile.mkdtemp(prefix="memrl-bind-", dir="/var/tmp")
+    os.chmod(d, 0o755)
+    yield d
+    shutil.rmtree(d)
+
+
+@needs_bwrap
+def test_extra_read_only_binds_and_python_path(shared_dir):
+    lib = os.path.join(shared_dir, "lib")
+    os.mkdir(lib, 0o755)
+    with open(os.path.join(lib, "helper_mod.py"), "w") as f:
+        f.write("VALUE = 41 + 1\n")
+    os.chmod(os.path.join(lib, "helper_mod.py"), 0o644)
+    with Sandbox(small_config(ro_binds=[lib], python_path=[lib])) as sb:
+        r = sb.run(f"import helper_mod\nprint(helper_mod.VALUE)\nopen({os.path.join(lib, 'x')!r}, 'w')")
+    assert r.stdout == "42\n" and "Read-only file system" in r.stderr
+    assert os.listdir(lib) == ["helper_mod.py"]
+
+
+@needs_bwrap
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root drops to sandbox_uid")
+def test_unreadable_bind_is_refused_when_root(tmp_path):
+    secret = tmp_path / "private"
+    secret.mkdir(mode=0o700)
+    with pytest.raises(ToolInfraError, match="cannot read it"):
+        Sandbox(small_config(ro_binds=[str(secret)]))
+
+
+@needs_bwrap
+def test_sandbox_processes_are_unprivileged_from_the_host_view(sandbox):
+    import threading
+    import time
+    from pathlib import Path
+
+    seen: list[dict[str, str]] = []
+
+    def scan() -> None:
+        time.sleep(0.4)
+        for pid in live_children():
+            fields = dict(
+                line.split(":", 1)
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                if ":" in line
+            )
+            seen.append({k: fields[k].split()[0] for k in ("Name", "Uid", "CapEff", "NoNewPrivs")})
+
+    t = threading.Thread(target=scan)
+    t.start()
+    sandbox.run("import time\ntime.sleep(1)")
+    t.join()
+    assert seen and all(s["Uid"] != "0" for s in seen)
+    interpreter = [s for s in seen if s["Name"].startswith("python")]
+    assert interpreter and all(
+        s["CapEff"] == "0000000000000000" and s["NoNewPrivs"] == "1" for s in interpreter
+    )
