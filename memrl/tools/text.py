@@ -45,12 +45,22 @@ def truncate_middle(text: str, max_chars: int) -> str:
     return f"{text[:head]}\n...[{cut} chars truncated]...\n{text[len(text) - tail :]}"
 
 
-def exception_line(stderr: str) -> str | None:
-    """The final ``ExcType: message`` line of a Python traceback in ``stderr`` (``None`` if there is none).
+_TB_HEADER = "Traceback (most recent call last):"
 
-    Scans from the end so prints before the crash do not matter; the rollback layer regex-matches this line
-    (seed 001: ``SyntaxError``, ``NameError``, ``ImportError`` ...).
+
+def exception_line(stderr: str) -> str | None:
+    """The ``ExcType: message`` line of the last Python traceback in ``stderr`` (``None`` if there is none).
+
+    After the last ``Traceback`` header the first unindented line is the exception (any class name, e.g. a
+    user's ``Oops: ...``); without a header (a ``SyntaxError`` from compiling) the last line that looks like
+    ``SomethingError: ...`` is taken. The rollback layer regex-matches this line (seed 001: ``SyntaxError``,
+    ``NameError``, ``ImportError`` ...).
     """
+    at = stderr.rfind(_TB_HEADER)
+    if at >= 0:
+        for line in stderr[at + len(_TB_HEADER) :].splitlines():
+            if line.strip() and not line[0].isspace():
+                return line.strip()
     for line in reversed(stderr.splitlines()):
         line = line.strip()
         if line and _EXC_LINE_RE.match(line):

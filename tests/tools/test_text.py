@@ -55,3 +55,7 @@ def test_exception_line_is_the_last_traceback_line():
         == "json.decoder.JSONDecodeError: Expecting value"
     )
     assert exception_line("all fine\n") is None
+    user = 'Traceback (most recent call last):\n  File "<sandbox>", line 3, in <module>\n    raise Oops("no")\nOops: no\n'
+    assert exception_line(user) == "Oops: no"
+    chained = tb + "\nDuring handling of the above exception, another exception occurred:\n\n" + user
+    assert exception_line(chained) == "Oops: no"
