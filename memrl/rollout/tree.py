@@ -126,9 +126,16 @@ class TreeHooks(EngineHooks):
                 link.tree.nodes.remove(node)
                 self.handles.drop(node.handle)
             node = node.parent
+        if node is not link.node and node.owner is not branch:
+            self._engine[0].metrics.add("rollout/tree/rollback_reattached", 1)
         if node is not link.node:
             link.node = node
             branch.floor = min(branch.floor, node.response_len)
+            if node.handle is not None and node.handle_covered > branch.best_handle()[1]:
+                # Continue from the ancestor's kept state rather than recomputing the shared prefix.
+                self.handles.hold(node.handle)
+                branch.held.append((node.handle, node.handle_covered))
+                branch.held.sort(key=lambda h: h[1])
 
     def add_leaf(self, branch: Branch) -> TreeNode:
         link: _Link = branch.tree

@@ -171,3 +171,6 @@ def test_rollback_inside_trees_and_chains(tok, strategy):
         assert "prnt" not in text
         assert text.endswith("<answer>2</answer>")
         assert all(r.repaired for r in step.meta.rollbacks)
+    if strategy == "tree":
+        # Some forks sat mid-turn: their rollback reached below the fork and re-attached them higher up.
+        assert result.metrics.get("rollout/tree/rollback_reattached", 0) > 0
