@@ -64,6 +64,7 @@ class Run:
     steps: Any
     episodes_meta: list[dict[str, Any]]
     metrics: dict[str, Any] = field(default_factory=dict)
+    _row_index: dict[str, Any] | None = field(default=None, repr=False)
 
     def episode_ids(self) -> list[str]:
         """Source episode ids in run order (one per input episode; its leaves share it)."""
@@ -83,7 +84,9 @@ class Run:
     def rows(self, episode_id: str) -> list[dict[str, Any]]:
         """Step rows of one source episode (all leaves), as dicts with parsed JSON fields."""
         src = self.resolve(episode_id)
-        part = self.steps[self.steps["source_episode_id"] == src]
+        if self._row_index is None:  # one pass over the table, not one filter per episode
+            self._row_index = self.steps.groupby("source_episode_id", sort=False).indices
+        part = self.steps.iloc[self._row_index.get(src, [])]
         return [
             _parse_row(self.path, int(i), r) for i, r in zip(part.index, part.to_dict("records"), strict=True)
         ]

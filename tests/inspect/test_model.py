@@ -139,3 +139,25 @@ def test_shared_prefix_nodes_are_merged():
     assert tree["n"].children == ["a", "b"] and tree["n"].is_branch_point and tree["n"].entropy == 0.7
     assert tree["n"].leaves == [0, 1] and [s.text for s in tree["b"].spans] == ["zz"]
     assert json.dumps(tree["n"].reward([a, b])) == "0.5"
+
+
+def test_failed_episode_has_a_view_with_its_reason(tmp_path):
+    """A FAILED episode (no steps, manifest entry only) written by the real writer still renders."""
+    from rich.console import Console
+
+    from memrl.episode.output import TrajectoryWriter
+    from memrl.inspect.html import render_html
+    from memrl.inspect.terminal import render
+    from memrl.types import EpisodeStatus, EpisodeTrajectory
+
+    failed = EpisodeTrajectory(
+        "ep-9", "g-9", (), 0.0, EpisodeStatus.FAILED, failure_reason="prompting: too long"
+    )
+    TrajectoryWriter(tmp_path).write([failed])
+    view = load_run(tmp_path).episode("ep-9")
+    assert view.status == "failed" and view.failure_reason == "prompting: too long"
+    assert view.leaves == [] and view.tree == {} and view.root is None
+    console = Console(record=True, width=120)
+    render(view, console)
+    assert "FAILED: prompting: too long" in console.export_text()
+    assert "FAILED: prompting: too long" in render_html(view)
