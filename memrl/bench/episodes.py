@@ -1,0 +1,153 @@
+"""``memrl bench episodes``: episodes/s with the batch advancing together vs one episode at a time.
+
+Same runner, same episodes, same run: a warm-up batch, then ``--episodes`` synthetic episodes batched (one
+extraction/encode call per phase, one rollout call whose generate calls cover every episode), then the same
+episodes one at a time. Reports the end-to-end ratio, the generation-phase ratio (tool wall time excluded),
+the share of batched wall time in memory / generation / tools, and memory ingestion speed relative to a bare
+batched MiniLM ``encode`` of the same history texts.
+
+JSON keys: ``batched_speedup``, ``generation_batched_speedup``, ``share_memory``, ``share_generation``,
+``share_tools``, ``memory_encode_ratio`` (+ context: times, episodes, model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from memrl.bench import BENCHES
+
+PHASES = ("ingest", "prompt", "generate", "update", "score")
+
+
+def _random_tiny_llama(path: str) -> str:
+    """A random-init tiny byte-level Llama (used when the embedded model has not been built yet)."""
+    import torch
+    from transformers import ByT5Tokenizer, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    tok = ByT5Tokenizer()
+    tok.chat_template = (
+        "{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}\n{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+    )
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        max_position_embeddings=4096,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.eos_token_id,
+    )
+    LlamaForCausalLM(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def _model(choice: str, tmp: str) -> tuple[str, str]:
+    if choice == "auto":
+        from memrl.policy.tiny import tiny_model_dir
+
+        built = (tiny_model_dir() / "metrics.json").is_file()
+        return ("tiny", "embedded tiny") if built else (_random_tiny_llama(tmp), "random-init tiny llama")
+    if choice == "random":
+        return _random_tiny_llama(tmp), "random-init tiny llama"
+    return choice, choice
+
+
+def _phase_times(runner: Any) -> dict[str, float]:
+    m = runner.metrics
+    out = {p: float(m.get(f"episode/time_{p}_s", 0.0)) for p in PHASES}
+    out["tools"] = float(m.get("episode/time_tools_s", 0.0))
+    return out
+
+
+def _timed_run(runner: Any, batches: Sequence[Sequence[Any]]) -> tuple[float, dict[str, float]]:
+    runner.metrics.clear()
+    t0 = time.perf_counter()
+    for batch in batches:
+        runner.run_batch(list(batch))
+    return time.perf_counter() - t0, _phase_times(runner)
+
+
+def _encode_ratio(runner: Any, inputs: Sequence[Any], ingest_s: float) -> float:
+    """bare encode time / ingest phase time for the same texts (ingest includes extraction and FAISS adds)."""
+    from memrl.memory.extract import rule_fact_texts
+
+    texts = [t for bi in inputs for turn in bi.history for t in rule_fact_texts(turn)]
+    inner = getattr(runner.memory.embedder, "inner", runner.memory.embedder)
+    t0 = time.perf_counter()
+    inner.encode(texts)
+    bare = time.perf_counter() - t0
+    return bare / ingest_s if ingest_s > 0 else 0.0
+
+
+@BENCHES.register("episodes")
+def bench_episodes(argv: list[str]) -> dict:
+    ap = argparse.ArgumentParser(prog="memrl bench episodes")
+    ap.add_argument("--episodes", type=int, default=16)
+    ap.add_argument("--n", type=int, default=2, help="leaves per episode (rollout.n)")
+    ap.add_argument("--max-tokens", type=int, default=48, help="rollout.max_response_tokens")
+    ap.add_argument("--model", default="auto", help="auto | random | tiny | HF path")
+    ap.add_argument("--tools", default="python", help="comma-separated tools ('' = none)")
+    args = ap.parse_args(argv)
+
+    from memrl.config import load_config
+    from memrl.data.adapters import load_dataset
+    from memrl.episode.build import build_runner
+
+    with tempfile.TemporaryDirectory(prefix="memrl-bench-episodes-") as tmp:
+        model, model_desc = _model(args.model, tmp)
+        tools = [t for t in args.tools.split(",") if t]
+        cfg = load_config(
+            None,
+            [
+                f"policy.model={model}",
+                "data.adapter=synthetic",
+                "data.split=test",
+                f"data.options={{num_episodes: {args.episodes + 2}}}",
+                f"tools.enabled=[{', '.join(tools)}]",
+                f"rollout.n={args.n}",
+                "rollout.temperature=1.0",
+                f"rollout.max_response_tokens={args.max_tokens}",
+                "memory.top_k=4",
+                f"episode.batch_size={args.episodes}",
+            ],
+        )
+        inputs, _ = load_dataset(cfg.data)
+        warm, work = inputs[:2], inputs[2:]
+        runner = build_runner(cfg, cache_embeddings=False)
+        try:
+            runner.run_batch(warm)
+            t_batch, ph_b = _timed_run(runner, [work])
+            t_seq, ph_s = _timed_run(runner, [[bi] for bi in work])
+            encode_ratio = _encode_ratio(runner, work, ph_b["ingest"])
+        finally:
+            if runner.tools is not None:
+                runner.tools.close()
+    gen_b, gen_s = ph_b["generate"] - ph_b["tools"], ph_s["generate"] - ph_s["tools"]
+    total_b = sum(ph_b[p] for p in PHASES)
+    memory_b = ph_b["ingest"] + ph_b["prompt"] + ph_b["update"]
+    return {
+        "batched_speedup": t_seq / t_batch,
+        "generation_batched_speedup": gen_s / gen_b if gen_b > 0 else 0.0,
+        "share_memory": memory_b / total_b,
+        "share_generation": gen_b / total_b,
+        "share_tools": ph_b["tools"] / total_b,
+        "memory_encode_ratio": encode_ratio,
+        "episodes": len(work),
+        "leaves_per_episode": args.n,
+        "model": model_desc,
+        "batched_s": t_batch,
+        "sequential_s": t_seq,
+        "batched_episodes_per_s": len(work) / t_batch,
+        "sequential_episodes_per_s": len(work) / t_seq,
+        "phase_s_batched": ph_b,
+        "phase_s_sequential": ph_s,
+    }
