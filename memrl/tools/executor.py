@@ -91,14 +91,14 @@ class ToolExecutor:
         if self._closed:
             raise ToolInfraError("ToolExecutor is closed")
         futures = [self._pool.submit(self._one, call, context) for call, context in items]
-        results, infra = [], None
+        results, failure = [], None
         for f in futures:  # wait for all before raising, so no call outlives the batch
             try:
                 results.append(f.result())
-            except ToolInfraError as exc:
-                infra = infra or exc
-        if infra is not None:
-            raise infra
+            except Exception as exc:  # ToolInfraError, or a bug in a tool: raised, never turned into text
+                failure = failure or exc
+        if failure is not None:
+            raise failure
         return results
 
     def _one(self, call: ToolCall, context: Any) -> ToolResult:

@@ -1,7 +1,7 @@
 """How a sandboxed interpreter is started (registry :data:`LAUNCHERS`, chosen by ``tools.sandbox.mode``).
 
 Both launchers run the same bootstrap: it applies the rlimits to itself (so every child inherits them), reads
-the program from stdin (a sealed memfd: no file on disk, no pipe to deadlock on) and executes it as
+the program from stdin (a memfd private to the call: no file on disk, no pipe to deadlock on) and executes it as
 ``<sandbox>``; an uncaught exception prints a normal traceback without the bootstrap's frame and exits 1.
 The environment is built from nothing — no host variable reaches the code.
 """

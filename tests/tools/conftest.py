@@ -1,4 +1,4 @@
-"""Sandbox fixtures: small limits so the hostile suite stays fast (the bench uses the defaults)."""
+"""Sandbox fixtures: small limits (memrl.tools.hostile.quick_limits) so the hostile suite stays fast."""
 
 from __future__ import annotations
 
