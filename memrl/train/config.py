@@ -60,8 +60,9 @@ class TrainConfig:
 
     One training step = ``data.prompts_per_batch`` prompts × ``data.n_samples_per_prompt`` episodes →
     one batch → ``ppo_epochs`` passes of optimizer updates over ``ppo_mini_batches`` mini-batches, each
-    accumulated over micro-batches of at most ``micro_batch_tokens`` tokens (packed) /
-    ``micro_batch_size`` rows (padded).
+    accumulated over micro-batches of at most ``micro_batch_tokens`` tokens (``layout: packed``) /
+    ``micro_batch_size`` rows (``padded``) / one prompt group of ≤ ``micro_batch_size`` rows
+    (``shared_prefix``: the group's prompt is forwarded once; see :mod:`memrl.train.microbatch`).
 
     ``advantage`` is a name in :data:`memrl.train.advantages.ADVANTAGES` (``grpo``, ``drgrpo``, ``rloo``) or a
     dotted path. ``loss_agg`` is a name in :data:`memrl.train.losses.LOSS_AGGREGATIONS`
@@ -114,8 +115,11 @@ class TrainConfig:
             raise ValueError(f"train.kl_coef must be >= 0, got {self.kl_coef}")
         if self.duplicates not in ("drop", "keep"):
             raise ValueError(f"train.duplicates must be 'drop' or 'keep', got {self.duplicates!r}")
-        if self.layout not in ("packed", "padded"):
-            raise ValueError(f"train.layout must be 'packed' or 'padded', got {self.layout!r}")
+        if self.layout not in ("packed", "padded", "shared_prefix"):
+            raise ValueError(
+                f"train.layout must be 'packed', 'padded' or 'shared_prefix', got {self.layout!r}"
+                " (shared_prefix runs each group's common prompt once: the fastest on CPU)"
+            )
         for name in ("ppo_epochs", "ppo_mini_batches", "micro_batch_size", "micro_batch_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")

@@ -44,6 +44,7 @@ logger = logging.getLogger(__name__)
 
 
 TRAIN_STREAM, EVAL_STREAM = 0, 1
+DECODED = "rollout/decode_tokens"  # the runner's cumulative count of tokens the policy decoded
 
 
 def step_seed(seed: int, step: int, stream: int = TRAIN_STREAM) -> int:
@@ -71,15 +72,19 @@ def run_step(res: TrainResources, step: int, counters: dict[str, float]) -> Step
     t0 = time.perf_counter()
     groups = res.data_source.get_samples(cfg.data.prompts_per_batch)
     inputs = [inp for group in groups for inp in group]
+    decoded_before = res.runner.metrics.get(DECODED, 0.0)
     episodes = res.runner.run_batch(inputs)
     t_rollout = time.perf_counter() - t0
     usable = [e for e in episodes if e.status in (EpisodeStatus.COMPLETED, EpisodeStatus.TRUNCATED)]
-    generated = sum(sum(s.response_mask) for e in episodes for s in e.steps)
+    trained = sum(sum(s.response_mask) for e in episodes for s in e.steps)
+    # The budget counts tokens the model decoded: a tree decodes a shared prefix once for all its leaves.
+    generated = res.runner.metrics.get(DECODED, decoded_before + trained) - decoded_before
     metrics: dict[str, float] = {
         "rollout/episodes": float(len(episodes)),
         "rollout/failed": float(len(episodes) - len(usable)),
         "rollout/reward_mean": float(np.mean([e.reward for e in episodes])) if episodes else 0.0,
         "rollout/generated_tokens": float(generated),
+        "rollout/trained_tokens": float(trained),
         "time/rollout_s": t_rollout,
     }
     replay_sample = None

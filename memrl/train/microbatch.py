@@ -7,6 +7,12 @@ re-collates them into micro-batches in the layout the config asks for:
   block-diagonal causal mask from the restarting position ids when ``attention_mask`` is ``None`` and no cache
   is used, so sequences never attend to each other.
 * ``padded``: ``[b, L]`` right-padded rows with an attention mask.
+* ``shared_prefix``: sequences with the same prompt (the ``n`` samples of a chain, the leaves of a tree) run
+  the prompt once; its KV cache is repeated for the ``k`` responses, which are forwarded as a ``[k, R]``
+  right-padded block on top of it. Gradients flow through the cache into the prompt's forward, so the result
+  equals running each sequence in full, at about ``1/k`` of the prompt cost — on CPU, where attention over a
+  long packed row is quadratic in the whole row, this is the layout that makes GRPO groups affordable. Its
+  aligned tensors cover ``[last prompt token, response...]`` (``[k, R + 1]``): prompt tokens carry no loss.
 
 Every token-level tensor of a micro-batch is aligned with ``input_ids`` (position ``j`` describes token ``j``);
 :func:`token_logprobs` returns ``log p(token_j | tokens_<j)`` at position ``j`` (0 at each sequence's first token,
@@ -55,6 +61,9 @@ class MicroBatch:
     seq_index: torch.Tensor
     num_seqs: int
     rows: list[int]
+    prefix_ids: torch.Tensor | None = (
+        None  # shared_prefix layout: the common prompt minus its last token [1, P-1]
+    )
 
     @property
     def num_tokens(self) -> int:
@@ -133,11 +142,53 @@ def collate(records: Sequence[SeqRecord], layout: str) -> MicroBatch:
     )  # fmt: skip
 
 
+def collate_shared(records: Sequence[SeqRecord]) -> MicroBatch:
+    """Records with identical prompts → one shared-prefix micro-batch (tensors ``[k, R + 1]``)."""
+    pl = records[0].prompt_len
+    prompt = records[0].ids[:pl]
+    for r in records[1:]:
+        if r.prompt_len != pl or not torch.equal(r.ids[:pl], prompt):
+            raise ValueError(
+                f"shared_prefix micro-batch: row {r.index} has another prompt than row {records[0].index}"
+            )
+    tails = [
+        SeqRecord(r.ids[pl - 1 :], 1, r.loss_mask[pl - 1 :], r.old_logp[pl - 1 :], r.adv[pl - 1 :], r.index)
+        for r in records
+    ]
+    mb = collate(tails, "padded")
+    mb.prefix_ids = prompt[: pl - 1].unsqueeze(0)
+    mb.position_ids = mb.position_ids + (pl - 1)
+    return mb
+
+
+def _prompt_groups(records: Sequence[SeqRecord]) -> list[list[SeqRecord]]:
+    """Consecutive runs of records with the same prompt (GRPO groups arrive adjacent)."""
+    groups: list[list[SeqRecord]] = []
+    for rec in records:
+        last = groups[-1][0] if groups else None
+        if (
+            last is not None
+            and last.prompt_len == rec.prompt_len
+            and torch.equal(last.ids[: last.prompt_len], rec.ids[: rec.prompt_len])
+        ):
+            groups[-1].append(rec)
+        else:
+            groups.append([rec])
+    return groups
+
+
 def split_micro_batches(
     records: Sequence[SeqRecord], layout: str, max_tokens: int, max_rows: int
 ) -> list[MicroBatch]:
     """Greedy contiguous split: packed micro-batches hold ≤ ``max_tokens`` tokens (a longer single sequence gets
-    a micro-batch of its own); padded ones ≤ ``max_rows`` rows."""
+    a micro-batch of its own); padded ones ≤ ``max_rows`` rows; shared_prefix ones are one prompt group each
+    (split into chunks of ≤ ``max_rows`` responses)."""
+    if layout == "shared_prefix":
+        return [
+            collate_shared(group[i : i + max_rows])
+            for group in _prompt_groups(records)
+            for i in range(0, len(group), max_rows)
+        ]
     groups: list[list[SeqRecord]] = []
     current: list[SeqRecord] = []
     used = 0
@@ -156,11 +207,32 @@ def split_micro_batches(
 
 def forward_logits(model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
     """``[b, L, V]`` logits. ``use_cache=False`` matters: with a cache transformers skips packed-mask detection."""
+    if mb.prefix_ids is not None:
+        return _shared_prefix_logits(model, mb)
     out = model(
         input_ids=mb.input_ids,
         attention_mask=mb.attention_mask,
         position_ids=mb.position_ids,
         use_cache=False,
+    )
+    return out.logits.float()
+
+
+def _shared_prefix_logits(model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
+    """Prompt (minus its last token) once with a cache, then the ``[k, R + 1]`` block on top of it."""
+    k, width = mb.input_ids.shape
+    p = mb.prefix_ids.shape[1]
+    if p == 0:  # one-token prompt: nothing to share
+        return model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False).logits.float()
+    cache = model(input_ids=mb.prefix_ids, use_cache=True).past_key_values
+    cache.batch_repeat_interleave(k)
+    mask = torch.cat([torch.ones(k, p, dtype=mb.attention_mask.dtype), mb.attention_mask], dim=1)
+    out = model(
+        input_ids=mb.input_ids,
+        attention_mask=mask,
+        position_ids=mb.position_ids,
+        past_key_values=cache,
+        use_cache=True,
     )
     return out.logits.float()
 

@@ -75,33 +75,64 @@ def test_rollout_logprobs_match_training_forward():
     assert metrics["train/rollout_logp_abs_diff"] < 1e-5
 
 
+def test_shared_prefix_layout_equals_full_sequences():
+    eps = make_episodes(shared_prompt=True)
+    batch = _build(eps, "packed")
+    model = tiny_llama().eval()
+    recs = unpack(batch, torch.zeros(batch.num_steps), torch.ones(batch.num_steps))
+    out = {}
+    for layout in ("packed", "shared_prefix"):
+        mbs = split_micro_batches(recs, layout, max_tokens=10_000, max_rows=3)
+        if layout == "shared_prefix":
+            assert len(mbs) == 4 and all(mb.prefix_ids is not None for mb in mbs)  # 2 groups of 4, ≤ 3 rows
+        for mb in mbs:
+            lp = token_logprobs(forward_logits(model, mb), mb.input_ids)
+            for k, row in enumerate(mb.rows):
+                out[(layout, row)] = lp[(mb.seq_index == k) & (mb.loss_mask > 0)]
+    for row in range(batch.num_steps):
+        assert out[("packed", row)].numel() > 0
+        assert torch.allclose(out[("packed", row)], out[("shared_prefix", row)], atol=1e-5)
+
+
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
 def test_micro_batch_accumulation_equals_one_big_batch(agg):
-    eps = make_episodes()
+    eps = make_episodes(shared_prompt=True)
     grads = []
-    for max_tokens in (10_000, 30):
+    for max_tokens, layout in ((10_000, "packed"), (30, "packed"), (0, "shared_prefix")):
         model = attach_lora(tiny_llama(), LoraConfig(r=4, alpha=8))
         torch.manual_seed(1)
         for name, p in model.named_parameters():  # non-zero B so the gradient of A is non-trivial
             if "lora_B" in name:
                 p.data.normal_(0, 0.1)
-        upd = PolicyUpdater(model, _cfg(loss_agg=agg, micro_batch_tokens=max_tokens, max_grad_norm=1e9))
+        upd = PolicyUpdater(
+            model,
+            _cfg(
+                loss_agg=agg,
+                micro_batch_tokens=max(1, max_tokens),
+                layout=layout,
+                micro_batch_size=3,
+                max_grad_norm=1e9,
+            ),
+        )
         upd.optimizer.step = lambda: None  # inspect the accumulated gradient, do not apply it
         upd.optimizer.zero_grad = lambda set_to_none=True: None
         upd.update(_build(eps, "packed"))
         grads.append(torch.cat([p.grad.flatten() for p in upd.params]))
     assert grads[0].abs().sum() > 0
     assert torch.allclose(grads[0], grads[1], atol=1e-6, rtol=1e-4)
+    assert torch.allclose(grads[0], grads[2], atol=1e-6, rtol=1e-4)  # gradients flow through the shared cache
 
 
 def test_kl_reference_is_adapter_disabled_and_zero_at_start():
     model = attach_lora(tiny_llama(), LoraConfig(r=4, alpha=8))
-    upd = PolicyUpdater(model, _cfg(kl_coef=0.1, ppo_mini_batches=2))
+    upd = PolicyUpdater(model, _cfg(kl_coef=0.1))
     batch = _build(make_episodes(), "padded")
     first = upd.update(batch)
-    assert first["train/kl_ref"] < 1e-6  # lora_B starts at 0: policy == reference
-    second = upd.update(batch)
-    assert second["train/kl_ref"] > 0
+    assert first["train/kl_ref"] < 1e-7  # lora_B starts at 0: policy == reference
+    # several optimizer steps per batch: old log-probs are recomputed, the policy drifts from the reference
+    second = PolicyUpdater(model, _cfg(kl_coef=0.1, ppo_mini_batches=2, ppo_epochs=2)).update(batch)
+    assert second["train/kl_ref"] > 1e-7
+    assert second["train/approx_kl"] != 0
 
 
 def test_duplicate_leaves_get_no_gradient():

@@ -30,14 +30,24 @@ def tiny_llama(seed: int = 0) -> LlamaForCausalLM:
 
 
 def make_episodes(
-    n_groups: int = 2, n_per_group: int = 4, seed: int = 0, duplicate_last: bool = False
+    n_groups: int = 2,
+    n_per_group: int = 4,
+    seed: int = 0,
+    duplicate_last: bool = False,
+    shared_prompt: bool = False,
 ) -> list[EpisodeTrajectory]:
-    """Groups of episodes with one target step each; rewards vary within a group; some tool tokens (mask 0)."""
+    """Groups of episodes with one target step each; rewards vary within a group; some tool tokens (mask 0).
+    ``shared_prompt``: all members of a group have the same prompt (as GRPO groups do)."""
     rng = random.Random(seed)
     out = []
     for g in range(n_groups):
+        group_prompt = [rng.randrange(3, VOCAB) for _ in range(rng.randrange(4, 12))]
         for k in range(n_per_group):
-            prompt = [rng.randrange(3, VOCAB) for _ in range(rng.randrange(4, 12))]
+            prompt = (
+                group_prompt
+                if shared_prompt
+                else [rng.randrange(3, VOCAB) for _ in range(rng.randrange(4, 12))]
+            )
             resp = [rng.randrange(3, VOCAB) for _ in range(rng.randrange(3, 9))]
             mask = [1] * len(resp)
             if len(resp) > 4:
