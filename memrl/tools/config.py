@@ -21,7 +21,8 @@ class SandboxConfig:
     ``mode``: ``bwrap`` (bubblewrap: own user/pid/net/ipc/uts/mount namespaces, read-only system dirs, private
     tmpfs /tmp, seccomp, no capabilities) or ``rlimit`` (resource limits only — weak isolation, opt-in).
     ``memory_mb`` caps the address space of each process; with ``max_processes`` processes the worst case is
-    their product, so keep both small.
+    their product — unless ``memory_total_mb`` puts each call in its own memory cgroup (see
+    :mod:`memrl.tools.cgroup`).
     """
 
     mode: str = "bwrap"
@@ -36,6 +37,8 @@ class SandboxConfig:
     concurrency: int = 2  # sandboxes running at once (the pool)
     capture_bytes: int = 32768  # kept per stream while reading: first half + last half, the rest counted
     max_stream_bytes: int = 8 << 20  # total output past which the call is killed (killed_reason=output_limit)
+    memory_total_mb: int = 0  # cgroup memory limit of the whole call (all processes); 0 = rlimits only
+    cgroup_parent: str = ""  # cgroup v2: delegated dir with +memory in subtree_control (v1 is found alone)
     sandbox_uid: int = 65534  # host uid the sandbox runs as when memrl runs as root (never root itself)
     seccomp: bool = True  # deny ptrace, mount, keyctl, bpf, perf_event_open, ... (x86_64)
     ro_binds: list[str] = field(default_factory=list)  # extra host paths bound read-only (e.g. site-packages)
@@ -71,6 +74,8 @@ class SandboxConfig:
             raise ValueError(f"tools.sandbox.max_open_files={self.max_open_files}: python needs >= 8")
         if self.capture_bytes > self.max_stream_bytes:
             raise ValueError("tools.sandbox.capture_bytes must be <= tools.sandbox.max_stream_bytes")
+        if self.memory_total_mb < 0:
+            raise ValueError("tools.sandbox.memory_total_mb must be >= 0 (0 turns the per-call cgroup off)")
         if self.sandbox_uid == 0:
             raise ValueError("tools.sandbox.sandbox_uid must not be 0: the sandbox never runs as root")
 

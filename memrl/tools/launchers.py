@@ -22,6 +22,7 @@ from pathlib import Path
 from memrl.registry import Registry
 from memrl.tools import seccomp
 from memrl.tools.base import ToolInfraError
+from memrl.tools.cgroup import CallCgroup, CgroupFactory
 from memrl.tools.config import SandboxConfig
 
 log = logging.getLogger(__name__)
@@ -89,6 +90,7 @@ class Spawned:
     stderr_fd: int
     ready_fd: int  # read end: the bootstrap writes one byte once the interpreter runs under its limits
     status_fd: int | None = None  # bwrap --json-status-fd read end
+    cgroup: CallCgroup | None = None  # the call's memory cgroup (memory_total_mb > 0)
     cleanup: list = field(default_factory=list)  # callables run after the tree is reaped
 
 
@@ -99,6 +101,14 @@ def _drop_to(cfg: SandboxConfig) -> dict:
     return {"user": cfg.sandbox_uid, "group": cfg.sandbox_uid, "extra_groups": []}
 
 
+def cgroups_for(cfg: SandboxConfig) -> CgroupFactory | None:
+    if cfg.memory_total_mb == 0:
+        return None
+    return CgroupFactory(
+        cfg.memory_total_mb, cfg.sandbox_uid if os.geteuid() == 0 else None, cfg.cgroup_parent
+    )
+
+
 def _popen(
     make_argv: Callable[[int], list[str]],
     cfg: SandboxConfig,
@@ -106,12 +116,16 @@ def _popen(
     pass_fds: tuple,
     cwd: str,
     env: dict | None = None,
+    cgroup: CallCgroup | None = None,
 ) -> Spawned:
-    """Start ``make_argv(ready_fd)`` with fresh pipes; the caller supervises and closes the read ends."""
+    """Start ``make_argv(ready_fd)`` with fresh pipes; the caller supervises and closes the read ends. With a
+    cgroup, a shell moves itself into it and then execs the launcher, so every process of the call is inside."""
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     ready_r, ready_w = os.pipe()
     argv = make_argv(ready_w)
+    if cgroup is not None:
+        argv = ["/bin/sh", "-c", 'echo $$ > "$0" && exec "$@"', cgroup.procs_file, *argv]
     try:
         proc = subprocess.Popen(
             argv,
@@ -131,7 +145,7 @@ def _popen(
     finally:
         for fd in (out_w, err_w, ready_w):
             os.close(fd)
-    return Spawned(proc, out_r, err_r, ready_r)
+    return Spawned(proc, out_r, err_r, ready_r, cgroup=cgroup)
 
 
 def _world_readable(path: str) -> bool:
@@ -173,6 +187,7 @@ class BwrapLauncher:
         if cfg.seccomp and self.filter is None:
             log.warning("seccomp deny list is only built for x86_64; the sandbox runs without it here")
         self.binds = self._bind_paths()
+        self.cgroups = cgroups_for(cfg)
 
     def _bind_paths(self) -> list[str]:
         real = Path(os.path.realpath(self.cfg.python))
@@ -238,13 +253,20 @@ class BwrapLauncher:
                 fds.append(sfd)
                 argv += ["--seccomp", str(sfd)]
             argv.append("--")
-            spawned = _popen(
-                lambda ready: argv + python_argv(self.cfg, ready),
-                self.cfg,
-                stdin_fd,
-                (status_w, *fds),
-                cwd="/",
-            )
+            cgroup = self.cgroups.create() if self.cgroups is not None else None
+            try:
+                spawned = _popen(
+                    lambda ready: argv + python_argv(self.cfg, ready),
+                    self.cfg,
+                    stdin_fd,
+                    (status_w, *fds),
+                    cwd="/",
+                    cgroup=cgroup,
+                )
+            except BaseException:
+                if cgroup is not None:
+                    cgroup.remove()
+                raise
         except BaseException:
             os.close(status_r)
             raise
@@ -274,6 +296,7 @@ class RlimitLauncher:
         self.cfg = cfg
         if not os.path.isfile(os.path.realpath(cfg.python)):
             raise ToolInfraError(f"tools.sandbox.python={cfg.python!r} does not exist")
+        self.cgroups = cgroups_for(cfg)
         log.warning(self.WARNING)
 
     def _nproc(self) -> int:
@@ -294,13 +317,22 @@ class RlimitLauncher:
             os.chown(workdir, self.cfg.sandbox_uid, self.cfg.sandbox_uid)
         stdin_fd = code_fd(code)
         nproc = self._nproc()
+        cgroup = self.cgroups.create() if self.cgroups is not None else None
         try:
             env = {**SANDBOX_ENV, "HOME": workdir, "TMPDIR": workdir}
             spawned = _popen(
-                lambda ready: python_argv(self.cfg, ready, nproc), self.cfg, stdin_fd, (), workdir, env
+                lambda ready: python_argv(self.cfg, ready, nproc),
+                self.cfg,
+                stdin_fd,
+                (),
+                workdir,
+                env,
+                cgroup,
             )
         except BaseException:
             shutil.rmtree(workdir, ignore_errors=True)
+            if cgroup is not None:
+                cgroup.remove()
             raise
         finally:
             os.close(stdin_fd)

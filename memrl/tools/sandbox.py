@@ -35,7 +35,7 @@ class SandboxResult:
     stdout: str
     stderr: str
     timed_out: bool
-    killed_reason: str | None  # None | "timeout" | "output_limit"
+    killed_reason: str | None  # None | "timeout" | "output_limit" | "memory" (cgroup OOM kill)
     duration_s: float = 0.0
     kill_latency_s: float | None = None
     stdout_bytes: int = 0  # totals before capping
@@ -80,9 +80,12 @@ class Sandbox:
                 deadline=t0 + timeout_s,
                 max_stream_bytes=self.cfg.max_stream_bytes,
             )
+            oom_kills = spawned.cgroup.oom_kills() if spawned.cgroup is not None else 0
         finally:
             for fn in spawned.cleanup:
                 fn()
+            if spawned.cgroup is not None:
+                spawned.cgroup.remove()
         if not sup.ready and sup.killed_reason is None:
             # Nothing of the user's ran: bwrap or the interpreter failed to start. Code cannot fake this (the
             # ready byte is written before its first line), so a failing program is never an infra error.
@@ -94,14 +97,19 @@ class Sandbox:
         if "pid-namespace" in sup.status:
             extra["pid_namespace"] = int(sup.status["pid-namespace"])
         exit_code = int(sup.status["exit-code"]) if sup.status_complete else sup.returncode
-        if sup.killed_reason is not None:
+        killed_reason = sup.killed_reason
+        if killed_reason is not None:
             exit_code = -signal.SIGKILL
+        elif oom_kills and exit_code != 0:  # the kernel OOM-killed inside the call's memory cgroup
+            killed_reason = "memory"
+        if oom_kills:
+            extra["oom_kills"] = oom_kills
         return SandboxResult(
             exit_code=exit_code,
             stdout=out.text(),
             stderr=err.text(),
             timed_out=sup.timed_out,
-            killed_reason=sup.killed_reason,
+            killed_reason=killed_reason,
             duration_s=time.monotonic() - t0,
             kill_latency_s=sup.kill_latency_s,
             stdout_bytes=out.total,
