@@ -1,5 +1,14 @@
 """Tools for target turns: parsers (``PARSERS``), tools (``TOOLS``: python sandbox, memory search) and the
-parallel :class:`ToolExecutor` with per-tool metrics. See :mod:`memrl.tools.sandbox` for the isolation."""
+parallel :class:`ToolExecutor` with per-tool metrics.
+
+    calls = PARSERS.get(cfg.tools.parser)(turn_text)          # list[ToolCall], malformed → parse_error
+    with ToolExecutor(cfg.tools) as tools:
+        results = tools.execute([(c, ToolContext(memory=mgr)) for c in calls])   # list[ToolResult], in order
+        tools.metrics()                                       # {"tools/python/calls": ..., ...}
+
+Isolation: :mod:`memrl.tools.launchers` (bubblewrap + rlimits + seccomp), :mod:`memrl.tools.process`
+(capped reading, deadline kill, reaping), :mod:`memrl.tools.cgroup` (optional per-call memory cgroup);
+:mod:`memrl.tools.hostile` holds the hostile programs the tests and ``memrl bench sandbox`` run."""
 
 from memrl.tools.base import Tool, ToolCall, ToolInfraError, ToolResult
 from memrl.tools.builtin import TOOLS, MemoryLike, ToolContext
