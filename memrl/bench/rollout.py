@@ -31,18 +31,19 @@ PROMPT = (
 )
 
 
-def _policy(model: str):
+def _policy(model: str, cache_tokens: int):
     from memrl.policy.config import PolicyConfig
     from memrl.policy.hf import HFPolicy
 
+    cfg = PolicyConfig(
+        model=model if model != "random" else "random-tiny", seed=0, prefix_cache_tokens=cache_tokens
+    )
     if model == "random":
         from memrl.policy.tiny_arch import random_tiny_llama
 
         net, tok = random_tiny_llama(seed=0)
-        return HFPolicy.from_model(
-            net, tok, PolicyConfig(model="random-tiny", seed=0)
-        ), "random-init tiny Llama"
-    return HFPolicy(PolicyConfig(model=model, seed=0)), f"{model} (HF)"
+        return HFPolicy.from_model(net, tok, cfg), "random-init tiny Llama"
+    return HFPolicy(cfg), f"{model} (HF)"
 
 
 def _measure(policy, requests, cfg: RolloutConfig) -> dict:
@@ -60,13 +61,14 @@ def _measure(policy, requests, cfg: RolloutConfig) -> dict:
         "decode_tokens_per_leaf": m["rollout/decode_tokens"] / leaves,
         "wall_s_per_leaf": wall / leaves,
         "prefix_hit_rate": m["rollout/prefix_hit_rate"],
+        "prefix_misses": m.get("rollout/prefix_misses", 0.0),
         "generate_calls": m["rollout/generate_calls"],
         "mean_response_tokens": sum(len(s.response_ids) for x in result.leaves for s in x) / leaves,
     }
 
 
 def _tree_vs_chain(args) -> dict:
-    policy, model_name = _policy(args.model)
+    policy, model_name = _policy(args.model, args.prefix_cache_tokens)
     tok = policy.tokenizer
     requests = [
         RolloutRequest(tok.encode(PROMPT.format(i=i), add_special_tokens=False), f"q{i}")
@@ -92,7 +94,15 @@ def _tree_vs_chain(args) -> dict:
     c, t = _mean(chain), _mean(tree_r)
     return {
         "model": model_name,
-        "config": {"prompts": args.prompts, "leaves_per_prompt": args.leaves, "tree": dict(vars(tree))},
+        "config": {
+            "prompts": args.prompts,
+            "prompt_tokens": len(requests[0].prompt_ids),
+            "leaves_per_prompt": args.leaves,
+            "max_response_tokens": args.max_tokens,
+            "prefix_cache_tokens": args.prefix_cache_tokens,
+            "tree": dict(vars(tree)),
+        },
+        "prefix_cache_evictions": policy.prefix_cache.evictions,
         "chain": c,
         "tree": t,
         "token_ratio": t["forwarded_tokens_per_leaf"] / c["forwarded_tokens_per_leaf"],
@@ -158,7 +168,7 @@ def _rollback_workload(args) -> dict:
     requests = [
         RolloutRequest(tok.encode(PROMPT.format(i=i), add_special_tokens=False), f"r{i}") for i in range(4)
     ]
-    lengths = {}
+    lengths, responses = {}, {}
     for enabled in (True, False):
         cfg = RolloutConfig(
             strategy="chain",
@@ -172,10 +182,12 @@ def _rollback_workload(args) -> dict:
         )
         steps = [s for x in result.leaves for s in x]
         lengths[enabled] = sum(len(s.prompt_ids) + len(s.response_ids) for s in steps) / len(steps)
+        responses[enabled] = sum(len(s.response_ids) for s in steps) / len(steps)
         if enabled:
             rb = result.metrics
     return {
         "rollback_context_ratio": lengths[True] / lengths[False],
+        "rollback_response_ratio": responses[True] / responses[False],
         "rollback_context_tokens": lengths[True],
         "kept_failures_context_tokens": lengths[False],
         "rollbacks": rb["tools/rollbacks"],
@@ -199,6 +211,12 @@ def bench_rollout(argv: list[str]) -> dict:
     p.add_argument("--beam-size", type=int, default=2)
     p.add_argument("--segment-tokens", type=int, default=16)
     p.add_argument("--expansion-policy", default="entropy")
+    p.add_argument(
+        "--prefix-cache-tokens",
+        type=int,
+        default=1 << 20,
+        help="HF KV budget for kept prefixes; a tree keeps one per node, evictions are recomputed (and counted)",
+    )
     p.add_argument("--calls", type=int, default=3, help="tool calls per response in the rollback workload")
     args = p.parse_args(argv)
     out = _tree_vs_chain(args)

@@ -171,7 +171,7 @@ class Engine:
         for req, members, outs in zip(requests, groups.values(), outputs, strict=True):
             if len(outs) != len(members):
                 raise ContractError(f"policy.generate returned {len(outs)} samples for n={len(members)}")
-            self.metrics.count_request(len(req.prompt_ids), outs)
+            self.metrics.count_request(len(req.prompt_ids), outs, req.prefix_handle is not None)
             for b, out in zip(members, outs, strict=True):
                 b.spawn_key = None
                 self._apply_output(b, out)
