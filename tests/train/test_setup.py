@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+import types
+
+import torch
+from train_fixtures import make_episodes
+
+from memrl.data.batch import TrajectoryBatchBuilder
+from memrl.data.config import BatchConfig
+from memrl.policy.hf import HFPolicy
+from memrl.policy.tiny_arch import random_tiny_llama
+from memrl.train.config import LoraConfig, TrainConfig
+from memrl.train.lora import attach_lora
+from memrl.train.setup import TrainResources, eval_config, publish_adapter
+from memrl.train.updater import PolicyUpdater
+
+
+def _resources(tmp_path, policy, model, shares):
+    cfg = types.SimpleNamespace(output_dir=str(tmp_path))
+    fields = dict.fromkeys(TrainResources.__dataclass_fields__)
+    fields.update(cfg=cfg, model=model, policy=policy, shares_model=shares, updater=None, replay=None)
+    return TrainResources(**fields)
+
+
+def test_adapter_is_hot_swapped_into_a_separate_backend_by_path(tmp_path):
+    """The path vLLM takes (LoRA request from a PEFT dir), exercised with a second, independent HF model."""
+    trained, tok = random_tiny_llama(0)
+    trained = attach_lora(trained, LoraConfig(r=4, alpha=8))
+    serving, _ = random_tiny_llama(0)
+    policy = HFPolicy.from_model(serving, tok)
+    batch = TrajectoryBatchBuilder(BatchConfig(layout="packed")).build(make_episodes())
+    PolicyUpdater(trained, TrainConfig(lr=5e-2, lora=LoraConfig(r=4, alpha=8))).update(batch)
+    ids = torch.randint(3, 300, (1, 16))
+    with torch.no_grad():
+        before = policy.model(ids).logits
+        publish_adapter(_resources(tmp_path, policy, trained, shares=False), step=1)
+        after = policy.model(ids).logits
+        want = trained.eval()(ids).logits
+    assert not torch.allclose(before, want, atol=1e-5)
+    assert torch.allclose(after, want, atol=1e-5)
+    assert (tmp_path / "live_adapter" / "step_000001" / "adapter_config.json").is_file()
+
+
+def test_evaluation_is_greedy_single_chain_whatever_the_training_strategy():
+    from memrl.config import load_config
+
+    cfg = load_config(None, ["rollout.strategy=tree", "rollout.n=8", "rollout.temperature=1.0"])
+    ev = eval_config(cfg)
+    assert (ev.rollout.strategy, ev.rollout.n, ev.rollout.temperature) == ("chain", 1, 0.0)
+    assert cfg.rollout.strategy == "tree"  # the training config is untouched
