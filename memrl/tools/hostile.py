@@ -309,7 +309,7 @@ CASES: list[HostileCase] = [
     HostileCase(
         "kill_everything",
         "import os, signal\nfor pid in (-1, $host_pid, $sentinel, 1):\n    try:\n        os.kill(pid, signal.SIGKILL)\n"
-        "    except OSError as e:\n        print(pid, e)\nprint('ALIVE')",
+        "    except OSError as e:\n        print(pid, e)\nos.system('kill -9 -1; kill -9 $host_pid')\nprint('ALIVE')",
     ),
     HostileCase(
         "setsid_double_fork",
