@@ -86,7 +86,7 @@ def _node_svg(view: EpisodeView, node: TreeNodeView, x: float, y: float) -> str:
         parts.append(
             f'<g class="branch"><circle cx="{cx}" cy="{cy}" r="9" fill="#7b2cbf"/>'
             f'<text x="{cx + 12}" y="{cy - 10}" font-size="10.5" fill="#7b2cbf">'
-            f"H={node.entropy:.2f}</text></g>"
+            f"{'' if node.entropy is None else f'H={node.entropy:.2f}'}</text></g>"
         )
     parts.append("</g>")
     return "".join(parts)

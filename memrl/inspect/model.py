@@ -84,7 +84,7 @@ class TreeNodeView:
     parent: str | None
     start: int
     end: int
-    entropy: float
+    entropy: float | None  # None when the strategy records no tree (chain)
     children: list[str] = field(default_factory=list)
     leaves: list[int] = field(default_factory=list)
     spans: list[SpanView] = field(default_factory=list)
@@ -248,11 +248,11 @@ def build_tree(leaves: list[LeafView], paths: list[list[dict[str, Any]]]) -> dic
     for leaf, path in zip(leaves, paths, strict=True):
         if not path:
             path = [
-                {"uid": "root", "pos": 0, "entropy": 0.0},
+                {"uid": "root", "pos": 0, "entropy": None},
                 {
                     "uid": f"leaf{leaf.leaf_index}",
                     "pos": leaf.spans[-1].end if leaf.spans else 0,
-                    "entropy": 0.0,
+                    "entropy": None,
                 },
             ]
         parent = None
@@ -261,7 +261,10 @@ def build_tree(leaves: list[LeafView], paths: list[list[dict[str, Any]]]) -> dic
             start = nodes[parent].end if parent else 0
             view = nodes.get(uid)
             if view is None:
-                view = TreeNodeView(uid, parent, start, int(node["pos"]), float(node.get("entropy", 0.0)))
+                entropy = node.get("entropy")
+                view = TreeNodeView(
+                    uid, parent, start, int(node["pos"]), None if entropy is None else float(entropy)
+                )
                 view.spans = [s for s in leaf.spans if s.start >= start and s.end <= view.end]
                 view.is_leaf = depth == len(path) - 1 and depth > 0
                 nodes[uid] = view

@@ -150,7 +150,8 @@ def tree_view(view: EpisodeView) -> Tree | Text:
             t.append(f"[{node.start}:{node.end}] ", style="dim")
             t.append(snippet[:60] + ("…" if len(snippet) > 60 else ""))
         if node.is_branch_point:
-            t.append(f"  ⑂ entropy {node.entropy:.2f}", style="bold magenta")
+            ent = "" if node.entropy is None else f" entropy {node.entropy:.2f}"
+            t.append(f"  ⑂{ent}", style="bold magenta")
         if node.is_leaf:
             r = node.reward(view.leaves)
             t.append(f"  → leaf {node.leaves} reward {r:.2f}", style=_reward_style(r))

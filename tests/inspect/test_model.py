@@ -84,7 +84,7 @@ def test_tree_paths_cover_every_leaf_and_mark_branch_points(run):
                 text.append("".join(s.text for s in view.tree[uid].spans))
             assert "".join(text) == leaf.response_text  # segments along the path = the leaf's response
         for node in view.tree.values():
-            assert 0.0 <= node.entropy <= 1.0
+            assert node.entropy is not None and 0.0 <= node.entropy <= 1.0  # recorded by the tree strategy
             for child in node.children:
                 assert view.tree[child].parent == node.uid and view.tree[child].start == node.end
         any_branch |= any(n.is_branch_point for n in view.tree.values())
@@ -127,6 +127,7 @@ def test_chain_leaves_hang_off_one_root():
     tree = build_tree(leaves, [[], []])
     root = tree["root"]
     assert root.children == ["leaf0", "leaf1"] and not root.is_leaf and root.is_branch_point
+    assert root.entropy is None  # a chain records no entropy; views show none rather than a made-up 0
     assert tree["leaf1"].is_leaf and tree["leaf1"].end == 2 and tree["leaf1"].reward(leaves) == 1.0
 
 
