@@ -47,13 +47,14 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--loop-timeout-s", type=float, default=0.3, help="timeout of the never-ending calls")
     p.add_argument("--overhead-samples", type=int, default=40)
     p.add_argument("--skip-hostile", action="store_true")
+    p.add_argument("--memory-total-mb", type=int, default=0, help="per-call memory cgroup (0 = rlimits only)")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 
 
-def _hostile() -> tuple[int, list[str], float]:
+def _hostile(memory_total_mb: int) -> tuple[int, list[str], float]:
     t0 = time.monotonic()
-    cfg = quick_limits()
+    cfg = quick_limits(memory_total_mb=memory_total_mb)
     escapes: list[str] = []
     with Sandbox(cfg) as sb, HostProbe(cfg.sandbox_uid) as probe:
         for case in tqdm(CASES, desc="hostile", leave=False):
@@ -126,12 +127,13 @@ def _load(cfg: SandboxConfig, args: argparse.Namespace) -> dict[str, float]:
 @BENCHES.register("sandbox")
 def bench_sandbox(argv: list[str]) -> dict:
     args = _parse(argv)
-    cfg = SandboxConfig()  # the defaults users get (timeouts of the looping calls are set per call)
-    out: dict = {"mode": cfg.mode, "concurrency": cfg.concurrency}
+    # The defaults users get (timeouts of the looping calls are set per call).
+    cfg = SandboxConfig(memory_total_mb=args.memory_total_mb)
+    out: dict = {"mode": cfg.mode, "concurrency": cfg.concurrency, "memory_total_mb": cfg.memory_total_mb}
     if args.skip_hostile:
         out.update(cases=0, escapes=0)
     else:
-        cases, escapes, secs = _hostile()
+        cases, escapes, secs = _hostile(args.memory_total_mb)
         out.update(cases=cases, escapes=len(escapes), escape_details=escapes, hostile_s=secs)
     out.update(_overhead(cfg, args.overhead_samples))
     out.update(_load(cfg, args))
