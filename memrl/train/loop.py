@@ -159,8 +159,10 @@ def train(cfg: Any, *, resources: TrainResources | None = None) -> dict[str, Any
     log = MetricsLogger(run_dir, resume_step=state.step, tensorboard=cfg.train.tensorboard)
     try:
         if "em_start" not in counters:
+            t0 = time.perf_counter()
             start = _eval(res, 0)
             counters["em_start"] = start["eval/em"]
+            counters["wall_s"] = counters.get("wall_s", 0.0) + time.perf_counter() - t0
             log.log(0, {**start, **{f"counters/{k}": v for k, v in counters.items()}})
         step, last_eval = state.step, state.step
         for step in range(state.step + 1, cfg.train.steps + 1):
