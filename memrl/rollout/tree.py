@@ -86,6 +86,8 @@ class TreeHooks(EngineHooks):
     def __init__(self, cfg: RolloutConfig, engine_ref: list[Engine]) -> None:
         self.cfg = cfg
         self._engine = engine_ref
+        # Nodes keep their state only while a later expansion round may fork from them.
+        self.keep_handles = cfg.tree.expansion_iterations > 0
 
     @property
     def handles(self):
@@ -99,7 +101,7 @@ class TreeHooks(EngineHooks):
 
     def on_boundary(self, branch: Branch) -> None:
         link: _Link = branch.tree
-        handle, covered = branch.best_handle()
+        handle, covered = branch.best_handle() if self.keep_handles else (None, 0)
         node = TreeNode(
             uid=f"{branch.uid}/s{branch.segments}",
             parent=link.node,
@@ -262,19 +264,30 @@ def tree_rollout(
         engine.run([b for t in trees for b in t.branches])
         # Phase 3: expansion rounds, each batched across all trees.
         for it in range(cfg.tree.expansion_iterations):
-            engine.run(_expand(engine, trees, cfg, it, rng))
+            fresh = _expand(engine, trees, cfg, it, rng)
+            if it == cfg.tree.expansion_iterations - 1:
+                # Last round: the new branches hold their fork states; nothing else will fork again.
+                hooks.keep_handles = False
+                _drop_node_handles(engine, trees)
+            engine.run(fresh)
         # Phase 4: exactly n leaves per tree.
         leaves = [_sample_leaves(t, hooks, cfg.n, rng) for t in trees]
     finally:
         for t in trees:
             for b in t.branches:
                 engine.release_branch(b)
-            for node in t.nodes:
-                engine.handles.drop(node.handle)
-                node.handle = None
+        _drop_node_handles(engine, trees)
         engine.handles.flush()
     _tree_metrics(metrics, trees, leaves, cfg)
     return RolloutResult(leaves=leaves, metrics=metrics.summary())
+
+
+def _drop_node_handles(engine: Engine, trees: list[Tree]) -> None:
+    for t in trees:
+        for node in t.nodes:
+            engine.handles.drop(node.handle)
+            node.handle = None
+    engine.handles.flush()
 
 
 def _tree_metrics(
