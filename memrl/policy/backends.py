@@ -17,7 +17,7 @@ def hf_backend(cfg: PolicyConfig) -> PolicyClient:
 
 @BACKENDS.register("vllm")
 def vllm_backend(cfg: PolicyConfig) -> PolicyClient:
-    from memrl.policy.vllm import VLLMPolicy
+    from memrl.policy.vllm_backend import VLLMPolicy
 
     return VLLMPolicy(cfg)
 

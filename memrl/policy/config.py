@@ -41,6 +41,7 @@ class PolicyConfig:
     # --- vllm backend ---
     gpu_memory_utilization: float = 0.8
     max_lora_rank: int = 64
+    enable_lora: bool = False  # start the engine LoRA-ready without an adapter (load_adapter later)
     vllm_kv_cache_gb: float = 2.0  # VLLM_CPU_KVCACHE_SPACE on CPU hosts
     enforce_eager: bool = False
 

@@ -25,6 +25,7 @@ import torch
 from memrl.policy.base import GenerationRequest, SamplingParams
 from memrl.policy.config import PolicyConfig
 from memrl.policy.errors import PolicyError
+from memrl.policy.kv_cache import preallocated_cache
 from memrl.policy.prefix_cache import PrefixCache, PrefixEntry
 from memrl.policy.sampling import StopChecker, choose_tokens
 from memrl.types import FinishReason, GenerationOutput
@@ -263,8 +264,6 @@ class HFPolicy:
         Returns ``input_ids [B, R]``, ``mask [B, C + R]``, ``position_ids [B, R]`` and the batch cache holding
         each row's reused prefix (``[B, heads, C, head_dim]`` per layer, right-aligned).
         """
-        from transformers import DynamicCache
-
         B = len(rows)
         C = max(r.cached for r in rows)
         rest = [r.prompt[r.cached :] for r in rows]
@@ -276,11 +275,9 @@ class HFPolicy:
             mask[i, C + R - len(tail) :] = 1
             mask[i, C - row.cached : C] = 1
         pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, C:]
-        config = self._text_config()
-        if C == 0:
-            cache = DynamicCache(config=config)
-        else:
-            cache = DynamicCache(_gather_prefixes(rows, C), config=config)
+        capacity = C + R + max(r.budget for r in rows)
+        prefix = _gather_prefixes(rows, C) if C > 0 else None
+        cache = preallocated_cache(self._num_layers(), capacity, prefix)
         dev = self.device
         return input_ids.to(dev), mask.to(dev), pos.to(dev), cache
 
@@ -296,9 +293,10 @@ class HFPolicy:
             PrefixEntry(tokens=row.prompt + tuple(row.out), keys=keys, values=values)
         )
 
-    def _text_config(self):
+    def _num_layers(self) -> int:
         cfg = self.model.config
-        return cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
+        cfg = cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
+        return int(cfg.num_hidden_layers)
 
     # ------------------------------------------------------------------ scoring
 

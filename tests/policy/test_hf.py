@@ -216,8 +216,9 @@ def test_lora_adapter_generation_and_hot_swap(tmp_path):
 
 def test_registry_and_chat_template(tiny_hf_policy):
     assert {"hf", "vllm", "openai"} <= set(BACKENDS.names())
-    with pytest.raises(RegistryError, match="valid choices: hf, openai, vllm"):
+    with pytest.raises(RegistryError, match="valid choices: .*hf, openai") as err:
         make_policy(PolicyConfig(backend="nope"))
+    assert "vllm" in str(err.value)
     msgs = [{"role": "system", "content": "facts"}, {"role": "user", "content": "Q?"}]
     ids = tiny_hf_policy.tokenizer.apply_chat_template(msgs, add_generation_prompt=True)["input_ids"]
     assert tiny_hf_policy.tokenizer.decode(ids).endswith("<|user|>\nQ?\n<|assistant|>\n")

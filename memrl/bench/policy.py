@@ -1,0 +1,140 @@
+"""``memrl bench policy``: HF backend throughput, batched vs one request at a time, and prefix reuse.
+
+* ``batched_speedup``: generated tokens/s of one batched ``generate`` over ``--batch`` prompts divided by the
+  tokens/s of the same requests sent one at a time.
+* ``prefix_reuse_speedup``: ``--branches`` continuations of ``--branch-tokens`` tokens after a shared
+  ``--prefix-tokens``-token prefix (each branch adds its own few tokens, as a tool result would): recomputing the
+  prefix in every request vs continuing from a kept handle (in tree search the parent's generation already left
+  the prefix state behind); ``prefix_reuse_speedup_incl_prefix`` also times computing the prefix once.
+
+Both ratios come from one run on one machine (each timing = best of ``--repeats``). The default model is a
+randomly initialised Llama with the embedded tiny model's architecture (speed does not depend on the weights).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from memrl.bench import BENCHES
+
+
+def _policy(model: str):
+    from memrl.policy.config import PolicyConfig
+    from memrl.policy.hf import HFPolicy
+
+    if model != "random":
+        return HFPolicy(PolicyConfig(model=model))
+    from memrl.policy.tiny import TinyRecipe
+    from memrl.policy.tiny_arch import random_tiny_llama
+
+    r = TinyRecipe()
+    model_, tok = random_tiny_llama(
+        seed=0,
+        hidden_size=r.hidden_size,
+        num_hidden_layers=r.num_layers,
+        num_attention_heads=r.num_heads,
+        num_key_value_heads=r.num_heads,
+        intermediate_size=r.intermediate_size,
+        max_position_embeddings=r.max_position_embeddings,
+    )
+    return HFPolicy.from_model(model_, tok, PolicyConfig(model="random-tiny-arch"))
+
+
+def _best(fn, repeats: int) -> tuple[float, object]:
+    best, result = float("inf"), None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        result = fn()
+        best = min(best, time.perf_counter() - t0)
+    return best, result
+
+
+def _batched(policy, args) -> dict:
+    from memrl.policy.base import GenerationRequest, SamplingParams
+
+    # A fixed number of new tokens per request (no eos/stops) so both modes do identical work.
+    params = SamplingParams(temperature=1.0, max_tokens=args.gen_tokens, seed=0, stop_token_ids=())
+    reqs = [
+        GenerationRequest(tuple(range(3 + i, 3 + i + args.prompt_tokens)), params) for i in range(args.batch)
+    ]
+    policy.eos_ids = []  # a random model may emit eos early; the comparison needs equal lengths
+    t_batch, outs = _best(lambda: policy.generate(reqs), args.repeats)
+    t_seq, _ = _best(lambda: [policy.generate([r]) for r in reqs], args.repeats)
+    tokens = sum(len(o[0].token_ids) for o in outs)
+    return {
+        "batched_tokens_per_s": tokens / t_batch,
+        "sequential_tokens_per_s": tokens / t_seq,
+        "batched_speedup": t_seq / t_batch,
+    }
+
+
+def _prefix_reuse(policy, args) -> dict:
+    from memrl.policy.base import GenerationRequest, SamplingParams
+
+    prefix = tuple(3 + (i * 7) % 250 for i in range(args.prefix_tokens))
+    branch = SamplingParams(temperature=1.0, max_tokens=args.branch_tokens, seed=1)
+    suffixes = [tuple(3 + (b * 13 + j) % 250 for j in range(4)) for b in range(args.branches)]
+
+    def recompute():
+        return policy.generate([GenerationRequest(prefix + s, branch) for s in suffixes])
+
+    [[root]] = policy.generate([GenerationRequest(prefix, SamplingParams(max_tokens=1, keep_prefix=True))])
+    full = [prefix + root.token_ids + s for s in suffixes]
+
+    def from_handle():
+        return policy.generate([GenerationRequest(p, branch, prefix_handle=root.prefix_handle) for p in full])
+
+    def prefix_then_branches():
+        [[own]] = policy.generate([GenerationRequest(prefix, SamplingParams(max_tokens=1, keep_prefix=True))])
+        reqs = [
+            GenerationRequest(prefix + own.token_ids + s, branch, prefix_handle=own.prefix_handle)
+            for s in suffixes
+        ]
+        outs = policy.generate(reqs)
+        policy.release([own.prefix_handle])
+        return outs
+
+    t_re, _ = _best(recompute, args.repeats)
+    t_reuse, outs = _best(from_handle, args.repeats)
+    t_incl, _ = _best(prefix_then_branches, args.repeats)
+    policy.release([root.prefix_handle])
+    return {
+        "prefix_recompute_s": t_re,
+        "prefix_reuse_s": t_reuse,
+        "prefix_reuse_incl_prefix_s": t_incl,
+        "prefix_cached_tokens_per_branch": outs[0][0].cached_tokens,
+        # Tree search: the parent's generation already left the prefix state behind (keep_prefix).
+        "prefix_reuse_speedup": t_re / t_reuse,
+        # Conservative: the shared prefix is computed once inside the timed region.
+        "prefix_reuse_speedup_incl_prefix": t_re / t_incl,
+    }
+
+
+@BENCHES.register("policy")
+def bench_policy(argv: list[str]) -> dict:
+    parser = argparse.ArgumentParser(prog="memrl bench policy")
+    parser.add_argument(
+        "--model", default="random", help="'random' (tiny architecture), 'tiny', or a model path"
+    )
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--prompt-tokens", type=int, default=64)
+    parser.add_argument("--gen-tokens", type=int, default=32)
+    parser.add_argument("--prefix-tokens", type=int, default=1024)
+    parser.add_argument("--branches", type=int, default=8)
+    parser.add_argument("--branch-tokens", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument(
+        "--threads", type=int, default=0, help="torch threads (0 = auto: 1 when oversubscribed)"
+    )
+    args = parser.parse_args(argv)
+    import torch
+
+    from memrl.policy.tiny import auto_threads
+
+    torch.set_num_threads(args.threads or auto_threads())
+    policy = _policy(args.model)
+    result = {"model": args.model, "torch_threads": torch.get_num_threads(), **vars(args)}
+    result.update(_batched(policy, args))
+    result.update(_prefix_reuse(policy, args))
+    return result

