@@ -7,6 +7,7 @@ yes / no; a reply that is neither scores 0 and is counted in :attr:`LLMJudge.unp
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +17,7 @@ from memrl.rewards.base import REWARDS, RewardConfigError, RewardContext, Reward
 from memrl.rewards.benchmarks import is_abstention_question
 
 logger = logging.getLogger(__name__)
+_FIRST_WORD = re.compile(r"[a-z]+")
 
 
 @dataclass
@@ -44,12 +46,13 @@ class LLMJudge:
         params = SamplingParams(temperature=0.0, max_tokens=self.max_tokens)
         requests = [GenerationRequest(prompt_ids=tuple(self.prompt_ids(x)), params=params) for x in inputs]
         outputs = self.policy.generate(requests)
-        self.last_replies = [self.policy.tokenizer.decode(list(out[0].token_ids)) for out in outputs]
+        decode = self.policy.tokenizer.decode
+        self.last_replies = [decode(list(out[0].token_ids), skip_special_tokens=True) for out in outputs]
         return [self._parse(r) for r in self.last_replies]
 
     def _parse(self, reply: str) -> float:
-        words = reply.strip().lower().lstrip("\"'*").split()
-        head = words[0].strip(".,!:;") if words else ""
+        match = _FIRST_WORD.search(reply.lower())
+        head = match.group(0) if match else ""
         if head in ("yes", "correct"):
             return 1.0
         if head in ("no", "wrong", "incorrect"):
