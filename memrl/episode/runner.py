@@ -149,6 +149,11 @@ class EpisodeRunner:
 
     # ------------------------------------------------------------------------------------------------
     def _ingest(self, states: list[EpisodeState]) -> None:
+        if not self.cfg.use_memory:
+            # The no-memory ablation builds no memory at all, so the search tool cannot leak history either.
+            for st in states:
+                st.advance(Phase.PROMPTING)
+            return
         chunk = self.cfg.ingest_chunk_turns
         while any(st.phase is Phase.INGESTING for st in states):
             self._guarded(Phase.INGESTING, states, lambda live: self._ingest_chunk(live, chunk))
@@ -225,7 +230,7 @@ class EpisodeRunner:
             st.advance(Phase.UPDATING)
 
     def _update(self, states: list[EpisodeState]) -> None:
-        if not self.cfg.update_memory_after_answer:
+        if not (self.cfg.update_memory_after_answer and self.cfg.use_memory):
             for st in states:
                 st.advance(Phase.SCORING)
             return

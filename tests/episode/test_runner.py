@@ -1,0 +1,79 @@
+"""EpisodeRunner state machine with a scripted policy (deterministic), real MiniLM + FAISS memory."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+from transformers import ByT5Tokenizer
+
+from memrl.config import load_config
+from memrl.data.adapters import load_dataset
+from memrl.episode.build import build_runner
+from memrl.policy.errors import PolicyError
+from memrl.policy.scripted import ScriptedPolicy
+from memrl.types import EpisodeStatus, MemoryOpType, TurnRole
+
+
+def _answer_from_memory(ctx):
+    """Answers with the last word of the newest fact line that names the asked-about person."""
+    question = ctx.text.rsplit("<|user|>", 1)[-1]
+    names = re.findall(r"\b([A-Z][a-z]+)\b", question.split("?")[0])
+    facts = re.findall(r"^- \[[^\]]*\] (.*?)(?: \([^)]*\))?$", ctx.text, re.M)
+    hits = [f for f in facts if any(n in f for n in names[1:])]
+    return f"<answer>{hits[-1].rstrip('.').split()[-1] if hits else 'unknown'}</answer>"
+
+
+@pytest.fixture(scope="module")
+def setup():
+    cfg = load_config(
+        None,
+        [
+            "data.options={num_episodes: 6}",
+            "tools.enabled=[]",
+            "rollout.n=1",
+            "rollout.max_response_tokens=64",
+            "memory.top_k=4",
+        ],
+    )
+    inputs, _ = load_dataset(cfg.data)
+    return cfg, inputs, ScriptedPolicy(ByT5Tokenizer(), _answer_from_memory)
+
+
+def test_memory_helps_and_no_memory_ablation_builds_none(setup):
+    cfg, inputs, policy = setup
+    lookups = [bi for bi in inputs if bi.metadata["question_type"] != "arithmetic"]
+    with_mem = build_runner(cfg, policy=policy).run_batch(lookups)
+    no_cfg = dataclasses.replace(cfg, episode=dataclasses.replace(cfg.episode, use_memory=False))
+    without = build_runner(no_cfg, policy=policy).run_batch(lookups)
+    assert sum(t.reward for t in with_mem) >= 1 and sum(t.reward for t in without) == 0
+    for traj in without:
+        target = traj.steps[-1]
+        assert "Memory:" not in policy.tokenizer.decode(list(target.prompt_ids))
+        assert not target.meta.memory_ops and not target.meta.retrieved_ids
+        assert all(not s.meta.memory_ops for s in traj.steps if s.turn_role is TurnRole.HISTORY)
+    assert any(op.op is MemoryOpType.RETRIEVE for t in with_mem for op in t.steps[-1].meta.memory_ops)
+
+
+def test_duplicate_ids_and_reward_errors_fail_only_their_episode(setup):
+    cfg, inputs, policy = setup
+    locomo_cfg = dataclasses.replace(cfg, episode=dataclasses.replace(cfg.episode, reward="locomo"))
+    a = dataclasses.replace(inputs[0], metadata={**inputs[0].metadata, "category": 4})
+    b = inputs[1]  # no LoCoMo category: the locomo reward cannot score it
+    trajs = build_runner(locomo_cfg, policy=policy).run_batch([a, b, a])
+    assert [t.status for t in trajs] == [EpisodeStatus.COMPLETED, EpisodeStatus.FAILED, EpisodeStatus.FAILED]
+    assert trajs[1].failure_reason.startswith("scoring:") and "category" in trajs[1].failure_reason
+    assert "duplicate episode_id" in trajs[2].failure_reason
+
+
+def test_infrastructure_errors_are_raised_not_blamed_on_an_episode(setup):
+    cfg, inputs, _ = setup
+
+    def broken(ctx):
+        raise PolicyError("backend is gone")
+
+    runner = build_runner(cfg, policy=ScriptedPolicy(ByT5Tokenizer(), broken))
+    with pytest.raises(PolicyError, match="backend is gone"):
+        runner.run_batch(inputs[:2])
+    assert runner.memory.store.namespaces() == []  # memory released even though the batch raised
