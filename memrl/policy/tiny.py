@@ -44,17 +44,19 @@ class TinyRecipe:
     eval_episodes: int = 90
     hidden_size: int = 96
     num_layers: int = 3
-    num_heads: int = 4
+    num_heads: int = 3  # head_dim 32: vLLM's CPU attention supports head sizes >= 32
     intermediate_size: int = 256
     max_position_embeddings: int = 4096  # memory prompts are long; contexts of >= 2048 tokens must work
-    steps: int = 300
+    steps: int = 400
     batch_size: int = 12
     lr: float = 4e-3
     warmup_steps: int = 30
     weight_decay: float = 0.01
     prompt_loss_weight: float = 0.1
     facts: FactOptions = field(
-        default_factory=lambda: FactOptions(min_distractors=1, max_distractors=3, summary_p=0.1)
+        default_factory=lambda: FactOptions(
+            min_distractors=1, max_distractors=3, summary_p=0.1, randomize_p=0.8
+        )
     )
     tools: tuple[str, ...] = ("python", "search")
     template: str = "target_turn.j2"
@@ -191,7 +193,7 @@ def build_tiny_model(recipe: TinyRecipe, out_dir: Path) -> dict:
     from transformers import LlamaForCausalLM
 
     t0 = time.time()
-    threads = _train_threads()
+    threads = auto_threads()
     torch.set_num_threads(threads)
     torch.manual_seed(recipe.seed)
     random.seed(recipe.seed)
@@ -231,7 +233,7 @@ def build_tiny_model(recipe: TinyRecipe, out_dir: Path) -> dict:
     return metrics
 
 
-def _train_threads() -> int:
+def auto_threads() -> int:
     """``$MEMRL_TINY_THREADS``, else 1 thread when the machine is oversubscribed (OpenMP threads that wait for a
     descheduled sibling make a step 2-3x slower than one thread), else every core."""
     env = os.environ.get("MEMRL_TINY_THREADS")

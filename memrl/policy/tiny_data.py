@@ -13,6 +13,7 @@ Responses follow :mod:`memrl.formats`: ``<answer>X</answer>`` + eos; arithmetic 
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import re
 from collections.abc import Sequence
@@ -63,6 +64,44 @@ class FactOptions:
     lexical_share: float = 0.6  # share of distractors picked by word overlap with the question
     summary_p: float = 0.3
     summary_turns: int = 2
+    randomize_p: float = 0.0  # share of training episodes passed through randomize_names
+
+
+_CONSONANTS = "bcdfghjklmnprstvz"
+_VOWELS = "aeiou"
+_QUESTION_WORDS = frozenset(["What", "Which", "How"])
+
+
+def pseudo_word(rng: random.Random, capital: bool) -> str:
+    """A pronounceable random word (2-3 syllables) no dataset pool contains."""
+    word = "".join(rng.choice(_CONSONANTS) + rng.choice(_VOWELS) for _ in range(rng.randint(2, 3)))
+    return word.capitalize() if capital else word
+
+
+def randomize_names(ep: BatchInput, rng: random.Random) -> BatchInput:
+    """Consistently replace the asked-about person(s) and a non-numeric answer with fresh pseudo-words.
+
+    The synthetic train and test splits draw names and values from disjoint pools; without this, a small model
+    memorises the train pool's values instead of learning to copy the answer out of its facts."""
+    subs = {w: pseudo_word(rng, True) for w in re.findall(r"\b[A-Z][a-z]+\b", ep.final_query)}
+    subs = {w: v for w, v in subs.items() if w not in _QUESTION_WORDS}
+    answer = ep.target_answer or ""
+    if answer and not answer.lstrip("-").isdigit():
+        subs[answer] = pseudo_word(rng, answer[:1].isupper())
+    if not subs:
+        return ep
+    pattern = re.compile(r"\b(" + "|".join(re.escape(w) for w in subs) + r")\b")
+
+    def sub(text: str) -> str:
+        return pattern.sub(lambda m: subs[m.group(1)], text)
+
+    turns = tuple(dataclasses.replace(t, text=sub(t.text)) for t in ep.turns)
+    return dataclasses.replace(
+        ep,
+        turns=turns,
+        final_query=sub(ep.final_query),
+        target_answer=sub(answer) if ep.target_answer else None,
+    )
 
 
 def _terms(text: str) -> set[str]:
@@ -128,6 +167,8 @@ def build_example(
 ) -> SFTExample:
     """One SFT example; ``builder`` is a :class:`~memrl.episode.prompt.PromptBuilder` over the tokenizer."""
     tok = builder.tokenizer
+    if rng.random() < opts.randomize_p:
+        ep = randomize_names(ep, rng)
     built = builder.build(ep.final_query, choose_facts(ep, rng, opts), summary_for(ep, rng, opts), tools)
     ids, mask = [], []
     for text, m in response_segments(ep):
