@@ -42,13 +42,15 @@ class ExtractionRequest:
 
 @dataclass(frozen=True)
 class FactDecision:
-    """One decision. ``fact_id`` names the fact an UPDATE/DELETE touches; ``reason`` explains NOOPs."""
+    """One decision. ``fact_id`` names the fact an UPDATE/DELETE touches; ``reason`` explains NOOPs.
+    ``embed_text`` (default: ``text``) is what gets embedded when it should differ from the stored text."""
 
     op: MemoryOpType
     text: str = ""
     fact_id: int | None = None
     reason: str = ""
     speaker: str = ""
+    embed_text: str = ""
     extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -88,6 +90,11 @@ def split_sentences(text: str) -> list[str]:
 def rule_fact_texts(turn: TurnSpec, granularity: str = "turn") -> list[str]:
     """Speaker-attributed fact texts of one turn (``[]`` for an empty turn)."""
     prefix = f"{turn.speaker}: " if turn.speaker else ""
+    return [prefix + p for p in rule_fact_bodies(turn, granularity)]
+
+
+def rule_fact_bodies(turn: TurnSpec, granularity: str = "turn") -> list[str]:
+    """The fact pieces of one turn without the speaker prefix (what the rule extractor embeds by default)."""
     caption = turn_caption(turn)
     body = turn.text.strip()
     pieces = split_sentences(body) if granularity == "sentence" else ([body] if body else [])
@@ -97,7 +104,7 @@ def rule_fact_texts(turn: TurnSpec, granularity: str = "turn") -> list[str]:
             pieces[-1] = f"{pieces[-1]} {photo}"
         else:
             pieces.append(photo)
-    return [prefix + p for p in pieces]
+    return pieces
 
 
 class RuleExtractor:
@@ -107,15 +114,27 @@ class RuleExtractor:
 
     def __init__(self, cfg: MemoryConfig) -> None:
         self.granularity = cfg.rule_granularity
+        self.embed_speaker = cfg.embed_speaker
 
     def extract(self, requests: Sequence[ExtractionRequest]) -> list[list[FactDecision]]:
         out = []
         for req in requests:
-            texts = rule_fact_texts(req.turn, self.granularity)
-            if not texts:
+            bodies = rule_fact_bodies(req.turn, self.granularity)
+            if not bodies:
                 out.append([FactDecision(MemoryOpType.NOOP, reason="empty turn: nothing to remember")])
                 continue
-            out.append([FactDecision(MemoryOpType.ADD, text=t, speaker=req.turn.speaker) for t in texts])
+            prefix = f"{req.turn.speaker}: " if req.turn.speaker else ""
+            out.append(
+                [
+                    FactDecision(
+                        MemoryOpType.ADD,
+                        text=prefix + b,
+                        speaker=req.turn.speaker,
+                        embed_text="" if self.embed_speaker else b,
+                    )
+                    for b in bodies
+                ]
+            )
         return out
 
 

@@ -29,7 +29,7 @@ from memrl.memory.compress import COMPRESSORS, CompressRequest
 from memrl.memory.config import MemoryConfig
 from memrl.memory.embedder import Embedder, build_embedder
 from memrl.memory.extract import EXTRACTORS, ExtractionRequest, FactDecision, TextGenerator
-from memrl.memory.retrieval import RETRIEVERS, Query, time_rescore
+from memrl.memory.retrieval import RETRIEVERS, Query, neighbour_smooth, speaker_rescore, time_rescore
 from memrl.memory.store import FACT_STORES, FactRecord, FactStore, FactStoreError, NewFact
 from memrl.types import MemoryOp, MemoryOpType, TurnRole, TurnSpec
 
@@ -141,7 +141,12 @@ class MemorySystem:
         decisions = self.extractor.extract(requests)
         if len(decisions) != len(items):
             raise RuntimeError(f"extractor returned {len(decisions)} decision lists for {len(items)} turns")
-        texts = [d.text for ds in decisions for d in ds if d.op in (MemoryOpType.ADD, MemoryOpType.UPDATE)]
+        texts = [
+            d.embed_text or d.text
+            for ds in decisions
+            for d in ds
+            if d.op in (MemoryOpType.ADD, MemoryOpType.UPDATE)
+        ]
         vecs = iter(self.embedder.encode(texts))
         out = []
         for (mgr, turn), ds in zip(items, decisions, strict=True):
@@ -245,9 +250,12 @@ class MemorySystem:
         for i, (mgr, query) in enumerate(items):
             q = Query(mgr.episode_id, query, None if vecs is None else vecs[i])
             ranked = self.retriever.rank(self.store, q, max(k, self.cfg.candidate_pool))
-            records = {r.fact_id: r for r in self.store.records(mgr.episode_id)}
+            ordered = self.store.records(mgr.episode_id)
+            records = {r.fact_id: r for r in ordered}
+            ranked = neighbour_smooth(ranked, ordered, self.cfg.smooth_weight)
+            ranked = speaker_rescore(ranked, records, query, self.cfg.speaker_weight)
             ranked = time_rescore(ranked, records, query, self.cfg)[:k]
-            hits = self._expand(ranked, records)
+            hits = self._expand(ranked, ordered)
             mgr._log(
                 [
                     MemoryOp(
@@ -264,11 +272,11 @@ class MemorySystem:
             out.append(hits)
         return out
 
-    def _expand(self, ranked: list[tuple[int, float]], records: dict[int, FactRecord]) -> list[RetrievedFact]:
+    def _expand(self, ranked: list[tuple[int, float]], ordered: Sequence[FactRecord]) -> list[RetrievedFact]:
         """Hits as RetrievedFact; with ``neighbour_turns=n`` each hit also carries the n facts before and after
         it (ingest order) that no better hit already carried — text joined with newlines, ids unioned."""
         n = self.cfg.neighbour_turns
-        ordered = sorted(records.values(), key=lambda r: r.order)
+        records = {r.fact_id: r for r in ordered}
         pos = {r.fact_id: i for i, r in enumerate(ordered)}
         seen: set[int] = set()
         out = []

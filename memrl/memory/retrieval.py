@@ -8,6 +8,7 @@ calibrating. Optional time-aware scoring adds a bonus to facts dated in a period
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -175,6 +176,21 @@ def tokenize(text: str) -> list[str]:
     return out
 
 
+@functools.lru_cache(maxsize=200_000)
+def _porter(tok: str) -> str:
+    from nltk.stem import PorterStemmer
+
+    return _STEMMER.setdefault("porter", PorterStemmer()).stem(tok)
+
+
+_STEMMER: dict = {}
+
+
+def tokenize_stemmed(text: str) -> list[str]:
+    """:func:`tokenize` without plural stripping, Porter-stemmed (``went``≠``go``, but ``painting``→``paint``)."""
+    return [_porter(t) for t in _TOKEN.findall(text.lower()) if t not in _STOP]
+
+
 @dataclass(frozen=True)
 class Query:
     """One retrieval request: ``vector`` is the embedded query ``[dim]`` (None for lexical-only retrievers)."""
@@ -209,7 +225,9 @@ class Bm25Retriever:
     needs_vectors = False
 
     def __init__(self, cfg: MemoryConfig) -> None:
-        self.expand_speakers = cfg.expand_speakers
+        self.bm25_query_speakers = cfg.bm25_query_speakers
+        self.tokenize = tokenize_stemmed if cfg.bm25_stem else tokenize
+        self.k1, self.b = cfg.bm25_k1, cfg.bm25_b
         self._cache: dict[str, tuple[int, list[int], BM25Okapi | None, frozenset[str]]] = {}
 
     def _index(self, store: FactStore, namespace: str) -> tuple[list[int], BM25Okapi | None, frozenset[str]]:
@@ -219,10 +237,10 @@ class Bm25Retriever:
             return hit[1], hit[2], hit[3]
         records = store.records(namespace)
         ids = [r.fact_id for r in records]
-        docs = [tokenize(r.text) for r in records]
+        docs = [self.tokenize(r.text) for r in records]
         # BM25Okapi divides by the corpus size; an empty namespace has no index.
-        bm25 = BM25Okapi(docs) if docs else None
-        speakers = frozenset(tokenize(" ".join({r.speaker for r in records if r.speaker})))
+        bm25 = BM25Okapi(docs, k1=self.k1, b=self.b) if docs else None
+        speakers = frozenset(self.tokenize(" ".join({r.speaker for r in records if r.speaker})))
         self._cache[namespace] = (rev, ids, bm25, speakers)
         return ids, bm25, speakers
 
@@ -230,8 +248,8 @@ class Bm25Retriever:
         ids, bm25, speakers = self._index(store, query.namespace)
         if bm25 is None:
             return []
-        q = tokenize(query.text)
-        if not self.expand_speakers:
+        q = self.tokenize(query.text)
+        if not self.bm25_query_speakers:
             # Speaker names match half of all facts (every "Name: ..." prefix): drop them from the lexical query.
             q = [t for t in q if t not in speakers] or q
         scores = bm25.get_scores(q)
@@ -316,4 +334,35 @@ def time_rescore(ranked: Ranked, records: dict[int, FactRecord], query: str, cfg
         if wants_recent and hi > lo:
             bonus += cfg.recency_weight * (rec.order - lo) / (hi - lo)
         out.append((fid, score + bonus))
+    return sorted(out, key=lambda kv: -kv[1])
+
+
+def speaker_rescore(ranked: Ranked, records: dict[int, FactRecord], query: str, weight: float) -> Ranked:
+    """Add ``weight`` to facts said by a speaker the query names (questions are usually about one person)."""
+    if not ranked or weight == 0:
+        return ranked
+    words = set(_TOKEN.findall(query.lower()))
+    speakers = {r.speaker for r in records.values() if r.speaker and r.speaker.lower() in words}
+    if not speakers:
+        return ranked
+    out = [(f, s + weight * (records[f].speaker in speakers)) for f, s in ranked]
+    return sorted(out, key=lambda kv: -kv[1])
+
+
+def neighbour_smooth(ranked: Ranked, ordered: Sequence[FactRecord], weight: float) -> Ranked:
+    """``score'(i) = score(i) + weight * max(score(i-1), score(i+1))`` over ingest order: a turn inside a
+    relevant stretch of conversation beats an isolated lucky match. Neighbours of candidates join the pool."""
+    if not ranked or weight == 0:
+        return ranked
+    pos = {r.fact_id: i for i, r in enumerate(ordered)}
+    score = dict(ranked)
+    pool = set(score)
+    for fid in list(score):
+        p = pos[fid]
+        pool.update(ordered[j].fact_id for j in (p - 1, p + 1) if 0 <= j < len(ordered))
+    out = []
+    for fid in pool:
+        p = pos[fid]
+        near = [score.get(ordered[j].fact_id, 0.0) for j in (p - 1, p + 1) if 0 <= j < len(ordered)]
+        out.append((fid, score.get(fid, 0.0) + weight * max(near, default=0.0)))
     return sorted(out, key=lambda kv: -kv[1])

@@ -15,7 +15,7 @@ def turns(prefix, texts, speaker="Ann"):
 
 
 def test_batched_extraction_makes_one_encode_call_for_all_episodes(counting):
-    system = MemorySystem(MemoryConfig(), embedder=counting)
+    system = MemorySystem(MemoryConfig(neighbour_turns=0), embedder=counting)
     a, b = system.manager("a"), system.manager("b")
     items = [(a, t) for t in turns("A", ["I play the cello.", "My cat is called Tom."])]
     items += [(b, t) for t in turns("B", ["I live in Lima.", "", "I love mangoes."], "Bob")]
@@ -31,7 +31,7 @@ def test_batched_extraction_makes_one_encode_call_for_all_episodes(counting):
 
 
 def test_episodes_never_see_each_others_facts(minilm):
-    system = MemorySystem(MemoryConfig(), embedder=minilm)
+    system = MemorySystem(MemoryConfig(neighbour_turns=0), embedder=minilm)
     a, b = system.manager("a"), system.manager("b")
     system.extract_facts_batch([(a, turns("A", ["The vault code is 4711."])[0])])
     assert b.retrieve("vault code", k=5) == []
@@ -66,7 +66,7 @@ def test_system_save_and_reload_keeps_facts(minilm, tmp_path):
     mgr.extract_facts(turns("D1", ["I collect vintage stamps."])[0])
     system.save(str(tmp_path / "mem.bin"))
     store = FaissFactStore.load(str(tmp_path / "mem.bin"), MemoryConfig())
-    again = MemorySystem(MemoryConfig(), embedder=minilm, store=store)
+    again = MemorySystem(MemoryConfig(neighbour_turns=0), embedder=minilm, store=store)
     assert again.manager("ep").retrieve("hobby stamps", k=1)[0].text == "Ann: I collect vintage stamps."
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from memrl.memory.config import MemoryConfig
 from memrl.memory.manager import MemorySystem
-from memrl.memory.retrieval import RETRIEVERS, query_periods, rrf, time_rescore, tokenize
+from memrl.memory.retrieval import RETRIEVERS, query_periods, rrf, time_rescore, tokenize, tokenize_stemmed
 from memrl.memory.store import FactRecord
 from memrl.types import MemoryOpType, TurnSpec
 
@@ -25,7 +25,9 @@ def system(minilm):
     """One system per retrieval mode over the same history (one encode call each)."""
     systems = {}
     for mode in ("dense", "bm25", "hybrid"):
-        s = MemorySystem(MemoryConfig(retrieval=mode, candidate_pool=10, top_k=3), embedder=minilm)
+        s = MemorySystem(
+            MemoryConfig(retrieval=mode, candidate_pool=10, top_k=3, neighbour_turns=0), embedder=minilm
+        )
         s.extract_facts_batch(
             [(s.manager("ep"), TurnSpec("history", x, i, sp, ts)) for i, sp, ts, x in HISTORY]
         )
@@ -35,6 +37,7 @@ def system(minilm):
 
 def test_tokenize_drops_stopwords_and_plurals():
     assert tokenize("What did the dogs eat in 2023?") == ["dog", "eat", "2023"]
+    assert tokenize_stemmed("Painting the paintings") == ["paint", "paint"]
 
 
 def test_rrf_fuses_by_rank():
@@ -85,9 +88,8 @@ def test_time_rescore_boosts_named_period_and_recency():
     assert time_rescore([(1, 0.5), (2, 0.4)], recs, "What happened in June 2024?", cfg)[0][0] == 2
     assert time_rescore([(1, 0.5), (2, 0.4)], recs, "What is Ann doing currently?", cfg)[0][0] == 2
     assert time_rescore([(1, 0.5), (2, 0.4)], recs, "What did Ann adopt?", cfg)[0][0] == 1
-    assert (
-        time_rescore([(1, 0.5), (2, 0.4)], recs, "in June 2024", MemoryConfig())[0][0] == 1
-    )  # off by default
+    off = MemoryConfig(time_weight=0)
+    assert time_rescore([(1, 0.5), (2, 0.4)], recs, "in June 2024", off)[0][0] == 1
 
 
 def test_unknown_retriever_lists_choices():
