@@ -33,7 +33,9 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
-            raise ContractError(f"SamplingParams.temperature: must be >= 0 (0 = greedy), got {self.temperature}")
+            raise ContractError(
+                f"SamplingParams.temperature: must be >= 0 (0 = greedy), got {self.temperature}"
+            )
         if not 0 < self.top_p <= 1:
             raise ContractError(f"SamplingParams.top_p: must be in (0, 1], got {self.top_p}")
         if self.max_tokens < 1:
