@@ -1,9 +1,8 @@
 from __future__ import annotations
 
-from rollout_fixtures import PROMPT, encode
-
 from memrl.policy.scripted import ScriptedPolicy, random_script
 from memrl.rollout import STRATEGIES, RolloutConfig, RolloutRequest, run_rollout
+from tests.rollout.rollout_fixtures import PROMPT, encode
 
 
 def test_chains_share_the_prompt_once_and_return_n_distinct_leaves(tok):

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from rollout_fixtures import PROMPT, TableTools, encode, fixing_script
 
 from memrl.policy.scripted import DEFAULT_LOGPROB, ScriptedPolicy
 from memrl.rollout import RollbackConfig, RolloutConfig, RolloutRequest, run_rollout
+from tests.rollout.rollout_fixtures import PROMPT, TableTools, encode, fixing_script
 
 
 def _run(tok, script, n=1, k=1, rollback=None, **kw):

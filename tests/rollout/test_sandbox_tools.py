@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from rollout_fixtures import PROMPT, encode, fixing_script
 
 from memrl.policy.scripted import ScriptedPolicy
 from memrl.rollout import RollbackConfig, RolloutConfig, RolloutRequest, run_rollout
@@ -11,6 +10,7 @@ from memrl.rollout import RollbackConfig, RolloutConfig, RolloutRequest, run_rol
 # A busy host may also kill a spinning call by its CPU limit instead of the wall clock; both end the call.
 from memrl.tools import ToolCall, ToolExecutor, ToolInfraError, ToolsConfig
 from memrl.tools.config import SandboxConfig
+from tests.rollout.rollout_fixtures import PROMPT, encode, fixing_script
 
 
 @pytest.fixture(scope="module")

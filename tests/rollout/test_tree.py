@@ -3,10 +3,10 @@ from __future__ import annotations
 import math
 
 import pytest
-from rollout_fixtures import PROMPT, encode
 
 from memrl.policy.scripted import ScriptedPolicy, ScriptedTurn, random_script
 from memrl.rollout import RolloutConfig, RolloutRequest, TreeConfig, run_rollout
+from tests.rollout.rollout_fixtures import PROMPT, encode
 
 
 def _cfg(n, init, iters, nodes, beam, seg=6, **kw):

@@ -1,4 +1,4 @@
-"""Sandbox fixtures: small limits (memrl.tools.hostile.quick_limits) so the hostile suite stays fast."""
+"""Sandbox fixtures (helpers live in tests/tools/support.py so test modules can import them)."""
 
 from __future__ import annotations
 
@@ -6,14 +6,8 @@ import shutil
 
 import pytest
 
-from memrl.tools import Sandbox, SandboxConfig
-from memrl.tools.hostile import quick_limits
-
-needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
-
-
-def small_config(**overrides) -> SandboxConfig:
-    return quick_limits(**overrides)
+from memrl.tools import Sandbox
+from tests.tools.support import small_config
 
 
 @pytest.fixture(scope="module")

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from conftest import needs_bwrap
-
 from memrl.bench import BENCHES
+from tests.tools.support import needs_bwrap
 
 KEYS = {
     "cases",

@@ -5,10 +5,10 @@ from __future__ import annotations
 import ast
 
 import pytest
-from conftest import needs_bwrap, small_config
 
 from memrl.tools import Sandbox, ToolInfraError
 from memrl.tools import cgroup as cgroup_mod
+from tests.tools.support import needs_bwrap, small_config
 
 
 def _cgroups_available() -> bool:

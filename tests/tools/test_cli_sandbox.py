@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 
-from conftest import needs_bwrap
-
 from memrl.cli.main import main
+from tests.tools.support import needs_bwrap
 
 
 @needs_bwrap

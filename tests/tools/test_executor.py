@@ -7,11 +7,11 @@ import threading
 from dataclasses import dataclass
 
 import pytest
-from conftest import needs_bwrap, small_config
 
 from memrl.formats import RESULT_CLOSE, format_result
 from memrl.tools import PARSERS, ToolCall, ToolContext, ToolExecutor, ToolInfraError, ToolsConfig
 from memrl.tools.hostile import count_fds, live_children
+from tests.tools.support import needs_bwrap, small_config
 
 
 @pytest.fixture(scope="module")

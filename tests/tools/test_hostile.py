@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 
 import pytest
-from conftest import needs_bwrap
 
 from memrl.tools.hostile import CASES, HostProbe, count_fds, live_children, run_case
+from tests.tools.support import needs_bwrap
 
 pytestmark = needs_bwrap
 

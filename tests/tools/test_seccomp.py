@@ -5,9 +5,9 @@ from __future__ import annotations
 import struct
 
 import pytest
-from conftest import needs_bwrap, small_config
 
 from memrl.tools import Sandbox, seccomp
+from tests.tools.support import needs_bwrap, small_config
 
 pytestmark = pytest.mark.skipif(not seccomp.supported(), reason="filter is assembled for x86_64 only")
 

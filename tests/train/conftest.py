@@ -1,7 +1,8 @@
 from __future__ import annotations
 
 import pytest
-from train_fixtures import make_episodes, tiny_llama
+
+from tests.train.train_fixtures import make_episodes, tiny_llama
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ import json
 
 import torch
 from peft import PeftModel
-from train_fixtures import make_episodes, tiny_llama
 
 from memrl.data.batch import TrajectoryBatchBuilder
 from memrl.data.config import BatchConfig
@@ -19,6 +18,7 @@ from memrl.train.checkpoint import (
 from memrl.train.config import LoraConfig, TrainConfig
 from memrl.train.lora import adapter_state, attach_lora
 from memrl.train.updater import PolicyUpdater
+from tests.train.train_fixtures import make_episodes, tiny_llama
 
 CFG = TrainConfig(lr=1e-2, lora=LoraConfig(r=4, alpha=8))
 

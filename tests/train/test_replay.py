@@ -4,7 +4,6 @@ import logging
 
 import pytest
 import torch
-from train_fixtures import make_episodes, tiny_llama
 
 import memrl.train.replay as replay_mod
 from memrl.data.batch import TrajectoryBatchBuilder
@@ -13,6 +12,7 @@ from memrl.train.config import LoraConfig, ReplayConfig, TrainConfig
 from memrl.train.lora import adapter_state, attach_lora
 from memrl.train.replay import ReplayBuffer, ReplaySample, replay_loss, sft_rows
 from memrl.types import EpisodeStatus, EpisodeTrajectory
+from tests.train.train_fixtures import make_episodes, tiny_llama
 
 BUILD = TrajectoryBatchBuilder(BatchConfig(layout="packed")).build
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 import types
 
 import torch
-from train_fixtures import make_episodes
 
 from memrl.data.batch import TrajectoryBatchBuilder
 from memrl.data.config import BatchConfig
@@ -13,6 +12,7 @@ from memrl.train.config import LoraConfig, TrainConfig
 from memrl.train.lora import attach_lora
 from memrl.train.setup import TrainResources, eval_config, publish_adapter
 from memrl.train.updater import PolicyUpdater
+from tests.train.train_fixtures import make_episodes
 
 
 def _resources(tmp_path, policy, model, shares):

@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from train_fixtures import make_episodes, tiny_llama
 
 from memrl.data.batch import TrajectoryBatchBuilder
 from memrl.data.config import BatchConfig
@@ -10,6 +9,7 @@ from memrl.train.config import LoraConfig, TrainConfig
 from memrl.train.lora import adapter_state, attach_lora
 from memrl.train.microbatch import forward_logits, split_micro_batches, token_logprobs, unpack
 from memrl.train.updater import PolicyUpdater
+from tests.train.train_fixtures import make_episodes, tiny_llama
 
 
 def _build(episodes, layout):
