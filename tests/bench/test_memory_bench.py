@@ -1,0 +1,68 @@
+"""``memrl bench memory`` on the repo's mini fixtures (fast) and a real-data subset (slow)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from memrl.bench import BENCHES
+from memrl.bench.memory import DEFAULT_PATHS, _session_ids, recall
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+FIXTURES = Path(__file__).resolve().parents[2] / "adapters" / "fixtures"
+KEYS = (
+    "recall@5",
+    "recall@10",
+    "recall@25",
+    "baseline_dense_recall@10",
+    "baseline_bm25_recall@10",
+    "context_token_fraction",
+    "ingest_ratio",
+)
+
+
+def test_recall_counts_gold_ids_among_source_ids_of_top_k():
+    ranked = [("D1:1", "D1:2"), ("D3:4",), ("D9:9",)]
+    assert recall(ranked, ["D1:2", "D9:9"], 2, set) == 0.5
+    assert recall(ranked, ["D1:2", "D9:9"], 3, set) == 1.0
+    assert _session_ids(["sess:a:3", "sess:a:4", "b:0"]) == {"sess:a", "b"}
+
+
+def check(result: dict) -> None:
+    for key in KEYS:
+        assert key in result, key
+    for key in KEYS[:5]:
+        assert 0.0 <= result[key] <= 1.0
+    assert result["recall@5"] <= result["recall@10"] <= result["recall@25"]
+    assert 0.0 < result["context_token_fraction"] <= 1.0
+    assert result["ingest_ratio"] > 0
+
+
+def test_bench_on_locomo_fixture():
+    result = BENCHES.get("memory")(["--dataset", "locomo", "--path", str(FIXTURES / "locomo_mini.json")])
+    check(result)
+    assert result["conversations"] == 1 and result["facts"] == 35
+
+
+def test_bench_rejects_unknown_override():
+    with pytest.raises(SystemExit):
+        BENCHES.get("memory")(["--path", str(FIXTURES / "locomo_mini.json"), "no_such_key=1"])
+
+
+@pytest.mark.slow
+def test_bench_on_longmemeval_fixture():
+    result = BENCHES.get("memory")(
+        ["--dataset", "longmemeval", "--path", str(FIXTURES / "longmemeval_mini.json"), "neighbour_turns=0"]
+    )
+    check(result)
+    assert result["questions"] == 2  # the abstention question has no answer session to find
+
+
+@pytest.mark.slow
+def test_bench_on_real_locomo_subset():
+    if not DEFAULT_PATHS["locomo"].is_file():
+        pytest.skip(f"{DEFAULT_PATHS['locomo']} not present")
+    result = BENCHES.get("memory")(["--dataset", "locomo", "--limit", "1", "--no-baselines"])
+    assert result["recall@10"] >= 0.6 and result["context_token_fraction"] <= 0.1
