@@ -1,7 +1,8 @@
 """The default backend: any transformers causal LM (optionally with a PEFT LoRA adapter), decoded by our own loop.
 
-The loop runs ``model(...)`` over a :class:`transformers.DynamicCache` so that it can report per-token logprobs
-and top-k alternatives, honour stop strings / stop ids per sequence and resume from kept prefix states.
+The loop runs ``model(...)`` over a KV cache with pre-allocated capacity (:mod:`memrl.policy.kv_cache`) so that it
+can report per-token logprobs and top-k alternatives, honour stop strings / stop ids per sequence and resume from
+kept prefix states. Not thread-safe: serialise calls (``memrl serve`` does).
 
 Batch layout (``B`` rows = requests x ``n``): row ``i`` reuses ``c_i`` cached prompt positions and computes the
 ``r_i`` remaining ones. The batch cache is ``[B, heads, C, head_dim]`` with ``C = max c_i``, each row's cached
