@@ -16,3 +16,7 @@ PY=${PYTHON:-python3}
 .venv/bin/pip install -q --upgrade pip
 .venv/bin/pip install -q torch==2.13.0
 .venv/bin/pip install -q -e ".[dev]"
+# verl is imported for its DataProto / core_algos only (our hook and the advantage-equality tests); its full
+# dependency set (vllm, flash-attn, pinned transformers) is not needed for that, so install it without deps.
+.venv/bin/pip install -q --no-deps verl
+.venv/bin/pip install -q tensordict codetiming
