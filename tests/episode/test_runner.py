@@ -35,6 +35,7 @@ def setup():
             "rollout.n=1",
             "rollout.max_response_tokens=64",
             "memory.top_k=4",
+            "memory.neighbour_turns=0",  # one fact per turn: the scripted model reads single facts
         ],
     )
     inputs, _ = load_dataset(cfg.data)

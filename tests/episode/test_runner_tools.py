@@ -37,6 +37,7 @@ def cfg(tmp_path_factory):
             "data.adapter=synthetic",
             "data.options={num_episodes: 3}",
             "tools.enabled=[python, search]",
+            "memory.neighbour_turns=0",  # one fact per turn: the assertions read single facts
             "rollout.n=1",
             "rollout.max_response_tokens=200",
             "rollout.rollback.enable_tool_rollback=true",
