@@ -52,10 +52,12 @@ class TinyRecipe:
     lr: float = 4e-3
     warmup_steps: int = 30
     weight_decay: float = 0.01
-    prompt_loss_weight: float = 0.1
+    # Language modelling of the prompt too: its repeated spans (the summary restates fact lines) are what
+    # teaches attention to copy; the response alone is ~5% of the tokens.
+    prompt_loss_weight: float = 1.0
     facts: FactOptions = field(
         default_factory=lambda: FactOptions(
-            min_distractors=1, max_distractors=3, summary_p=0.1, randomize_p=0.8
+            min_distractors=1, max_distractors=3, summary_p=0.5, randomize_p=0.8
         )
     )
     tools: tuple[str, ...] = ("python", "search")
