@@ -222,14 +222,6 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, MemoryConfig]:
     return args, MemoryConfig(**kwargs)
 
 
-def _embedded_texts(system: MemorySystem, convs: Sequence[Conversation]) -> list[str]:
-    """Exactly the texts ingest embedded (rule facts without speaker prefix unless ``embed_speaker``)."""
-    from memrl.memory.extract import ExtractionRequest
-
-    reqs = [ExtractionRequest(t) for c in convs for t in c.turns]
-    return [d.embed_text or d.text for ds in system.extractor.extract(reqs) for d in ds if d.text]
-
-
 @BENCHES.register("memory")
 def bench_memory(argv: list[str]) -> dict:
     args, cfg = _parse(argv)
@@ -247,7 +239,7 @@ def bench_memory(argv: list[str]) -> dict:
     for _ in range(max(1, args.repeats)):
         system = MemorySystem(cfg, embedder=embedder)
         ingest_s.append(ingest(system, convs))
-        bare_s.append(_timed_encode(embedder, _embedded_texts(system, convs)))
+        bare_s.append(_timed_encode(embedder, system.embedding_texts([t for c in convs for t in c.turns])))
     assert system is not None
     # Throughput ratio = bare time / ingest time for the same texts. The CPU-time ratio is the headline: on a
     # shared machine wall time mostly measures the neighbours; both are reported.

@@ -35,6 +35,8 @@ from memrl.types import MemoryOp, MemoryOpType, TurnRole, TurnSpec
 
 logger = logging.getLogger(__name__)
 
+WINDOW_SEPARATOR = " | "  # joins the facts of a neighbour window; never a newline
+
 
 @dataclass(frozen=True)
 class RetrievedFact:
@@ -254,8 +256,8 @@ class MemorySystem:
             records = {r.fact_id: r for r in ordered}
             ranked = neighbour_smooth(ranked, ordered, self.cfg.smooth_weight)
             ranked = speaker_rescore(ranked, records, query, self.cfg.speaker_weight)
-            ranked = time_rescore(ranked, records, query, self.cfg)[:k]
-            hits = self._expand(ranked, ordered)
+            ranked = time_rescore(ranked, records, query, self.cfg)
+            hits = self._expand(ranked, ordered, k)
             mgr._log(
                 [
                     MemoryOp(
@@ -272,27 +274,32 @@ class MemorySystem:
             out.append(hits)
         return out
 
-    def _expand(self, ranked: list[tuple[int, float]], ordered: Sequence[FactRecord]) -> list[RetrievedFact]:
-        """Hits as RetrievedFact; with ``neighbour_turns=n`` each hit also carries the n facts before and after
-        it (ingest order) that no better hit already carried — text joined with newlines, ids unioned."""
+    def _expand(
+        self, ranked: list[tuple[int, float]], ordered: Sequence[FactRecord], k: int
+    ) -> list[RetrievedFact]:
+        """The first ``k`` hits as RetrievedFact; with ``neighbour_turns=n`` each hit also carries the n facts
+        before and after it (ingest order) that no better hit already carried — texts joined on ONE line with
+        :data:`WINDOW_SEPARATOR` (prompts and the search tool render one fact per line), ids unioned. No fact
+        is repeated: a hit that a better hit's window already carried contributes only its uncarried
+        neighbours (this extends a relevant stretch), and is skipped when it has none."""
         n = self.cfg.neighbour_turns
         records = {r.fact_id: r for r in ordered}
         pos = {r.fact_id: i for i, r in enumerate(ordered)}
         seen: set[int] = set()
         out = []
         for fid, score in ranked:
+            if len(out) == k:
+                break
             rec = records[fid]
-            window = [rec]
-            if n:
-                p = pos[fid]
-                window = [
-                    r for r in ordered[max(0, p - n) : p + n + 1] if r.fact_id == fid or r.fact_id not in seen
-                ]
+            p = pos[fid]
+            window = [r for r in ordered[max(0, p - n) : p + n + 1] if r.fact_id not in seen]
+            if not window:
+                continue
             seen.update(r.fact_id for r in window)
             out.append(
                 RetrievedFact(
                     fact_id=fid,
-                    text="\n".join(r.text for r in window),
+                    text=WINDOW_SEPARATOR.join(r.text for r in window),
                     speaker=rec.speaker,
                     timestamp=rec.timestamp,
                     source_ids=tuple(dict.fromkeys(s for r in window for s in r.source_ids)),
@@ -319,6 +326,14 @@ class MemorySystem:
         for (i, _, _), ops in zip(todo, results, strict=True):
             out[i] = ops
         return [o or [] for o in out]
+
+    def embedding_texts(self, turns: Sequence[TurnSpec]) -> list[str]:
+        """The texts ``extract_facts_batch`` would embed for ``turns`` with an extractor that needs no
+        neighbours (rule). Benches use it to time a bare ``encode`` of exactly the same texts."""
+        if self.extractor.needs_neighbours:
+            raise ValueError("embedding_texts needs an extractor without neighbour lookups (e.g. rule)")
+        decisions = self.extractor.extract([ExtractionRequest(t) for t in turns])
+        return [d.embed_text or d.text for ds in decisions for d in ds if d.op is MemoryOpType.ADD]
 
     # -- persistence ----------------------------------------------------------------------------------
     def save(self, path: str) -> None:

@@ -24,6 +24,12 @@ def test_batched_extraction_makes_one_encode_call_for_all_episodes(counting):
     assert [o.op for o in ops[3]] == [MemoryOpType.NOOP]
     assert [f.text for f in a.facts()] == ["Ann: I play the cello.", "Ann: My cat is called Tom."]
     assert [f.source_ids for f in b.facts()] == [("B:0",), ("B:2",)]
+    assert system.embedding_texts([t for _, t in items]) == [
+        "I play the cello.",
+        "My cat is called Tom.",
+        "I live in Lima.",
+        "I love mangoes.",
+    ]
     counting.calls.clear()
     hits = system.retrieve_batch([(a, "What pet does Ann have?"), (b, "Where does Bob live?")], k=1)
     assert counting.calls == [2]

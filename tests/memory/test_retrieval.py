@@ -75,7 +75,15 @@ def test_neighbour_expansion_attaches_adjacent_turns(minilm):
     s.extract_facts_batch([(s.manager("ep"), TurnSpec("history", x, i, sp, ts)) for i, sp, ts, x in HISTORY])
     hits = s.manager("ep").retrieve("Zorblax cartoon", k=1)
     assert hits[0].source_ids == ("D1:2", "D1:3", "D2:1")
-    assert hits[0].text.splitlines()[1] == "Ann: His name is Zorblax, after a cartoon."
+    assert hits[0].text.split(" | ") == [
+        "Bob: Congrats! What did you name him?",
+        "Ann: His name is Zorblax, after a cartoon.",
+        "Bob: I started a new job as a carpenter.",
+    ]
+    # Overlapping windows never repeat a fact: the second hit carries only what the first did not.
+    two = s.manager("ep").retrieve("Zorblax name him", k=2)
+    ids = [sid for h in two for sid in h.source_ids]
+    assert len(ids) == len(set(ids))
 
 
 def test_time_rescore_boosts_named_period_and_recency():
