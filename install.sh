@@ -19,4 +19,4 @@ PY=${PYTHON:-python3}
 # verl is imported for its DataProto / core_algos only (our hook and the advantage-equality tests); its full
 # dependency set (vllm, flash-attn, pinned transformers) is not needed for that, so install it without deps.
 .venv/bin/pip install -q --no-deps verl
-.venv/bin/pip install -q tensordict codetiming
+.venv/bin/pip install -q tensordict codetiming orjson
