@@ -21,7 +21,8 @@ ANSWER_STOP_STRINGS = (ANSWER_CLOSE,)
 
 _ANSWER_RE = re.compile(re.escape(ANSWER_OPEN) + r"(.*?)" + re.escape(ANSWER_CLOSE), re.DOTALL)
 _TOOL_SEGMENT_RE = re.compile(
-    r"<(python|search)>.*?</\1>|" + re.escape(RESULT_OPEN.strip()) + r".*?" + re.escape(RESULT_CLOSE), re.DOTALL
+    r"<(python|search)>.*?</\1>|" + re.escape(RESULT_OPEN.strip()) + r".*?" + re.escape(RESULT_CLOSE),
+    re.DOTALL,
 )
 
 
