@@ -261,14 +261,14 @@ def tree_rollout(
         ]
         trees.append(tree)
     try:
+        if cfg.tree.expansion_iterations == 0:
+            _last_round(engine, hooks, trees)
         engine.run([b for t in trees for b in t.branches])
         # Phase 3: expansion rounds, each batched across all trees.
         for it in range(cfg.tree.expansion_iterations):
             fresh = _expand(engine, trees, cfg, it, rng)
             if it == cfg.tree.expansion_iterations - 1:
-                # Last round: the new branches hold their fork states; nothing else will fork again.
-                hooks.keep_handles = False
-                _drop_node_handles(engine, trees)
+                _last_round(engine, hooks, trees)
             engine.run(fresh)
         # Phase 4: exactly n leaves per tree.
         leaves = [_sample_leaves(t, hooks, cfg.n, rng) for t in trees]
@@ -280,6 +280,15 @@ def tree_rollout(
         engine.handles.flush()
     _tree_metrics(metrics, trees, leaves, cfg)
     return RolloutResult(leaves=leaves, metrics=metrics.summary())
+
+
+def _last_round(engine: Engine, hooks: TreeHooks, trees: list[Tree]) -> None:
+    """Nothing forks after this round: node states are no longer needed (the new branches hold their fork
+    states), and branches generate to their next stop in one call instead of segment by segment, which saves
+    one batch re-assembly and one sequential generate call per segment."""
+    hooks.keep_handles = False
+    _drop_node_handles(engine, trees)
+    engine.segment_tokens = None
 
 
 def _drop_node_handles(engine: Engine, trees: list[Tree]) -> None:
