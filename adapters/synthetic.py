@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import datetime as dt
 import random
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -117,6 +118,33 @@ _ATTRS = {
     )
 }  # fmt: skip
 _DISTRACTOR_UPDATE_P = 0.3  # share of changeable distractor facts stated as old value, then "now" new value
+
+
+def _statement_pattern(template: str) -> re.Pattern[str]:
+    text = re.escape(template).replace(re.escape("{p}"), r"(?P<p>[A-Z][A-Za-z]*)")
+    return re.compile("^" + text.replace(re.escape("{v}"), r"(?P<v>[A-Za-z0-9]+)") + "$")
+
+
+_STATEMENTS = [
+    (_statement_pattern(t), a.name, t == a.update) for a in _ATTRS.values() for t in (a.state, a.update) if t
+]
+
+
+def parse_statement(text: str) -> tuple[str, str, str, bool] | None:
+    """``(person, attribute, value, is_update)`` of a templated attribute turn, ``None`` for anything else
+    (chit-chat). Works on renamed episodes too (any capitalised name, any one-word value)."""
+    for pattern, attr, is_update in _STATEMENTS:
+        m = pattern.match(text.strip())
+        if m:
+            return m["p"], attr, m["v"], is_update
+    return None
+
+
+def ask(attr: str, person: str) -> str:
+    """The question this task asks about ``person``'s ``attr``."""
+    return _ATTRS[attr].ask.format(p=person)
+
+
 # Counts start at 2 so every templated sentence stays grammatical ("has 1 pets").
 _NUMERIC_RANGES = {"age": (18, 79), "siblings": (2, 8), "pets": (2, 7), "savings": (100, 999)}
 

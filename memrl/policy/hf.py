@@ -26,7 +26,7 @@ import torch
 from memrl.policy.base import GenerationRequest, SamplingParams
 from memrl.policy.config import PolicyConfig
 from memrl.policy.errors import PolicyError
-from memrl.policy.kv_cache import preallocated_cache
+from memrl.policy.kv_cache import preallocated_cache, prefix_filled_cache
 from memrl.policy.prefix_cache import PrefixCache, PrefixEntry
 from memrl.policy.sampling import StopChecker, choose_tokens
 from memrl.types import FinishReason, GenerationOutput
@@ -277,8 +277,11 @@ class HFPolicy:
             mask[i, C - row.cached : C] = 1
         pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, C:]
         capacity = C + R + max(r.budget for r in rows)
-        prefix = _gather_prefixes(rows, C) if C > 0 else None
-        cache = preallocated_cache(self._num_layers(), capacity, prefix)
+        if C > 0:
+            prefixes = [(r.entry, r.cached) for r in rows]
+            cache = prefix_filled_cache(self._num_layers(), capacity, prefixes, C)
+        else:
+            cache = preallocated_cache(self._num_layers(), capacity)
         dev = self.device
         return input_ids.to(dev), mask.to(dev), pos.to(dev), cache
 
@@ -350,23 +353,6 @@ class HFPolicy:
             cols = torch.arange(keep - len(r) - 1, keep - 1)
             out.append(logp[i, cols, torch.tensor(r)].tolist())
         return out
-
-
-def _gather_prefixes(rows: Sequence[_Row], C: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per layer ``(keys, values)`` of shape ``[B, heads, C, head_dim]``: row ``i``'s first ``c_i`` cached
-    states right-aligned, zeros elsewhere (masked out)."""
-    ref = next(r.entry for r in rows if r.entry is not None)
-    layers = []
-    for layer in range(len(ref.keys)):
-        heads, _, dim = ref.keys[layer].shape
-        k = ref.keys[layer].new_zeros((len(rows), heads, C, dim))
-        v = ref.values[layer].new_zeros((len(rows), heads, C, dim))
-        for i, row in enumerate(rows):
-            if row.entry is not None and row.cached > 0:
-                k[i, :, C - row.cached :] = row.entry.keys[layer][:, : row.cached]
-                v[i, :, C - row.cached :] = row.entry.values[layer][:, : row.cached]
-        layers.append((k, v))
-    return layers
 
 
 def _pad_id(tokenizer) -> int:

@@ -44,6 +44,14 @@ class PreallocatedLayer(DynamicLayer):
     def get_seq_length(self) -> int:
         return self.length
 
+    def adopt(self, keys: torch.Tensor, values: torch.Tensor, length: int) -> None:
+        """Take ``[B, heads, capacity, head_dim]`` buffers whose first ``length`` positions are already filled
+        (the reused prefixes, written in place: no second copy)."""
+        self.dtype, self.device = keys.dtype, keys.device
+        self._k, self._v, self.length = keys, values, length
+        self.is_initialized = True
+        self._views()
+
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         if self.is_initialized:
             self._k, self._v = self._k[indices], self._v[indices]
@@ -58,4 +66,36 @@ def preallocated_cache(num_layers: int, capacity: int, prefix=None) -> DynamicCa
     if prefix is not None:
         for layer, (k, v) in zip(cache.layers, prefix, strict=True):
             layer.update(k, v)
+    return cache
+
+
+def prefix_filled_cache(
+    num_layers: int, capacity: int, prefixes: list[tuple[object, int]], C: int
+) -> DynamicCache:
+    """A pre-allocated cache whose row ``i`` starts with ``prefixes[i] = (entry, c_i)``: the entry's first
+    ``c_i`` key/value states right-aligned in ``[0, C)`` and zeros before them (masked out, but finite).
+
+    States are written straight into the capacity buffers. Rows continuing from one shared entry (tree
+    branches forked at the same node) are filled by a single broadcast copy."""
+    cache = DynamicCache()
+    cache.layers = [PreallocatedLayer(capacity) for _ in range(num_layers)]
+    ref = next(e for e, c in prefixes if e is not None and c > 0)
+    B = len(prefixes)
+    shared = all(e is ref and c == C for e, c in prefixes)
+    for li, layer in enumerate(cache.layers):
+        rk, rv = ref.keys[li], ref.values[li]
+        k = rk.new_empty((B, rk.shape[0], capacity, rk.shape[-1]))
+        v = rv.new_empty((B, rv.shape[0], capacity, rv.shape[-1]))
+        if shared:
+            k[:, :, :C] = rk[None, :, :C]
+            v[:, :, :C] = rv[None, :, :C]
+        else:
+            for i, (entry, c) in enumerate(prefixes):
+                c = c if entry is not None else 0
+                k[i, :, : C - c] = 0
+                v[i, :, : C - c] = 0
+                if c:
+                    k[i, :, C - c : C] = entry.keys[li][:, :c]
+                    v[i, :, C - c : C] = entry.values[li][:, :c]
+        layer.adopt(k, v, C)
     return cache

@@ -61,13 +61,20 @@ class TinyRecipe:
         )
     )
     tools: tuple[str, ...] = ("python", "search")
+    # More questions about the same memory after the first answer: more recall events per (costly) prompt.
+    follow_ups: int = 0
     template: str = "target_turn.j2"
     version: int = 1
 
     def digest(self) -> str:
         from memrl.episode.prompt import load_template
 
-        payload = json.dumps(dataclasses.asdict(self), sort_keys=True)
+        fields = dataclasses.asdict(self)
+        if (
+            not self.follow_ups
+        ):  # added after version 1: enters the digest only when used (old builds stay valid)
+            del fields["follow_ups"]
+        payload = json.dumps(fields, sort_keys=True)
         payload += load_template(self.template).render(facts=[], summary="x", tools=["t"])
         return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
@@ -126,7 +133,7 @@ def make_sft_examples(recipe: TinyRecipe, tokenizer) -> list[SFTExample]:
     builder = _prompt_builder(tokenizer, recipe)
     rng = random.Random(recipe.seed)
     eps = _episodes("train", recipe.train_episodes, recipe.seed)
-    return [build_example(ep, builder, rng, recipe.facts, recipe.tools) for ep in eps]
+    return [build_example(ep, builder, rng, recipe.facts, recipe.tools, recipe.follow_ups) for ep in eps]
 
 
 # ---------------------------------------------------------------------------------------------- training

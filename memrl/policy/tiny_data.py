@@ -162,19 +162,61 @@ def encode_text(tokenizer, text: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def build_example(
-    ep: BatchInput, builder, rng: random.Random, opts: FactOptions, tools: Sequence[str]
-) -> SFTExample:
-    """One SFT example; ``builder`` is a :class:`~memrl.episode.prompt.PromptBuilder` over the tokenizer."""
-    tok = builder.tokenizer
-    if rng.random() < opts.randomize_p:
-        ep = randomize_names(ep, rng)
-    built = builder.build(ep.final_query, choose_facts(ep, rng, opts), summary_for(ep, rng, opts), tools)
-    ids, mask = [], []
-    for text, m in response_segments(ep):
+def follow_up_questions(
+    facts: Sequence[dict], asked: str, rng: random.Random, k: int
+) -> list[tuple[str, list[tuple[str, int]]]]:
+    """Up to ``k`` more ``(question, response segments)`` about other attributes stated in ``facts``.
+
+    The answer is the latest value among the facts shown (facts are oldest first), which is what answering from
+    memory means. Each follow-up is one more supervised recall per forward pass: the expensive part of an
+    example is its ~450-token prompt, and one answer per prompt left the model too few recall events to learn
+    copying in a CPU-sized budget."""
+    from memrl_adapters.synthetic import ask, parse_statement
+
+    latest: dict[tuple[str, str], str] = {}
+    for f in facts:
+        parsed = parse_statement(f["text"].split(": ", 1)[-1])
+        if parsed is not None:
+            person, attr, value, _ = parsed
+            latest[(person, attr)] = value
+    pairs = [pa for pa in latest if ask(pa[1], pa[0]) != asked]
+    rng.shuffle(pairs)
+    return [(ask(a, p), [(format_answer(latest[(p, a)]), 1)]) for p, a in pairs[:k]]
+
+
+def _append(tok, ids: list[int], mask: list[int], segments: Sequence[tuple[str, int]]) -> None:
+    for text, m in segments:
         seg = encode_text(tok, text)
         ids += seg
         mask += [m] * len(seg)
-    ids.append(int(tok.eos_token_id))
+
+
+def build_example(
+    ep: BatchInput,
+    builder,
+    rng: random.Random,
+    opts: FactOptions,
+    tools: Sequence[str],
+    follow_ups: int = 0,
+) -> SFTExample:
+    """One SFT example; ``builder`` is a :class:`~memrl.episode.prompt.PromptBuilder` over the tokenizer.
+
+    The first exchange is exactly what the pipeline prompts; ``follow_ups`` more user questions about the
+    same memory (chat-template turns, loss mask 0 on the question) may follow it."""
+    tok = builder.tokenizer
+    if rng.random() < opts.randomize_p:
+        ep = randomize_names(ep, rng)
+    facts = choose_facts(ep, rng, opts)
+    built = builder.build(ep.final_query, facts, summary_for(ep, rng, opts), tools)
+    ids: list[int] = []
+    mask: list[int] = []
+    eos = int(tok.eos_token_id)
+    _append(tok, ids, mask, response_segments(ep))
+    ids.append(eos)
     mask.append(1)
+    for question, segments in follow_up_questions(facts, ep.final_query, rng, follow_ups):
+        # The chat template's separator after an assistant turn, then the next user turn (not trained).
+        _append(tok, ids, mask, [(f"\n<|user|>\n{question}\n<|assistant|>\n", 0), *segments])
+        ids.append(eos)
+        mask.append(1)
     return SFTExample(tuple(built.ids), tuple(ids), tuple(mask))

@@ -181,3 +181,29 @@ def test_distractors_change_too_so_now_is_not_a_shortcut():
         if ep.metadata["question_type"] != "update" and changed:
             non_update_with_changes += 1
     assert non_update_with_changes >= 10
+
+
+def test_parse_statement_reads_back_every_attribute_turn_and_nothing_else():
+    episodes = _gen(num_episodes=30)
+    seen = 0
+    for ep in episodes:
+        expected = _facts(ep)
+        for turn in ep.history:
+            parsed = syn.parse_statement(turn.text)
+            stated = [(key, v) for key, vals in expected.items() for tid, v in vals if tid == turn.turn_id]
+            if not stated:
+                assert parsed is None, turn.text
+                continue
+            seen += 1
+            (person, attr), value = stated[0]
+            assert parsed is not None and parsed[:3] == (person, attr, value)
+            assert parsed[3] == (" now " in turn.text)
+    assert seen > 100
+    # Renamed episodes (pseudo-word names and values) parse too, and ask() is the task's own question.
+    assert syn.parse_statement("Bakilo's pet is now called Dumeza.") == ("Bakilo", "pet_name", "Dumeza", True)
+    lookups = [ep for ep in episodes if ep.metadata["question_type"] == "lookup"]
+    for ep in lookups:
+        (tid,) = ep.metadata["evidence_turn_ids"]
+        text = next(t.text for t in ep.history if t.turn_id == tid)
+        person, attr, value, _ = syn.parse_statement(text)
+        assert syn.ask(attr, person) == ep.final_query and value == ep.target_answer

@@ -78,6 +78,45 @@ def test_facts_hold_gold_oldest_first_and_can_leave_it_out():
         assert all(f["text"].split(": ", 1)[0] for f in with_gold)  # "{speaker}: {text}"
 
 
+def test_follow_up_questions_answer_the_latest_shown_value():
+    from memrl.policy.tiny_data import follow_up_questions
+
+    def fact(text):
+        return {"text": f"Ada: {text}"}
+
+    facts = [
+        fact("Mia lives in Oslo."),
+        fact("I saw Omar at the market."),
+        fact("Mia's pet is called Rex."),
+        fact("Mia now lives in Lima."),
+        fact("Omar is 40 years old."),
+    ]
+    qas = dict(follow_up_questions(facts, "What is the name of Mia's pet?", random.Random(0), 5))
+    assert qas == {
+        "Which city does Mia live in?": [("<answer>Lima</answer>", 1)],  # the later, updated value
+        "How old is Omar?": [("<answer>40</answer>", 1)],
+    }  # the question already asked is not repeated; chit-chat asks nothing
+    assert len(follow_up_questions(facts, "", random.Random(0), 1)) == 1
+
+
+def test_follow_ups_extend_the_response_as_chat_turns_with_masked_questions():
+    tok = byte_tokenizer()
+    recipe = dataclasses.replace(MICRO, train_episodes=20, follow_ups=3)
+    examples = make_sft_examples(recipe, tok)
+    base = make_sft_examples(MICRO, tok)
+    assert any(tok.decode(e.response_ids).count("<answer>") > 1 for e in examples)
+    for ex in examples:
+        text = tok.decode(ex.response_ids)
+        turns = text.split("</s>")[:-1]
+        assert 1 <= len(turns) <= 4 and text.endswith("</s>")
+        for turn in turns[1:]:
+            assert turn.startswith("\n<|user|>\n") and "\n<|assistant|>\n<answer>" in turn
+        trained = tok.decode([t for t, m in zip(ex.response_ids, ex.response_mask, strict=True) if m])
+        assert "<|user|>" not in trained and trained.count("<answer>") == len(turns)
+    # Follow-ups come after the first exchange: the first example's prompt is the one built without them.
+    assert examples[0].prompt_ids == base[0].prompt_ids
+
+
 def test_arithmetic_tool_runs_only_integer_prints():
     assert arithmetic_tool("print(19 + 5)") == "24"
     assert arithmetic_tool("print(288 - 111 * 2)") == str(288 - 222)
