@@ -69,6 +69,11 @@ def _measure(policy, requests, cfg: RolloutConfig) -> dict:
 
 def _tree_vs_chain(args) -> dict:
     policy, model_name = _policy(args.model, args.prefix_cache_tokens)
+    if args.model == "random":
+        # A random model samples eos at any step (~1/384 per token), so chain leaves end early while tree leaves,
+        # forked from chains that survived, run longer: per-leaf numbers would compare unequal work. As in
+        # `memrl bench policy`, the random model decodes to the length limit in both arms.
+        policy.eos_ids = []
     tok = policy.tokenizer
     requests = [
         RolloutRequest(tok.encode(PROMPT.format(i=i), add_special_tokens=False), f"q{i}")
@@ -100,6 +105,7 @@ def _tree_vs_chain(args) -> dict:
             "leaves_per_prompt": args.leaves,
             "max_response_tokens": args.max_tokens,
             "prefix_cache_tokens": args.prefix_cache_tokens,
+            "eos_disabled": args.model == "random",
             "tree": dict(vars(tree)),
         },
         "prefix_cache_evictions": policy.prefix_cache.evictions,
