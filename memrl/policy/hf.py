@@ -16,6 +16,7 @@ sits at the position it would have without padding (RoPE keys stored in the cach
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -55,6 +56,7 @@ class _Row:
     finish: FinishReason | None = None
     stop_reason: str | int | None = None
     handle: str | None = None
+    reported_cached: int | None = None  # cached_tokens to report when it differs from ``cached``
 
     def to_output(self) -> GenerationOutput:
         return GenerationOutput(
@@ -64,7 +66,7 @@ class _Row:
             top_logprobs=tuple(self.tops) if self.params.top_logprobs > 0 else (),
             stop_reason=self.stop_reason,
             prompt_token_ids=self.prompt,
-            cached_tokens=self.cached,
+            cached_tokens=self.cached if self.reported_cached is None else self.reported_cached,
             prefix_handle=self.handle,
         )
 
@@ -169,7 +171,39 @@ class HFPolicy:
     # ------------------------------------------------------------------ generation
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[list[GenerationOutput]]:
+        shared = self._share_prompts(requests)
+        internal = {r.prefix_handle for r, o in zip(shared, requests, strict=True) if r is not o}
+        try:
+            return self._generate(shared, internal)
+        finally:
+            self.prefix_cache.release(list(internal))
+
+    def _share_prompts(self, requests: Sequence[GenerationRequest]) -> list[GenerationRequest]:
+        """Requests for ``n > 1`` samples without a prefix handle get a temporary one over ``prompt[:-1]``,
+        computed once (one row per request) before the ``n`` rows decode from it, as vLLM's prefix caching or
+        SGLang's radix cache would serve them, instead of prefilling the same prompt ``n`` times."""
+        todo = [
+            i
+            for i, r in enumerate(requests)
+            if r.params.n > 1 and r.prefix_handle is None and len(r.prompt_ids) > 2
+        ]
+        if not todo:
+            return list(requests)
+        once = SamplingParams(temperature=0.0, max_tokens=1, keep_prefix=True)
+        warm = self._generate([GenerationRequest(requests[i].prompt_ids[:-1], once) for i in todo])
+        out = list(requests)
+        for i, [w] in zip(todo, warm, strict=True):
+            if w.prefix_handle is not None:
+                out[i] = dataclasses.replace(requests[i], prefix_handle=w.prefix_handle)
+        return out
+
+    def _generate(
+        self, requests: Sequence[GenerationRequest], internal: set[str] | frozenset[str] = frozenset()
+    ) -> list[list[GenerationOutput]]:
         rows = [row for i, req in enumerate(requests) for row in self._rows_for(i, req)]
+        for row in rows:
+            if requests[row.req].prefix_handle in internal:
+                row.reported_cached = 0  # computed in this call: not a cache hit
         runnable = [r for r in rows if r.finish is None]
         # Similar remaining lengths together: less padding per sub-batch.
         runnable.sort(key=lambda r: len(r.prompt) - r.cached)

@@ -177,6 +177,24 @@ def test_n_samples_seeded_and_batch_invariant(peaked_policy):
     assert [o.token_ids for o in again] == [o.token_ids for o in outs]
 
 
+def test_n_samples_share_one_prompt_prefill(peaked_policy):
+    prompt = enc(peaked_policy, PROMPTS[2] * 3)
+    fed = []
+    hook = peaked_policy.model.register_forward_pre_hook(
+        lambda _m, args, kw: fed.append(int(kw["input_ids"].numel())), with_kwargs=True
+    )
+    try:
+        outs = peaked_policy.generate([GenerationRequest(prompt, greedy(max_tokens=6, n=4))])[0]
+    finally:
+        hook.remove()
+    # One prompt[:-1] prefill (1 row); then the 4 rows feed only the last prompt token, then 5 decode steps.
+    assert fed[0] == len(prompt) - 1 and set(fed[1:]) == {4} and len(fed) <= 7
+    single = peaked_policy.generate([GenerationRequest(prompt, greedy(max_tokens=6))])[0][0]
+    assert all(o.token_ids == single.token_ids for o in outs)  # same greedy tokens as one request alone
+    assert all(o.cached_tokens == 0 for o in outs)  # computed in this call: not reported as a cache hit
+    assert len(peaked_policy.prefix_cache) == 0  # the temporary state is released
+
+
 def test_context_overflow_aborts_that_request_only():
     model, tok = random_tiny_llama(seed=0, max_position_embeddings=24)
     policy = HFPolicy.from_model(model, tok, PolicyConfig(model="x"))
