@@ -165,18 +165,22 @@ def train(cfg: Any, *, resources: TrainResources | None = None) -> dict[str, Any
             counters["wall_s"] = counters.get("wall_s", 0.0) + time.perf_counter() - t0
             log.log(0, {**start, **{f"counters/{k}": v for k, v in counters.items()}})
         step, last_eval = state.step, state.step
+        # Wall time counts everything from here: steps, evals, logging and checkpoints (the time between two
+        # counter updates goes to the later one).
+        tick = time.perf_counter()
         for step in range(state.step + 1, cfg.train.steps + 1):
             if not _budget_left(cfg, counters):
                 step -= 1
                 break
-            t0 = time.perf_counter()
             seed_everything(step_seed(cfg.seed, step), res)
             result = run_step(res, step, counters)
             metrics = result.metrics
             if cfg.train.eval_every and step % cfg.train.eval_every == 0:
                 metrics.update(_eval(res, step))
                 counters["em_final"], last_eval = metrics["eval/em"], step
-            counters["wall_s"] = counters.get("wall_s", 0.0) + time.perf_counter() - t0
+            now = time.perf_counter()
+            counters["wall_s"] = counters.get("wall_s", 0.0) + now - tick
+            tick = now
             metrics.update({f"counters/{k}": v for k, v in counters.items()})
             log.log(step, metrics)
             logger.info(
@@ -189,10 +193,9 @@ def train(cfg: Any, *, resources: TrainResources | None = None) -> dict[str, Any
             if cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0:
                 _checkpoint(res, ckpt_root, step, counters)
         if last_eval != step or "em_final" not in counters:
-            t0 = time.perf_counter()
             final = _eval(res, step)
             counters["em_final"] = final["eval/em"]
-            counters["wall_s"] = counters.get("wall_s", 0.0) + time.perf_counter() - t0
+            counters["wall_s"] = counters.get("wall_s", 0.0) + time.perf_counter() - tick
             log.log(step, {**final, **{f"counters/{k}": v for k, v in counters.items()}})
         _checkpoint(res, ckpt_root, step, counters)
     finally:
