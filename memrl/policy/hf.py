@@ -282,10 +282,13 @@ class HFPolicy:
             logits = self._forward(next_ids, mask, pos, cache)
 
     def _forward(self, input_ids, mask, pos, cache) -> torch.Tensor:
-        """Last-position logits ``[B, V]``; ``cache`` is extended in place."""
+        """Last-position logits ``[B, V]``; ``cache`` is extended in place.
+
+        Without padding (every row as long as the others, e.g. branches of one node) no mask is passed, so
+        attention runs its causal kernel instead of materialising and applying a ``[B, 1, q, k]`` mask."""
         out = self.model(
             input_ids=input_ids,
-            attention_mask=mask,
+            attention_mask=None if bool(mask.all()) else mask,
             position_ids=pos,
             past_key_values=cache,
             use_cache=True,
