@@ -96,15 +96,16 @@ def _prefix_reuse(policy, args) -> dict:
         return outs
 
     # Interleaved repeats, best of each: a burst of machine noise hits all three alike.
-    times: dict[str, list[float]] = {"re": [], "reuse": [], "incl": []}
-    outs = None
+    arms = {"re": recompute, "reuse": from_handle, "incl": prefix_then_branches}
+    times: dict[str, list[float]] = {k: [] for k in arms}
+    results: dict[str, object] = {}
     for _ in range(args.repeats):
-        for key, fn in (("re", recompute), ("reuse", from_handle), ("incl", prefix_then_branches)):
+        for key, fn in arms.items():
             t0 = time.perf_counter()
-            result = fn()
+            results[key] = fn()
             times[key].append(time.perf_counter() - t0)
-            outs = result if key == "reuse" else outs
-    t_re, t_reuse, t_incl = (min(times[k]) for k in ("re", "reuse", "incl"))
+    t_re, t_reuse, t_incl = (min(times[k]) for k in arms)
+    outs = results["reuse"]
     policy.release([root.prefix_handle])
     return {
         "prefix_recompute_s": t_re,

@@ -171,34 +171,37 @@ class HFPolicy:
     # ------------------------------------------------------------------ generation
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[list[GenerationOutput]]:
-        shared = self._share_prompts(requests)
-        internal = {r.prefix_handle for r, o in zip(shared, requests, strict=True) if r is not o}
+        shared, internal = self._share_prompts(requests)
         try:
             return self._generate(shared, internal)
         finally:
             self.prefix_cache.release(list(internal))
 
-    def _share_prompts(self, requests: Sequence[GenerationRequest]) -> list[GenerationRequest]:
+    def _share_prompts(
+        self, requests: Sequence[GenerationRequest]
+    ) -> tuple[list[GenerationRequest], set[str]]:
         """Requests for ``n > 1`` samples without a prefix handle get a temporary one over ``prompt[:-1]``,
         computed once (one row per request) before the ``n`` rows decode from it, as vLLM's prefix caching or
-        SGLang's radix cache would serve them, instead of prefilling the same prompt ``n`` times."""
+        SGLang's radix cache would serve them, instead of prefilling the same prompt ``n`` times. Returns the
+        requests to run and the temporary handles (released by the caller)."""
         todo = [
             i
             for i, r in enumerate(requests)
             if r.params.n > 1 and r.prefix_handle is None and len(r.prompt_ids) > 2
         ]
         if not todo:
-            return list(requests)
+            return list(requests), set()
         once = SamplingParams(temperature=0.0, max_tokens=1, keep_prefix=True)
         warm = self._generate([GenerationRequest(requests[i].prompt_ids[:-1], once) for i in todo])
-        out = list(requests)
+        out, handles = list(requests), set()
         for i, [w] in zip(todo, warm, strict=True):
             if w.prefix_handle is not None:
                 out[i] = dataclasses.replace(requests[i], prefix_handle=w.prefix_handle)
-        return out
+                handles.add(w.prefix_handle)
+        return out, handles
 
     def _generate(
-        self, requests: Sequence[GenerationRequest], internal: set[str] | frozenset[str] = frozenset()
+        self, requests: Sequence[GenerationRequest], internal: frozenset[str] | set[str] = frozenset()
     ) -> list[list[GenerationOutput]]:
         rows = [row for i, req in enumerate(requests) for row in self._rows_for(i, req)]
         for row in rows:
@@ -251,7 +254,9 @@ class HFPolicy:
     @torch.inference_mode()
     def _decode(self, rows: list[_Row]) -> None:
         input_ids, mask, pos, cache = self._prefill_inputs(rows)
-        logits = self._forward(input_ids, mask, pos, cache)
+        # Decoding appends all-ones columns: whether any row is padded changes only when rows leave.
+        padded = not bool(mask.all())
+        logits = self._forward(input_ids, mask if padded else None, pos, cache)
         active = list(rows)
         while True:
             choices = choose_tokens(logits, [r.params for r in active], [r.generator for r in active])
@@ -276,19 +281,20 @@ class HFPolicy:
                 cache.batch_select_indices(idx)
                 mask, pos = mask[idx], pos[idx]
                 active = [active[b] for b in keep_idx]
+                padded = padded and not bool(mask.all())
             next_ids = torch.tensor([[r.out[-1]] for r in active], device=self.device)
             mask = torch.cat([mask, mask.new_ones(len(active), 1)], dim=1)
             pos = pos[:, -1:] + 1
-            logits = self._forward(next_ids, mask, pos, cache)
+            logits = self._forward(next_ids, mask if padded else None, pos, cache)
 
     def _forward(self, input_ids, mask, pos, cache) -> torch.Tensor:
         """Last-position logits ``[B, V]``; ``cache`` is extended in place.
 
-        Without padding (every row as long as the others, e.g. branches of one node) no mask is passed, so
-        attention runs its causal kernel instead of materialising and applying a ``[B, 1, q, k]`` mask."""
+        ``mask`` is ``None`` when no row is padded (e.g. branches of one node), so attention runs its causal
+        kernel instead of materialising and applying a ``[B, 1, q, k]`` mask."""
         out = self.model(
             input_ids=input_ids,
-            attention_mask=None if bool(mask.all()) else mask,
+            attention_mask=mask,
             position_ids=pos,
             past_key_values=cache,
             use_cache=True,

@@ -58,14 +58,11 @@ class PreallocatedLayer(DynamicLayer):
             self._views()
 
 
-def preallocated_cache(num_layers: int, capacity: int, prefix=None) -> DynamicCache:
-    """A DynamicCache of ``num_layers`` :class:`PreallocatedLayer`; ``prefix`` = per-layer ``(keys, values)``
-    ``[B, heads, C, head_dim]`` written first."""
+def preallocated_cache(num_layers: int, capacity: int) -> DynamicCache:
+    """An empty DynamicCache of ``num_layers`` :class:`PreallocatedLayer` (see :func:`prefix_filled_cache` for
+    one that starts from reused states)."""
     cache = DynamicCache()
     cache.layers = [PreallocatedLayer(capacity) for _ in range(num_layers)]
-    if prefix is not None:
-        for layer, (k, v) in zip(cache.layers, prefix, strict=True):
-            layer.update(k, v)
     return cache
 
 
@@ -77,8 +74,7 @@ def prefix_filled_cache(
 
     States are written straight into the capacity buffers. Rows continuing from one shared entry (tree
     branches forked at the same node) are filled by a single broadcast copy."""
-    cache = DynamicCache()
-    cache.layers = [PreallocatedLayer(capacity) for _ in range(num_layers)]
+    cache = preallocated_cache(num_layers, capacity)
     ref = next(e for e, c in prefixes if e is not None and c > 0)
     B = len(prefixes)
     shared = all(e is ref and c == C for e, c in prefixes)

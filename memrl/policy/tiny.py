@@ -70,9 +70,8 @@ class TinyRecipe:
         from memrl.episode.prompt import load_template
 
         fields = dataclasses.asdict(self)
-        if (
-            not self.follow_ups
-        ):  # added after version 1: enters the digest only when used (old builds stay valid)
+        # follow_ups came after version 1: it enters the digest only when used, so old builds stay valid.
+        if not self.follow_ups:
             del fields["follow_ups"]
         payload = json.dumps(fields, sort_keys=True)
         payload += load_template(self.template).render(facts=[], summary="x", tools=["t"])
