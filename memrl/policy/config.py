@@ -32,6 +32,8 @@ class PolicyConfig:
     max_batch_size: int = 32  # rows (requests x n) decoded together; more are split into sub-batches
     score_batch_size: int = 8  # sequences per forward pass in logprobs()
     prefix_cache_tokens: int = 65536  # KV budget of kept prefixes (tokens); least recently used evicted first
+    # Rows continuing from one kept prefix attend to a single copy of it (memrl.policy.shared_attention).
+    shared_prefix_attention: bool = True
     # --- openai-compatible http backend ---
     served_model_name: str | None = None  # "model" field sent to the server (default: the model string)
     api_key_env: str = "OPENAI_API_KEY"  # env var read for a bearer token (optional)

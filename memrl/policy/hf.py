@@ -27,7 +27,12 @@ import torch
 from memrl.policy.base import GenerationRequest, SamplingParams
 from memrl.policy.config import PolicyConfig
 from memrl.policy.errors import PolicyError
-from memrl.policy.kv_cache import preallocated_cache, prefix_filled_cache
+from memrl.policy.kv_cache import (
+    SharedPrefixCache,
+    preallocated_cache,
+    prefix_filled_cache,
+    shared_prefix_cache,
+)
 from memrl.policy.prefix_cache import PrefixCache, PrefixEntry
 from memrl.policy.sampling import StopChecker, choose_tokens
 from memrl.types import FinishReason, GenerationOutput
@@ -127,6 +132,7 @@ class HFPolicy:
         self.pad_id = _pad_id(tokenizer)
         self.eos_ids = _eos_ids(model, tokenizer)
         self.max_model_len = min(cfg.max_model_len, _model_max_len(model))
+        self.shared_attention = cfg.shared_prefix_attention and _enable_shared_attention(model)
 
     @classmethod
     def from_model(cls, model, tokenizer, cfg: PolicyConfig | None = None) -> HFPolicy:
@@ -292,6 +298,7 @@ class HFPolicy:
 
         ``mask`` is ``None`` when no row is padded (e.g. branches of one node), so attention runs its causal
         kernel instead of materialising and applying a ``[B, 1, q, k]`` mask."""
+        extra = {"memrl_shared_prefix": cache.prefix} if isinstance(cache, SharedPrefixCache) else {}
         out = self.model(
             input_ids=input_ids,
             attention_mask=mask,
@@ -299,6 +306,7 @@ class HFPolicy:
             past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
+            **extra,
         )
         return out.logits[:, -1, :]
 
@@ -320,7 +328,10 @@ class HFPolicy:
             mask[i, C - row.cached : C] = 1
         pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, C:]
         capacity = C + R + max(r.budget for r in rows)
-        if C > 0:
+        ref = rows[0].entry
+        if C > 0 and self.shared_attention and all(r.entry is ref and r.cached == C for r in rows):
+            cache = shared_prefix_cache(ref, C, capacity)  # branches of one node: the prefix is kept once
+        elif C > 0:
             prefixes = [(r.entry, r.cached) for r in rows]
             cache = prefix_filled_cache(self._num_layers(), capacity, prefixes, C)
         else:
@@ -333,9 +344,8 @@ class HFPolicy:
 
         The cache holds ``prompt + out[:-1]`` (the last sampled token was never fed); ``row_mask`` marks which of
         its ``[C + R + steps]`` positions are real for this row."""
-        real = row_mask.bool()
-        keys = [layer.keys[batch_index][:, real].clone() for layer in cache.layers]
-        values = [layer.values[batch_index][:, real].clone() for layer in cache.layers]
+        states = [layer.row_states(batch_index, row_mask.bool()) for layer in cache.layers]
+        keys, values = [k for k, _ in states], [v for _, v in states]
         return self.prefix_cache.put(
             PrefixEntry(tokens=row.prompt + tuple(row.out), keys=keys, values=values)
         )
@@ -396,6 +406,21 @@ class HFPolicy:
             cols = torch.arange(keep - len(r) - 1, keep - 1)
             out.append(logp[i, cols, torch.tensor(r)].tolist())
         return out
+
+
+def _enable_shared_attention(model) -> bool:
+    """Switch an sdpa model to ``memrl_sdpa`` (identical unless a shared prefix is passed); False when the model
+    uses another attention implementation (e.g. flash attention on GPU), which then keeps per-row copies."""
+    from memrl.policy.shared_attention import IMPLEMENTATION, register
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    current = getattr(base.config, "_attn_implementation", None)
+    if current == IMPLEMENTATION:
+        return True
+    if current != "sdpa" or not hasattr(base, "set_attn_implementation"):
+        return False
+    base.set_attn_implementation(register())
+    return True
 
 
 def _pad_id(tokenizer) -> int:

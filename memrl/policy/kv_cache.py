@@ -57,6 +57,43 @@ class PreallocatedLayer(DynamicLayer):
             self._k, self._v = self._k[indices], self._v[indices]
             self._views()
 
+    def row_states(self, b: int, real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Row ``b``'s states at the positions where ``real`` (``[seq_length]`` bool) is set, as new tensors."""
+        return self.keys[b][:, real].clone(), self.values[b][:, real].clone()
+
+
+class SharedPrefixLayer(PreallocatedLayer):
+    """A layer whose rows all continue from one prefix: the prefix states ``[heads, C, head_dim]`` are held once
+    (the stored entry's own tensors, no copy) and the buffers hold only each row's own positions.
+
+    ``keys``/``values`` are the own positions; the sequence length includes the prefix (masks and positions
+    cover it); :mod:`memrl.policy.shared_attention` attends to both."""
+
+    def __init__(self, capacity: int, prefix_keys: torch.Tensor, prefix_values: torch.Tensor) -> None:
+        super().__init__(capacity - prefix_keys.shape[-2])
+        self.prefix_keys, self.prefix_values = prefix_keys, prefix_values
+        self.prefix_length = int(prefix_keys.shape[-2])
+
+    def get_seq_length(self) -> int:
+        return self.prefix_length + self.length
+
+    def row_states(self, b: int, real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        C = self.prefix_length
+        keys = torch.cat([self.prefix_keys[:, real[:C]], self.keys[b][:, real[C:]]], dim=1)
+        values = torch.cat([self.prefix_values[:, real[:C]], self.values[b][:, real[C:]]], dim=1)
+        return keys, values
+
+
+class SharedPrefixCache(DynamicCache):
+    """A cache of :class:`SharedPrefixLayer`; ``prefix`` is what the attention function needs per layer."""
+
+    def __init__(self, capacity: int, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
+        from memrl.policy.shared_attention import SharedPrefix
+
+        super().__init__()
+        self.layers = [SharedPrefixLayer(capacity, k, v) for k, v in zip(keys, values, strict=True)]
+        self.prefix = SharedPrefix(list(keys), list(values))
+
 
 def preallocated_cache(num_layers: int, capacity: int) -> DynamicCache:
     """An empty DynamicCache of ``num_layers`` :class:`PreallocatedLayer` (see :func:`prefix_filled_cache` for
@@ -64,6 +101,13 @@ def preallocated_cache(num_layers: int, capacity: int) -> DynamicCache:
     cache = DynamicCache()
     cache.layers = [PreallocatedLayer(capacity) for _ in range(num_layers)]
     return cache
+
+
+def shared_prefix_cache(entry, C: int, capacity: int) -> SharedPrefixCache:
+    """A cache for rows that all continue from the first ``C`` positions of one stored ``entry`` (no copy)."""
+    keys = [k[:, :C] for k in entry.keys]
+    values = [v[:, :C] for v in entry.values]
+    return SharedPrefixCache(capacity, keys, values)
 
 
 def prefix_filled_cache(

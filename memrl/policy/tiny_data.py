@@ -220,3 +220,97 @@ def build_example(
         ids.append(eos)
         mask.append(1)
     return SFTExample(tuple(built.ids), tuple(ids), tuple(mask))
+
+
+# ---------------------------------------------------------------------------------------------- recall drills
+
+
+@dataclass(frozen=True)
+class DrillOptions:
+    """Recall drills: short memories about made-up persons, several questions each (see :func:`recall_drill`).
+
+    ``share`` of the SFT examples are drills. Names and word values are random letter strings (``random_p``),
+    pronounceable pseudo-words (``pseudo_p``) or train-pool words (the rest): a value no prior can guess is a
+    value the model must copy from its memory, which is the skill the episode task needs."""
+
+    share: float = 0.0
+    min_facts: int = 1
+    max_facts: int = 4
+    questions: int = 3
+    update_p: float = 0.3
+    random_p: float = 0.4
+    pseudo_p: float = 0.3
+
+
+def _drill_word(rng: random.Random, opts: DrillOptions, pool: Sequence[str]) -> str:
+    k = rng.random()
+    if k < opts.random_p:
+        return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(3, 8)))
+    if k < opts.random_p + opts.pseudo_p:
+        return pseudo_word(rng, False)
+    return rng.choice(pool).lower()
+
+
+def _drill_memory(rng: random.Random, opts: DrillOptions) -> tuple[list[str], dict[tuple[str, str], str]]:
+    """Statements (oldest first) about 1-3 persons, and the latest value of each (person, attribute)."""
+    from memrl_adapters import synthetic as syn
+
+    names = syn.person_names("train")
+    persons = [_drill_word(rng, opts, names).capitalize() for _ in range(rng.randint(1, 3))]
+    pairs = [(p, a) for p in persons for a in syn.ATTRIBUTES]
+    rng.shuffle(pairs)
+    statements: list[str] = []
+    latest: dict[tuple[str, str], str] = {}
+    for person, attr in pairs[: rng.randint(opts.min_facts, opts.max_facts)]:
+
+        def value(attr: str = attr) -> str:
+            if syn.is_numeric(attr):
+                return syn.draw_value(rng, attr)
+            word = _drill_word(rng, opts, [syn.draw_value(rng, attr)])
+            return word.capitalize() if attr in ("city", "pet_name") else word
+
+        latest[(person, attr)] = value()
+        if syn.can_change(attr) and rng.random() < opts.update_p:
+            statements.append(syn.statement(attr, person, value()))
+            statements.append(syn.statement(attr, person, latest[(person, attr)], update=True))
+        else:
+            statements.append(syn.statement(attr, person, latest[(person, attr)]))
+    return statements, latest
+
+
+def recall_drill(builder, rng: random.Random, opts: DrillOptions, tools: Sequence[str]) -> SFTExample:
+    """One drill: a pipeline-format prompt whose memory holds the statements (two speakers, dated, with source
+    ids), the first question as the user turn, then up to ``opts.questions - 1`` follow-up questions."""
+    from memrl_adapters.synthetic import ask
+
+    statements, latest = _drill_memory(rng, opts)
+    speakers = [pseudo_word(rng, True) for _ in range(2)]
+    facts = [
+        {
+            "id": i,
+            "text": f"{speakers[i % 2]}: {text}",
+            "timestamp": f"2023-{1 + i:02d}-{rng.randint(10, 28)} {rng.randint(8, 21)}:{rng.choice((0, 15, 30, 45)):02d}",
+            "speaker": speakers[i % 2],
+            "source_ids": [f"D{1 + i}:{rng.randint(1, 6)}"],
+            "score": 1.0,
+        }
+        for i, text in enumerate(statements)
+    ]
+    asked = list(latest)
+    rng.shuffle(asked)
+    asked = asked[: opts.questions]
+    (p0, a0), rest = asked[0], asked[1:]
+    built = builder.build(ask(a0, p0), facts, "", tools)
+    tok = builder.tokenizer
+    ids: list[int] = []
+    mask: list[int] = []
+    _append(tok, ids, mask, [(format_answer(latest[(p0, a0)]), 1)])
+    ids.append(int(tok.eos_token_id))
+    mask.append(1)
+    for person, attr in rest:
+        question = ask(attr, person)
+        _append(tok, ids, mask, [(f"\n<|user|>\n{question}\n<|assistant|>\n", 0)])
+        _append(tok, ids, mask, [(format_answer(latest[(person, attr)]), 1)])
+        ids.append(int(tok.eos_token_id))
+        mask.append(1)
+    return SFTExample(tuple(built.ids), tuple(ids), tuple(mask))

@@ -1,0 +1,113 @@
+"""Shared-prefix ("cascade") attention for rows that all continue from one stored prefix state.
+
+Tree branches forked at one node decode together, and their cached prefix (prompt + parent response, often
+1000+ positions) is the same for every row. Plain attention reads a per-row copy of it at every decode step, so
+``B`` branches cost ``B`` copies in memory and ``B`` passes over it; here the prefix keys/values are stored once
+(``[kv_heads, C, head_dim]``, the stored entry itself) and all rows' queries meet them in one matmul. The rows'
+own positions (their suffix and generated tokens) are attended separately with the usual mask, and the two
+partial softmaxes are merged exactly through their log-sum-exp (as FlashInfer's cascade attention and vLLM's
+prefix-shared decode kernels do).
+
+Registered as the transformers attention implementation ``memrl_sdpa``: with no shared prefix in the call it is
+exactly transformers' ``sdpa``, so a model can keep it on. The HF backend passes the prefix as the
+``memrl_shared_prefix`` forward kwarg (transformers forwards unknown kwargs down to the attention function).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+IMPLEMENTATION = "memrl_sdpa"
+
+
+@dataclass(frozen=True)
+class SharedPrefix:
+    """Per layer ``[kv_heads, C, head_dim]`` keys and values every row of the batch continues from."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+
+    @property
+    def length(self) -> int:
+        return int(self.keys[0].shape[-2])
+
+
+def _partial(scores: torch.Tensor, values: torch.Tensor):
+    """Unnormalised softmax pieces: running max ``m``, sum ``l`` and ``exp(scores - m) @ values``."""
+    m = scores.amax(-1, keepdim=True).clamp(min=torch.finfo(scores.dtype).min)  # all-masked rows stay finite
+    p = torch.exp(scores - m)
+    return m, p.sum(-1, keepdim=True), p @ values
+
+
+def shared_prefix_attention(
+    query: torch.Tensor,
+    own_keys: torch.Tensor,
+    own_values: torch.Tensor,
+    prefix_keys: torch.Tensor,
+    prefix_values: torch.Tensor,
+    own_mask: torch.Tensor | None,
+    scaling: float,
+) -> torch.Tensor:
+    """Attention of ``query [B, H, q, D]`` over ``prefix [Hkv, C, D]`` (visible to every query) followed by the
+    rows' own ``keys/values [B, Hkv, S, D]`` under ``own_mask`` (bool ``[B, 1, q, S]``, True = attend; ``None`` =
+    all visible). Returns ``[B, q, H, D]`` (the layout transformers' attention functions return)."""
+    B, H, q, D = query.shape
+    Hkv = prefix_keys.shape[0]
+    g = H // Hkv
+    # All rows' queries against the one prefix copy: [Hkv, g*B*q, D] @ [Hkv, D, C].
+    qh = query.view(B, Hkv, g, q, D).permute(1, 2, 0, 3, 4).reshape(Hkv, g * B * q, D)
+    m1, l1, o1 = _partial((qh @ prefix_keys.transpose(1, 2)) * scaling, prefix_values)
+
+    def back(t: torch.Tensor) -> torch.Tensor:  # [Hkv, g*B*q, X] -> [B, H, q, X]
+        return t.view(Hkv, g, B, q, -1).permute(2, 0, 1, 3, 4).reshape(B, H, q, -1)
+
+    m1, l1, o1 = back(m1), back(l1), back(o1)
+    if g > 1:
+        own_keys = own_keys.repeat_interleave(g, dim=1)
+        own_values = own_values.repeat_interleave(g, dim=1)
+    s2 = (query @ own_keys.transpose(-1, -2)) * scaling
+    if own_mask is not None:
+        s2 = s2.masked_fill(~own_mask, float("-inf"))
+    m2, l2, o2 = _partial(s2, own_values)
+    m = torch.maximum(m1, m2)
+    a1, a2 = torch.exp(m1 - m), torch.exp(m2 - m)
+    out = (o1 * a1 + o2 * a2) / (l1 * a1 + l2 * a2)
+    return out.transpose(1, 2).contiguous()
+
+
+def memrl_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+    """transformers attention-interface function: shared-prefix attention when the forward carries a
+    :class:`SharedPrefix`, else transformers' own sdpa."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    shared: SharedPrefix | None = kwargs.pop("memrl_shared_prefix", None)
+    if shared is None:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    C = shared.length
+    if attention_mask is not None:
+        if attention_mask.dtype != torch.bool:
+            raise TypeError("memrl_sdpa expects a boolean attention mask (transformers' sdpa mask)")
+        own_mask = attention_mask[..., C:]
+    elif query.shape[2] > 1:  # no padding: plain causal among the rows' own positions, right-aligned
+        q, S = query.shape[2], key.shape[2]
+        own_mask = torch.ones(q, S, dtype=torch.bool, device=query.device).tril(S - q)[None, None]
+    else:
+        own_mask = None
+    li = module.layer_idx
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    out = shared_prefix_attention(query, key, value, shared.keys[li], shared.values[li], own_mask, scale)
+    return out, None
+
+
+def register() -> str:
+    """Register ``memrl_sdpa`` (attention + its mask function) with transformers; returns the name."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(IMPLEMENTATION, memrl_sdpa)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(IMPLEMENTATION, sdpa_mask)
+    return IMPLEMENTATION
