@@ -30,6 +30,9 @@ class WorkerConfig:
             )
 
 
+FACT_ORDERS = ("time", "score")
+
+
 @dataclass
 class EpisodeConfig:
     """Prompting, reward and rollout workers (owned by memrl.episode).
@@ -37,6 +40,8 @@ class EpisodeConfig:
     ``prompt_template`` is a file name in the bundled ``prompts/`` directory or a path to a Jinja file.
     ``prompt_token_budget`` bounds the target-turn prompt; over budget the lowest-scored facts are cut (and
     recorded in ``StepMeta.cut_fact_ids``), never the question. ``retrieve_k`` = ``None`` uses ``memory.top_k``.
+    ``fact_order``: ``time`` renders retrieved facts oldest first (the latest value of an attribute comes last;
+    what a capable LLM reasons over best), ``score`` most relevant first (a small model copies from the top).
     ``use_memory`` = ``False`` is the no-memory ablation: the prompt carries neither facts nor summary.
     ``batch_size`` is how many episodes advance together through the state machine (memory ops and
     generation are batched across them). ``ingest_chunk_turns`` history turns per episode go into one batched
@@ -52,6 +57,7 @@ class EpisodeConfig:
     prompt_template: str = "target_turn.j2"
     prompt_token_budget: int = 1536
     retrieve_k: int | None = None
+    fact_order: str = "time"
     use_memory: bool = True
     use_summary: bool = True
     update_memory_after_answer: bool = True
@@ -70,6 +76,8 @@ class EpisodeConfig:
             )
         if self.retrieve_k is not None and self.retrieve_k < 0:
             raise ValueError(f"episode.retrieve_k must be >= 0 or null, got {self.retrieve_k}")
+        if self.fact_order not in FACT_ORDERS:
+            raise ValueError(f"episode.fact_order={self.fact_order!r}; valid: {', '.join(FACT_ORDERS)}")
         if self.history_steps not in ("turn", "none"):
             raise ValueError(f"episode.history_steps={self.history_steps!r}; valid: turn, none")
         if self.ingest_chunk_turns < 0:

@@ -97,6 +97,23 @@ class BuiltPrompt:
         return len(self.ids)
 
 
+def order_facts(facts: Sequence[Any], order: str) -> list[Any]:
+    """Retrieved facts in prompt order: ``time`` = oldest first (fact ids grow with ingest order, so the latest
+    value of an attribute comes last), ``score`` = most relevant first (ties: oldest first)."""
+
+    def fid(f: Any) -> Any:
+        return f.get("id") if isinstance(f, Mapping) else getattr(f, "fact_id", getattr(f, "id", None))
+
+    def score(f: Any) -> float:
+        return float(f.get("score", 0.0) if isinstance(f, Mapping) else getattr(f, "score", 0.0))
+
+    if order == "time":
+        return sorted(facts, key=fid)
+    if order == "score":
+        return sorted(facts, key=lambda f: (-score(f), fid(f)))
+    raise ValueError(f"fact order {order!r}; valid: time, score")
+
+
 @functools.lru_cache(maxsize=16)
 def load_template(name: str) -> jinja2.Template:
     """A bundled template by file name (``target_turn.j2``) or a path to a Jinja file."""
@@ -160,7 +177,7 @@ class PromptBuilder:
         summary: str = "",
         tools: Sequence[str] = (),
     ) -> BuiltPrompt:
-        """``facts`` must arrive oldest first (rendered in that order); the budget cuts by score."""
+        """``facts`` are rendered in the order given (see :func:`order_facts`); the budget cuts by score."""
         kept = [as_prompt_fact(f) for f in facts]
         budget = self.cfg.prompt_token_budget
         # Cut order: lowest score first; among equal scores the oldest (earliest in the list) goes first.

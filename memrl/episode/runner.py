@@ -28,7 +28,7 @@ from typing import Any
 
 from memrl.episode.assemble import assemble_episode
 from memrl.episode.config import EpisodeConfig
-from memrl.episode.prompt import PromptBuilder, PromptTooLongError
+from memrl.episode.prompt import PromptBuilder, PromptTooLongError, order_facts
 from memrl.episode.state import EpisodeState, Phase
 from memrl.rewards.base import RewardFn, RewardInput
 from memrl.rollout.base import RolloutRequest, run_rollout
@@ -192,8 +192,7 @@ class EpisodeRunner:
                 [(st.manager, st.inp.final_query) for st in live], k, turn_id=live[0].inp.target.turn_id
             )
             for st, mark, facts in zip(live, marks, hits, strict=True):
-                # Oldest first (fact ids grow with ingest order) so the latest value of an attribute comes last.
-                st.retrieved = sorted(facts, key=lambda f: f.fact_id)
+                st.retrieved = order_facts(facts, self.cfg.fact_order)
                 st.retrieve_ops = [
                     dataclasses.replace(op, turn_id=st.inp.target.turn_id)
                     for op in st.manager.ops_since(mark)
