@@ -328,9 +328,9 @@ class HFPolicy:
             mask[i, C - row.cached : C] = 1
         pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, C:]
         capacity = C + R + max(r.budget for r in rows)
-        ref = rows[0].entry
-        if C > 0 and self.shared_attention and all(r.entry is ref and r.cached == C for r in rows):
-            cache = shared_prefix_cache(ref, C, capacity)  # branches of one node: the prefix is kept once
+        groups = self._prefix_groups(rows) if C > 0 and self.shared_attention else None
+        if groups:
+            cache = shared_prefix_cache(groups, capacity)  # each shared prefix is kept once
         elif C > 0:
             prefixes = [(r.entry, r.cached) for r in rows]
             cache = prefix_filled_cache(self._num_layers(), capacity, prefixes, C)
@@ -338,6 +338,18 @@ class HFPolicy:
             cache = preallocated_cache(self._num_layers(), capacity)
         dev = self.device
         return input_ids.to(dev), mask.to(dev), pos.to(dev), cache
+
+    @staticmethod
+    def _prefix_groups(rows: list[_Row]) -> list[tuple[PrefixEntry, int, list[int]]] | None:
+        """Rows grouped by the prefix state they continue from, when that pays: every row continues from a
+        kept state and there is sharing (at most one group per two rows; singleton groups would only add
+        per-group work to each decode step)."""
+        if any(r.entry is None or r.cached == 0 for r in rows):
+            return None
+        groups: dict[tuple[int, int], tuple[PrefixEntry, int, list[int]]] = {}
+        for i, r in enumerate(rows):
+            groups.setdefault((id(r.entry), r.cached), (r.entry, r.cached, []))[2].append(i)
+        return list(groups.values()) if 2 * len(groups) <= len(rows) else None
 
     def _keep(self, row: _Row, cache, batch_index: int, row_mask: torch.Tensor) -> str:
         """Copy the row's real (unpadded) key/value states out of the batch cache and register a handle.

@@ -63,36 +63,55 @@ class PreallocatedLayer(DynamicLayer):
 
 
 class SharedPrefixLayer(PreallocatedLayer):
-    """A layer whose rows all continue from one prefix: the prefix states ``[heads, C, head_dim]`` are held once
-    (the stored entry's own tensors, no copy) and the buffers hold only each row's own positions.
+    """A layer whose rows continue from shared prefixes (groups of rows, one prefix each): the prefix states
+    ``[heads, C_g, head_dim]`` are held once per group (the stored entries' own tensors, no copy) and the
+    buffers hold only each row's own positions.
 
-    ``keys``/``values`` are the own positions; the sequence length includes the prefix (masks and positions
-    cover it); :mod:`memrl.policy.shared_attention` attends to both."""
+    ``keys``/``values`` are the own positions; the sequence length includes the ``width = max C_g`` prefix
+    positions (masks and positions cover them); :mod:`memrl.policy.shared_attention` attends to both."""
 
-    def __init__(self, capacity: int, prefix_keys: torch.Tensor, prefix_values: torch.Tensor) -> None:
-        super().__init__(capacity - prefix_keys.shape[-2])
-        self.prefix_keys, self.prefix_values = prefix_keys, prefix_values
-        self.prefix_length = int(prefix_keys.shape[-2])
+    def __init__(self, capacity: int, prefix, layer: int) -> None:
+        super().__init__(capacity - prefix.width)
+        self.prefix, self.layer = prefix, layer
+        self.prefix_length = prefix.width
 
     def get_seq_length(self) -> int:
         return self.prefix_length + self.length
 
     def row_states(self, b: int, real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        C = self.prefix_length
-        keys = torch.cat([self.prefix_keys[:, real[:C]], self.keys[b][:, real[C:]]], dim=1)
-        values = torch.cat([self.prefix_values[:, real[:C]], self.values[b][:, real[C:]]], dim=1)
+        g = self.prefix.group_of(b)
+        pk, pv = self.prefix.keys[g][self.layer], self.prefix.values[g][self.layer]
+        C, c = self.prefix_length, pk.shape[-2]
+        shown = real[C - c : C]  # the group's prefix sits right-aligned in the reserved width
+        keys = torch.cat([pk[:, shown], self.keys[b][:, real[C:]]], dim=1)
+        values = torch.cat([pv[:, shown], self.values[b][:, real[C:]]], dim=1)
         return keys, values
 
 
 class SharedPrefixCache(DynamicCache):
-    """A cache of :class:`SharedPrefixLayer`; ``prefix`` is what the attention function needs per layer."""
+    """A cache of :class:`SharedPrefixLayer`; ``prefix`` (a ``SharedPrefix``) goes to the attention function."""
 
-    def __init__(self, capacity: int, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
-        from memrl.policy.shared_attention import SharedPrefix
-
+    def __init__(self, capacity: int, prefix, num_layers: int) -> None:
         super().__init__()
-        self.layers = [SharedPrefixLayer(capacity, k, v) for k, v in zip(keys, values, strict=True)]
-        self.prefix = SharedPrefix(list(keys), list(values))
+        self.prefix = prefix
+        self.layers = [SharedPrefixLayer(capacity, prefix, li) for li in range(num_layers)]
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        super().batch_select_indices(indices)
+        self.prefix.select(indices)
+
+
+def shared_prefix_cache(groups: list[tuple[object, int, list[int]]], capacity: int) -> SharedPrefixCache:
+    """A cache for rows that continue from stored entries: ``groups`` = ``(entry, C_g, rows)``, the rows
+    continuing from the first ``C_g`` positions of ``entry`` (no copies of the prefixes are made)."""
+    from memrl.policy.shared_attention import SharedPrefix
+
+    prefix = SharedPrefix(
+        keys=[[k[:, :c] for k in entry.keys] for entry, c, _ in groups],
+        values=[[v[:, :c] for v in entry.values] for entry, c, _ in groups],
+        rows=[torch.tensor(rows, dtype=torch.long) for _, _, rows in groups],
+    )
+    return SharedPrefixCache(capacity, prefix, len(groups[0][0].keys))
 
 
 def preallocated_cache(num_layers: int, capacity: int) -> DynamicCache:
@@ -101,13 +120,6 @@ def preallocated_cache(num_layers: int, capacity: int) -> DynamicCache:
     cache = DynamicCache()
     cache.layers = [PreallocatedLayer(capacity) for _ in range(num_layers)]
     return cache
-
-
-def shared_prefix_cache(entry, C: int, capacity: int) -> SharedPrefixCache:
-    """A cache for rows that all continue from the first ``C`` positions of one stored ``entry`` (no copy)."""
-    keys = [k[:, :C] for k in entry.keys]
-    values = [v[:, :C] for v in entry.values]
-    return SharedPrefixCache(capacity, keys, values)
 
 
 def prefix_filled_cache(

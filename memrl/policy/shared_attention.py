@@ -22,16 +22,38 @@ import torch
 IMPLEMENTATION = "memrl_sdpa"
 
 
-@dataclass(frozen=True)
+@dataclass
 class SharedPrefix:
-    """Per layer ``[kv_heads, C, head_dim]`` keys and values every row of the batch continues from."""
+    """Groups of rows, each continuing from one prefix: ``keys[g][l]`` / ``values[g][l]`` are group ``g``'s
+    ``[kv_heads, C_g, head_dim]`` states at layer ``l``; ``rows[g]`` its batch rows (every row is in exactly one
+    group). The batch cache reserves ``width = max C_g`` positions for them (shorter prefixes right-aligned,
+    masked before), followed by the rows' own positions."""
 
-    keys: list[torch.Tensor]
-    values: list[torch.Tensor]
+    keys: list[list[torch.Tensor]]
+    values: list[list[torch.Tensor]]
+    rows: list[torch.Tensor]
+    width: int = 0  # fixed for the cache's lifetime, even after the longest group's rows have left
 
-    @property
-    def length(self) -> int:
-        return int(self.keys[0].shape[-2])
+    def __post_init__(self) -> None:
+        self.width = self.width or max(int(k[0].shape[-2]) for k in self.keys)
+
+    def group_of(self, row: int) -> int:
+        for g, rows in enumerate(self.rows):
+            if bool((rows == row).any()):
+                return g
+        raise IndexError(f"row {row} is in no shared-prefix group")
+
+    def select(self, indices: torch.Tensor) -> None:
+        """Keep batch rows ``indices`` (in that order), as the cache's ``batch_select_indices`` does."""
+        new_pos = {int(old): new for new, old in enumerate(indices.tolist())}
+        keys, values, rows = [], [], []
+        for k, v, members in zip(self.keys, self.values, self.rows, strict=True):
+            kept = sorted(new_pos[r] for r in members.tolist() if r in new_pos)
+            if kept:
+                keys.append(k)
+                values.append(v)
+                rows.append(torch.tensor(kept, dtype=torch.long))
+        self.keys, self.values, self.rows = keys, values, rows
 
 
 def _partial(scores: torch.Tensor, values: torch.Tensor):
@@ -41,29 +63,39 @@ def _partial(scores: torch.Tensor, values: torch.Tensor):
     return m, p.sum(-1, keepdim=True), p @ values
 
 
+def _prefix_partial(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scaling: float):
+    """All of ``query [b, H, q, D]``'s rows against one ``[Hkv, C, D]`` prefix in one matmul per head group;
+    returns ``(m, l, o)`` shaped ``[b, H, q, 1|1|D]``."""
+    b, H, q, D = query.shape
+    Hkv = keys.shape[0]
+    g = H // Hkv
+    qh = query.view(b, Hkv, g, q, D).permute(1, 2, 0, 3, 4).reshape(Hkv, g * b * q, D)
+    parts = _partial((qh @ keys.transpose(1, 2)) * scaling, values)
+    return [t.view(Hkv, g, b, q, -1).permute(2, 0, 1, 3, 4).reshape(b, H, q, -1) for t in parts]
+
+
 def shared_prefix_attention(
     query: torch.Tensor,
     own_keys: torch.Tensor,
     own_values: torch.Tensor,
-    prefix_keys: torch.Tensor,
-    prefix_values: torch.Tensor,
+    prefix: SharedPrefix,
+    layer: int,
     own_mask: torch.Tensor | None,
     scaling: float,
 ) -> torch.Tensor:
-    """Attention of ``query [B, H, q, D]`` over ``prefix [Hkv, C, D]`` (visible to every query) followed by the
-    rows' own ``keys/values [B, Hkv, S, D]`` under ``own_mask`` (bool ``[B, 1, q, S]``, True = attend; ``None`` =
-    all visible). Returns ``[B, q, H, D]`` (the layout transformers' attention functions return)."""
+    """Attention of ``query [B, H, q, D]`` over each row's group prefix (visible to every query) followed by
+    the rows' own ``keys/values [B, Hkv, S, D]`` under ``own_mask`` (bool ``[B, 1, q, S]``, True = attend;
+    ``None`` = all visible). Returns ``[B, q, H, D]`` (the layout transformers' attention functions return)."""
     B, H, q, D = query.shape
-    Hkv = prefix_keys.shape[0]
-    g = H // Hkv
-    # All rows' queries against the one prefix copy: [Hkv, g*B*q, D] @ [Hkv, D, C].
-    qh = query.view(B, Hkv, g, q, D).permute(1, 2, 0, 3, 4).reshape(Hkv, g * B * q, D)
-    m1, l1, o1 = _partial((qh @ prefix_keys.transpose(1, 2)) * scaling, prefix_values)
-
-    def back(t: torch.Tensor) -> torch.Tensor:  # [Hkv, g*B*q, X] -> [B, H, q, X]
-        return t.view(Hkv, g, B, q, -1).permute(2, 0, 1, 3, 4).reshape(B, H, q, -1)
-
-    m1, l1, o1 = back(m1), back(l1), back(o1)
+    if len(prefix.rows) == 1:  # one group holds every row: no gathering
+        m1, l1, o1 = _prefix_partial(query, prefix.keys[0][layer], prefix.values[0][layer], scaling)
+    else:
+        m1 = query.new_empty(B, H, q, 1)
+        l1 = query.new_empty(B, H, q, 1)
+        o1 = query.new_empty(B, H, q, prefix.values[0][layer].shape[-1])
+        for keys, values, rows in zip(prefix.keys, prefix.values, prefix.rows, strict=True):
+            m1[rows], l1[rows], o1[rows] = _prefix_partial(query[rows], keys[layer], values[layer], scaling)
+    g = H // own_keys.shape[1]
     if g > 1:
         own_keys = own_keys.repeat_interleave(g, dim=1)
         own_values = own_values.repeat_interleave(g, dim=1)
@@ -87,7 +119,7 @@ def memrl_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=N
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
-    C = shared.length
+    C = shared.width
     if attention_mask is not None:
         if attention_mask.dtype != torch.bool:
             raise TypeError("memrl_sdpa expects a boolean attention mask (transformers' sdpa mask)")
@@ -97,9 +129,8 @@ def memrl_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=N
         own_mask = torch.ones(q, S, dtype=torch.bool, device=query.device).tril(S - q)[None, None]
     else:
         own_mask = None
-    li = module.layer_idx
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    out = shared_prefix_attention(query, key, value, shared.keys[li], shared.values[li], own_mask, scale)
+    out = shared_prefix_attention(query, key, value, shared, module.layer_idx, own_mask, scale)
     return out, None
 
 

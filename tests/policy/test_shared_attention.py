@@ -9,30 +9,87 @@ from memrl.policy import kv_cache
 from memrl.policy.base import GenerationRequest, SamplingParams
 from memrl.policy.config import PolicyConfig
 from memrl.policy.hf import HFPolicy
-from memrl.policy.shared_attention import shared_prefix_attention
+from memrl.policy.shared_attention import SharedPrefix, shared_prefix_attention
 from memrl.policy.tiny_arch import random_tiny_llama
 
 
-@pytest.mark.parametrize(("heads", "kv_heads", "q"), [(3, 3, 1), (4, 2, 1), (4, 2, 3), (2, 1, 5)])
-def test_equals_sdpa_over_prefix_plus_own_states(heads, kv_heads, q):
-    g = torch.Generator().manual_seed(heads * 10 + q)
-    B, C, S, D = 3, 17, 6, 8
-    query = torch.randn(B, heads, q, D, generator=g, dtype=torch.float64)
-    pk, pv = (torch.randn(kv_heads, C, D, generator=g, dtype=torch.float64) for _ in range(2))
-    ok, ov = (torch.randn(B, kv_heads, S, D, generator=g, dtype=torch.float64) for _ in range(2))
+def _reference(query, groups, ok, ov, own, width, scaling):
+    """sdpa over each row's [left pad | its group's prefix | own positions] layout (the per-row copies)."""
+    B, H, q, D = query.shape
+    Hkv = ok.shape[1]
+    keys = torch.zeros(B, Hkv, width, D, dtype=query.dtype)
+    values = torch.zeros_like(keys)
+    pre_mask = torch.zeros(B, 1, q, width, dtype=torch.bool)
+    for pk, pv, rows in groups:
+        c = pk.shape[1]
+        for r in rows:
+            keys[r, :, width - c :], values[r, :, width - c :] = pk, pv
+            pre_mask[r, ..., width - c :] = True
+    keys = torch.cat([keys, ok], dim=2).repeat_interleave(H // Hkv, dim=1)
+    values = torch.cat([values, ov], dim=2).repeat_interleave(H // Hkv, dim=1)
+    full = torch.cat([pre_mask, own], dim=-1)
+    ref = torch.nn.functional.scaled_dot_product_attention(query, keys, values, attn_mask=full, scale=scaling)
+    return ref.transpose(1, 2)
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "q", "group_rows"),
+    [
+        (3, 3, 1, [[0, 1, 2]]),
+        (4, 2, 1, [[0, 1, 2]]),
+        (4, 2, 3, [[0, 2], [1]]),
+        (2, 1, 5, [[2], [0, 1]]),
+        (3, 3, 1, [[1], [2], [0]]),
+    ],
+)
+def test_equals_sdpa_over_per_row_copies(heads, kv_heads, q, group_rows):
+    g = torch.Generator().manual_seed(heads * 10 + q + len(group_rows))
+    B, S, D = 3, 6, 8
+    dt = torch.float64
+    query = torch.randn(B, heads, q, D, generator=g, dtype=dt)
+    lengths = [17, 9, 12][: len(group_rows)]  # groups' prefixes differ in length: right-aligned in the width
+    groups = [
+        (
+            torch.randn(kv_heads, c, D, generator=g, dtype=dt),
+            torch.randn(kv_heads, c, D, generator=g, dtype=dt),
+            rows,
+        )
+        for c, rows in zip(lengths, group_rows, strict=True)
+    ]
+    ok, ov = (torch.randn(B, kv_heads, S, D, generator=g, dtype=dt) for _ in range(2))
     # Own positions: row 1 left-padded by 2, row 2 by 4 (holes right after the prefix); causal among the last q.
     own = torch.ones(B, 1, q, S, dtype=torch.bool).tril(S - q)
     own[1, ..., :2] = False
     own[2, ..., :4] = False
-    out = shared_prefix_attention(query, ok, ov, pk, pv, own, D**-0.5)
-
-    rep = heads // kv_heads
-    keys = torch.cat([pk.expand(B, -1, -1, -1), ok], dim=2).repeat_interleave(rep, dim=1)
-    values = torch.cat([pv.expand(B, -1, -1, -1), ov], dim=2).repeat_interleave(rep, dim=1)
-    full = torch.cat([torch.ones(B, 1, q, C, dtype=torch.bool), own], dim=-1)
-    ref = torch.nn.functional.scaled_dot_product_attention(query, keys, values, attn_mask=full)
+    prefix = SharedPrefix(
+        keys=[[pk] for pk, _, _ in groups],
+        values=[[pv] for _, pv, _ in groups],
+        rows=[torch.tensor(rows) for _, _, rows in groups],
+    )
+    out = shared_prefix_attention(query, ok, ov, prefix, 0, own, D**-0.5)
     assert out.shape == (B, q, heads, D)
-    assert torch.allclose(out, ref.transpose(1, 2), atol=1e-10)
+    assert torch.allclose(out, _reference(query, groups, ok, ov, own, max(lengths), D**-0.5), atol=1e-10)
+
+
+def test_select_keeps_groups_in_new_row_order():
+    t = torch.zeros(1, 2, 1)
+    prefix = SharedPrefix(
+        keys=[[t], [t]], values=[[t], [t]], rows=[torch.tensor([0, 3]), torch.tensor([1, 2])]
+    )
+    prefix.select(torch.tensor([1, 3, 0]))  # row 2 left; rows renumbered 1->0, 3->1, 0->2
+    assert [r.tolist() for r in prefix.rows] == [[1, 2], [0]]
+    assert prefix.group_of(0) == 1 and prefix.group_of(2) == 0
+    prefix.select(torch.tensor([2]))
+    assert [r.tolist() for r in prefix.rows] == [[0]] and len(prefix.keys) == 1
+
+
+def test_width_stays_when_the_longest_group_leaves():
+    long, short = torch.zeros(1, 5, 1), torch.zeros(1, 2, 1)
+    prefix = SharedPrefix(
+        keys=[[long], [short]], values=[[long], [short]], rows=[torch.tensor([0]), torch.tensor([1])]
+    )
+    prefix.select(torch.tensor([1]))
+    assert prefix.width == 5  # the cache still reserves 5 positions; the mask is cut there
 
 
 def _policy(shared: bool) -> HFPolicy:
@@ -48,20 +105,24 @@ def _enc(policy, text: str) -> tuple[int, ...]:
     return tuple(policy.tokenizer.encode(text, add_special_tokens=False))
 
 
-def _branches(policy: HFPolicy, used: list[int]):
-    """A kept node, four branches from it with suffixes of different lengths (padding holes), each kept, then
-    one continuation from a branch's own kept state."""
-    prompt = _enc(policy, "Alice: I moved to Lisbon in May. " * 6)
-    keep = SamplingParams(temperature=0.0, max_tokens=8, keep_prefix=True, top_logprobs=3)
-    [[node]] = policy.generate([GenerationRequest(prompt, keep)])
-    base = prompt + node.token_ids
+def _branches(policy: HFPolicy) -> list:
+    """Two kept nodes of different lengths; from both, in ONE generate call, branches with suffixes of different
+    lengths (padding holes) and different token budgets (rows leave the batch at different steps), each kept;
+    then a continuation from one branch's own kept state."""
+    prompts = [_enc(policy, "Alice: I moved to Lisbon in May. " * 6), _enc(policy, "Bob has 3 cats. " * 5)]
+    node_params = SamplingParams(temperature=0.0, max_tokens=8, keep_prefix=True)
+    nodes = [o[0] for o in policy.generate([GenerationRequest(p, node_params) for p in prompts])]
     suffixes = [(), _enc(policy, " <result>4</result>"), _enc(policy, "x"), _enc(policy, " <r>12</r>")]
-    outs = policy.generate(
-        [GenerationRequest(base + s, keep, prefix_handle=node.prefix_handle) for s in suffixes]
-    )
-    used.append(len(policy.prefix_cache))
-    first = outs[1][0]
-    cont = base + suffixes[1] + first.token_ids + _enc(policy, " ok")
+    reqs = []
+    for i, (p, node) in enumerate(zip(prompts, nodes, strict=True)):
+        for j, s in enumerate(suffixes):
+            params = SamplingParams(
+                temperature=0.0, max_tokens=4 + 3 * j + i, keep_prefix=True, top_logprobs=3
+            )
+            reqs.append(GenerationRequest(p + node.token_ids + s, params, prefix_handle=node.prefix_handle))
+    outs = [o[0] for o in policy.generate(reqs)]
+    first = outs[5]
+    cont = reqs[5].prompt_ids + first.token_ids + _enc(policy, " ok")
     [[tail]] = policy.generate(
         [
             GenerationRequest(
@@ -69,24 +130,32 @@ def _branches(policy: HFPolicy, used: list[int]):
             )
         ]
     )
-    policy.release([node.prefix_handle] + [o[0].prefix_handle for o in outs])
-    return [o[0] for o in outs] + [tail]
+    policy.release([n.prefix_handle for n in nodes] + [o.prefix_handle for o in outs])
+    return outs + [tail]
 
 
-def test_branches_of_one_node_equal_per_row_copies_and_recompute(monkeypatch):
-    calls = []
+def test_branches_of_two_nodes_equal_per_row_copies_and_recompute(monkeypatch):
+    groups = []
     real = kv_cache.shared_prefix_cache
-    monkeypatch.setattr("memrl.policy.hf.shared_prefix_cache", lambda *a: calls.append(a[1]) or real(*a))
+    monkeypatch.setattr(
+        "memrl.policy.hf.shared_prefix_cache", lambda g, cap: groups.append(len(g)) or real(g, cap)
+    )
     shared, copies = _policy(True), _policy(False)
     assert shared.shared_attention and not copies.shared_attention
-    a, b = _branches(shared, []), _branches(copies, [])
-    assert calls, "the shared path was not taken"
+    a, b = _branches(shared), _branches(copies)
+    assert 2 in groups, "the two-group shared path was not taken"
+    assert len({len(x.token_ids) for x in a}) > 3  # rows did leave the batch at different steps
     for x, y in zip(a, b, strict=True):
         assert x.token_ids == y.token_ids and x.cached_tokens == y.cached_tokens > 0
         assert torch.allclose(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-4)
     # And both equal generating from scratch (no prefix state at all).
     fresh = _policy(True)
-    [[ref]] = fresh.generate(
-        [GenerationRequest(a[1].prompt_token_ids, SamplingParams(temperature=0.0, max_tokens=8))]
+    refs = fresh.generate(
+        [
+            GenerationRequest(
+                x.prompt_token_ids, SamplingParams(temperature=0.0, max_tokens=len(x.token_ids))
+            )
+            for x in a
+        ]
     )
-    assert ref.token_ids == a[1].token_ids
+    assert [r[0].token_ids for r in refs] == [x.token_ids for x in a]
