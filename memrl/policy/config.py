@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+SHARED_ATTENTION_MODES = ("one", "groups", "off")
 _DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -32,8 +33,11 @@ class PolicyConfig:
     max_batch_size: int = 32  # rows (requests x n) decoded together; more are split into sub-batches
     score_batch_size: int = 8  # sequences per forward pass in logprobs()
     prefix_cache_tokens: int = 65536  # KV budget of kept prefixes (tokens); least recently used evicted first
-    # Rows continuing from one kept prefix attend to a single copy of it (memrl.policy.shared_attention).
-    shared_prefix_attention: bool = True
+    # Rows continuing from kept prefix states attend to one copy per state (memrl.policy.shared_attention):
+    # "one" = when every row of a decode batch shares one state (tree branches of a node, n samples of a
+    # prompt); "groups" = also several states per batch (exact, but on CPU per-group matmuls measured slower
+    # than fused sdpa over per-row copies); "off" = per-row copies only.
+    shared_prefix_attention: str = "one"
     # --- openai-compatible http backend ---
     served_model_name: str | None = None  # "model" field sent to the server (default: the model string)
     api_key_env: str = "OPENAI_API_KEY"  # env var read for a bearer token (optional)
@@ -59,6 +63,11 @@ class PolicyConfig:
             raise ValueError(f"policy.top_p={self.top_p}: must be in (0, 1]")
         if self.top_logprobs < 0:
             raise ValueError(f"policy.top_logprobs={self.top_logprobs}: must be >= 0 (0 = none)")
+        if self.shared_prefix_attention not in SHARED_ATTENTION_MODES:
+            raise ValueError(
+                f"policy.shared_prefix_attention={self.shared_prefix_attention!r}; valid: "
+                + ", ".join(SHARED_ATTENTION_MODES)
+            )
         if self.prefix_cache_tokens < 0:
             raise ValueError(f"policy.prefix_cache_tokens={self.prefix_cache_tokens}: must be >= 0 (0 = off)")
         if self.request_timeout_s <= 0:

@@ -132,7 +132,8 @@ class HFPolicy:
         self.pad_id = _pad_id(tokenizer)
         self.eos_ids = _eos_ids(model, tokenizer)
         self.max_model_len = min(cfg.max_model_len, _model_max_len(model))
-        self.shared_attention = cfg.shared_prefix_attention and _enable_shared_attention(model)
+        mode = cfg.shared_prefix_attention
+        self.shared_attention = mode if mode != "off" and _enable_shared_attention(model) else "off"
 
     @classmethod
     def from_model(cls, model, tokenizer, cfg: PolicyConfig | None = None) -> HFPolicy:
@@ -328,7 +329,7 @@ class HFPolicy:
             mask[i, C - row.cached : C] = 1
         pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, C:]
         capacity = C + R + max(r.budget for r in rows)
-        groups = self._prefix_groups(rows) if C > 0 and self.shared_attention else None
+        groups = self._prefix_groups(rows, self.shared_attention) if C > 0 else None
         if groups:
             cache = shared_prefix_cache(groups, capacity)  # each shared prefix is kept once
         elif C > 0:
@@ -340,16 +341,18 @@ class HFPolicy:
         return input_ids.to(dev), mask.to(dev), pos.to(dev), cache
 
     @staticmethod
-    def _prefix_groups(rows: list[_Row]) -> list[tuple[PrefixEntry, int, list[int]]] | None:
-        """Rows grouped by the prefix state they continue from, when that pays: every row continues from a
-        kept state and there is sharing (at most one group per two rows; singleton groups would only add
-        per-group work to each decode step)."""
-        if any(r.entry is None or r.cached == 0 for r in rows):
+    def _prefix_groups(rows: list[_Row], mode: str) -> list[tuple[PrefixEntry, int, list[int]]] | None:
+        """Rows grouped by the prefix state they continue from, when ``mode`` allows it: every row continues
+        from a kept state and there is sharing (``one``: a single group; ``groups``: at most one group per two
+        rows, since singleton groups only add per-group work to each decode step)."""
+        if mode == "off" or any(r.entry is None or r.cached == 0 for r in rows):
             return None
         groups: dict[tuple[int, int], tuple[PrefixEntry, int, list[int]]] = {}
         for i, r in enumerate(rows):
             groups.setdefault((id(r.entry), r.cached), (r.entry, r.cached, []))[2].append(i)
-        return list(groups.values()) if 2 * len(groups) <= len(rows) else None
+        if len(groups) == 1 or (mode == "groups" and 2 * len(groups) <= len(rows)):
+            return list(groups.values())
+        return None
 
     def _keep(self, row: _Row, cache, batch_index: int, row_mask: torch.Tensor) -> str:
         """Copy the row's real (unpadded) key/value states out of the batch cache and register a handle.

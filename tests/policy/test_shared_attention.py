@@ -92,12 +92,12 @@ def test_width_stays_when_the_longest_group_leaves():
     assert prefix.width == 5  # the cache still reserves 5 positions; the mask is cut there
 
 
-def _policy(shared: bool) -> HFPolicy:
+def _policy(mode: str) -> HFPolicy:
     model, tok = random_tiny_llama(
         seed=3, initializer_range=0.3, num_attention_heads=4, num_key_value_heads=2
     )
     return HFPolicy.from_model(
-        model, tok, PolicyConfig(model="random-peaked", seed=0, shared_prefix_attention=shared)
+        model, tok, PolicyConfig(model="random-peaked", seed=0, shared_prefix_attention=mode)
     )
 
 
@@ -140,8 +140,8 @@ def test_branches_of_two_nodes_equal_per_row_copies_and_recompute(monkeypatch):
     monkeypatch.setattr(
         "memrl.policy.hf.shared_prefix_cache", lambda g, cap: groups.append(len(g)) or real(g, cap)
     )
-    shared, copies = _policy(True), _policy(False)
-    assert shared.shared_attention and not copies.shared_attention
+    shared, copies = _policy("groups"), _policy("off")
+    assert shared.shared_attention == "groups" and copies.shared_attention == "off"
     a, b = _branches(shared), _branches(copies)
     assert 2 in groups, "the two-group shared path was not taken"
     assert len({len(x.token_ids) for x in a}) > 3  # rows did leave the batch at different steps
@@ -149,7 +149,7 @@ def test_branches_of_two_nodes_equal_per_row_copies_and_recompute(monkeypatch):
         assert x.token_ids == y.token_ids and x.cached_tokens == y.cached_tokens > 0
         assert torch.allclose(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-4)
     # And both equal generating from scratch (no prefix state at all).
-    fresh = _policy(True)
+    fresh = _policy("one")
     refs = fresh.generate(
         [
             GenerationRequest(
@@ -159,3 +159,19 @@ def test_branches_of_two_nodes_equal_per_row_copies_and_recompute(monkeypatch):
         ]
     )
     assert [r[0].token_ids for r in refs] == [x.token_ids for x in a]
+
+
+def test_default_mode_shares_only_when_every_row_continues_from_one_state(monkeypatch):
+    groups = []
+    real = kv_cache.shared_prefix_cache
+    monkeypatch.setattr(
+        "memrl.policy.hf.shared_prefix_cache", lambda g, cap: groups.append(len(g)) or real(g, cap)
+    )
+    one = _policy("one")
+    assert one.shared_attention == "one"
+    outs = _branches(one)  # one call with branches of two nodes (per-row copies), one of a single node
+    assert groups == [1]
+    ref = _branches(_policy("off"))
+    assert [o.token_ids for o in outs] == [o.token_ids for o in ref]
+    with pytest.raises(ValueError, match="valid: one, groups, off"):
+        PolicyConfig(shared_prefix_attention="yes")
