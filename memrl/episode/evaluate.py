@@ -87,9 +87,12 @@ def score_ablation(
 def evaluate(
     cfg: Any, out_dir: str | Path | None = None, *, policy: Any = None, progress: bool = True
 ) -> dict[str, Any]:
-    """Run every ablation in ``episode.eval_ablations`` and write ``eval.json``; returns the report."""
+    """Run every ablation in ``episode.eval_ablations`` and write ``eval.json``; returns the report.
+
+    Episodes run in process, or on Ray actors with ``episode.worker.use_ray`` (as ``memrl run``); ``policy``
+    (built from ``cfg.policy`` if not given) tokenises and serves the ``llm_judge`` metric in the driver."""
     from memrl.episode.build import build_runner
-    from memrl.episode.worker import LocalRolloutWorker
+    from memrl.episode.worker import LocalRolloutWorker, RayRolloutWorker
 
     out = Path(out_dir or cfg.output_dir)
     inputs = load_inputs(cfg)
@@ -110,7 +113,10 @@ def evaluate(
         sub = dataclasses.replace(
             cfg, episode=dataclasses.replace(cfg.episode, use_memory=ABLATIONS[ablation])
         )
-        worker = LocalRolloutWorker(sub, runner=build_runner(sub, policy=policy))
+        if sub.episode.worker.use_ray:  # actors build their own policy and memory from the ablation's config
+            worker = RayRolloutWorker(sub)
+        else:
+            worker = LocalRolloutWorker(sub, runner=build_runner(sub, policy=policy))
         ta = time.perf_counter()
         run_episodes(sub, out / ablation, inputs=inputs, worker=worker, progress=progress)
         from memrl.episode.output import TrajectoryWriter

@@ -57,3 +57,85 @@ def test_full_history_tokens_counts_the_raw_history():
     short, long = _bi("a", "x"), _bi("b", "x")
     long = BatchInput("b", "b", (*long.history * 3, long.target), "Where?", "x")
     assert full_history_tokens(tok, long) > full_history_tokens(tok, short) > len("Ann lives in Oslo")
+
+
+def _eval_cfg(model_dir: str, out: str, *extra: str):
+    from memrl.config import load_config
+
+    return load_config(
+        None,
+        [
+            f"policy.model={model_dir}",
+            f"output_dir={out}",
+            "data.adapter=synthetic",
+            "data.split=test",
+            "data.options={num_episodes: 6}",
+            "tools.enabled=[]",
+            "rollout.n=1",
+            "rollout.temperature=0.0",
+            "rollout.max_response_tokens=8",
+            "episode.batch_size=3",
+            "episode.history_steps=none",
+            "episode.eval_metrics=[exact_match, token_f1, format]",
+            "memory.top_k=4",  # as configs/tiny_synthetic.yaml: a few one-turn facts, no summary
+            "memory.neighbour_turns=0",
+            "episode.use_summary=false",
+            *extra,
+        ],
+    )
+
+
+def _responses(out) -> dict:
+    import glob
+
+    import pandas as pd
+
+    rows = {}
+    for ablation in ("memory", "no_memory"):
+        df = pd.concat(
+            [pd.read_parquet(f) for f in sorted(glob.glob(f"{out}/{ablation}/trajectories/*.parquet"))]
+        )
+        rows[ablation] = dict(zip(df["episode_id"], df["response_ids"].map(tuple), strict=True))
+    return rows
+
+
+def test_evaluate_runs_both_ablations_and_accounts_tokens(tiny_llama_dir, tmp_path):
+    import json
+
+    from memrl.episode.evaluate import evaluate
+
+    report = evaluate(_eval_cfg(tiny_llama_dir, str(tmp_path)), progress=False)
+    assert json.loads((tmp_path / "eval.json").read_text()) == json.loads(json.dumps(report))
+    mem, bare = report["ablations"]["memory"], report["ablations"]["no_memory"]
+    for ab in (mem, bare):
+        assert ab["episodes"] == 6 and ab["failed"] == 0
+        assert set(ab["exact_match_by_group"]) == {"lookup", "update", "arithmetic"}
+        assert 0.0 <= ab["token_f1"] <= 1.0
+    # Memory puts retrieved facts into the prompt; without memory only the question is there, and both are
+    # far below pasting the whole history.
+    assert bare["prompt_tokens_mean"] < mem["prompt_tokens_mean"] < report["full_history_tokens_mean"]
+    assert 0 < report["prompt_to_history_token_ratio"] < 1
+    responses = _responses(tmp_path)
+    assert len(responses["memory"]) == len(responses["no_memory"]) == 6
+
+
+@pytest.mark.slow  # starts Ray and 2 actors per ablation, each loading torch, MiniLM and the model
+def test_evaluate_on_ray_actors_equals_in_process(tiny_llama_dir, tmp_path, ray_local):
+    from memrl.episode.evaluate import evaluate
+
+    local = evaluate(_eval_cfg(tiny_llama_dir, str(tmp_path / "local")), progress=False)
+    on_ray = evaluate(
+        _eval_cfg(
+            tiny_llama_dir,
+            str(tmp_path / "ray"),
+            "episode.worker.use_ray=true",
+            "episode.worker.num_workers=2",
+            "episode.worker.num_cpus_per_worker=0.5",
+        ),
+        progress=False,
+    )
+    assert _responses(tmp_path / "ray") == _responses(tmp_path / "local")  # greedy: same tokens per episode
+    for ablation in ("memory", "no_memory"):
+        a, b = local["ablations"][ablation], on_ray["ablations"][ablation]
+        for key in ("episodes", "failed", "exact_match", "token_f1", "format", "prompt_tokens_mean"):
+            assert a[key] == b[key], (ablation, key)

@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import tempfile
 import time
-from pathlib import Path
 
 import pytest
 
@@ -59,54 +54,27 @@ def test_local_worker_chunks_keep_input_order(tiny_llama_dir):
     worker.close()
 
 
-def _ray_processes() -> set[int]:
-    out = subprocess.run(["pgrep", "-f", "ray::|raylet|gcs_server"], capture_output=True, text=True).stdout
-    return {int(p) for p in out.split()}
-
-
 @pytest.mark.slow  # ~90 s here: starts Ray and three actors that each load torch, MiniLM and the model
-def test_ray_actor_killed_mid_batch_loses_nothing(tiny_llama_dir, monkeypatch):
-    ray = pytest.importorskip("ray")
-    home_ray = Path.home() / ".ray"
-    home_before = set(home_ray.rglob("*")) if home_ray.exists() else set()
-    tmp_ray_before = set(Path("/tmp/ray").rglob("*")) if Path("/tmp/ray").exists() else set()
-    before = _ray_processes()
-    temp_dir = tempfile.mkdtemp(prefix="memrl-ray-")
-    monkeypatch.setenv("RAY_TMPDIR", temp_dir)
-    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # token auth would write ~/.ray/auth_token
-    ray.init(num_cpus=2, include_dashboard=False, _temp_dir=temp_dir, log_to_driver=False)
-    try:
-        cfg = _cfg(
-            tiny_llama_dir,
-            "episode.worker.use_ray=true",
-            "episode.worker.num_workers=2",
-            "episode.worker.num_cpus_per_worker=0.5",
-        )
-        inputs, _ = load_dataset(cfg.data)
-        worker = CustomRolloutWorker(cfg)
-        # Actor calls run in order, so ask for the pid (= wait until the actor is up) before submitting.
-        victim_pid = ray.get(worker.actors[0].pid.remote())
-        pending = worker.submit(inputs)
-        assert len(pending.shards) == 3  # 6 episodes, batch_size 2; actor 0 holds shards 0 and 2
-        time.sleep(1.0)  # shard 0 is now running (an episode batch takes seconds here)
-        ray.kill(worker.actors[0], no_restart=True)
-        trajs = worker.gather(pending)
-        assert [t.episode_id for t in trajs] == [bi.episode_id for bi in inputs]  # input order, no loss/dup
-        assert all(t.status is not EpisodeStatus.FAILED for t in trajs)
-        assert worker.actor_restarts == 1
-        assert ray.get(worker.actors[0].pid.remote()) != victim_pid
-        assert max(s.attempts for s in pending.shards) == 2
-        worker.close()
-    finally:
-        ray.shutdown()
-        for _ in range(50):  # raylet/gcs exit asynchronously after shutdown
-            if not (_ray_processes() - before):
-                break
-            time.sleep(0.2)
-        shutil.rmtree(temp_dir, ignore_errors=True)
-    assert not (_ray_processes() - before), "ray processes left behind"
-    assert not os.path.exists(temp_dir)
-    home_after = set(home_ray.rglob("*")) if home_ray.exists() else set()
-    assert home_after <= home_before, f"new files in ~/.ray: {sorted(home_after - home_before)[:3]}"
-    tmp_ray_after = set(Path("/tmp/ray").rglob("*")) if Path("/tmp/ray").exists() else set()
-    assert tmp_ray_after <= tmp_ray_before, "new files in /tmp/ray"
+def test_ray_actor_killed_mid_batch_loses_nothing(tiny_llama_dir, ray_local):
+    ray = ray_local
+    cfg = _cfg(
+        tiny_llama_dir,
+        "episode.worker.use_ray=true",
+        "episode.worker.num_workers=2",
+        "episode.worker.num_cpus_per_worker=0.5",
+    )
+    inputs, _ = load_dataset(cfg.data)
+    worker = CustomRolloutWorker(cfg)
+    # Actor calls run in order, so ask for the pid (= wait until the actor is up) before submitting.
+    victim_pid = ray.get(worker.actors[0].pid.remote())
+    pending = worker.submit(inputs)
+    assert len(pending.shards) == 3  # 6 episodes, batch_size 2; actor 0 holds shards 0 and 2
+    time.sleep(1.0)  # shard 0 is now running (an episode batch takes seconds here)
+    ray.kill(worker.actors[0], no_restart=True)
+    trajs = worker.gather(pending)
+    assert [t.episode_id for t in trajs] == [bi.episode_id for bi in inputs]  # input order, no loss/dup
+    assert all(t.status is not EpisodeStatus.FAILED for t in trajs)
+    assert worker.actor_restarts == 1
+    assert ray.get(worker.actors[0].pid.remote()) != victim_pid
+    assert max(s.attempts for s in pending.shards) == 2
+    worker.close()
