@@ -34,6 +34,9 @@ def _as_tuple(obj: object, name: str, value: Any, item_type: type | tuple[type, 
         else:
             _fail(obj, name, f"expected a sequence, got {type(value).__name__}")
     out = tuple(value)
+    # Fast path for token ids (hundreds per output, every generate call): `type(x) is int` also rejects bool.
+    if item_type is int and all(type(x) is int for x in out):
+        item_type = None
     if item_type is not None:
         for i, item in enumerate(out):
             if not isinstance(item, item_type) or isinstance(item, bool) and item_type is int:

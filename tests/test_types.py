@@ -84,6 +84,10 @@ def test_generation_output_validates_lengths_and_logprobs():
         GenerationOutput(token_ids=[1], logprobs=[0.7], finish_reason="length")
     with pytest.raises(ContractError, match="finish_reason"):
         GenerationOutput(token_ids=[1], logprobs=[-0.1], finish_reason="done")
+    with pytest.raises(ContractError, match=r"GenerationOutput.token_ids: item 1 is bool"):
+        GenerationOutput(token_ids=[1, True], logprobs=[-0.1, -0.1], finish_reason="stop")
+    with pytest.raises(ContractError, match=r"GenerationOutput.token_ids: item 0 is float"):
+        GenerationOutput(token_ids=[1.0], logprobs=[-0.1], finish_reason="stop")
 
 
 def test_step_trajectory_checks_mask_alignment_and_values():
