@@ -30,7 +30,15 @@ from pathlib import Path
 import torch
 
 from memrl.policy.tiny_arch import byte_tokenizer, tiny_llama_config
-from memrl.policy.tiny_data import FactOptions, SFTExample, build_example, choose_facts, encode_text
+from memrl.policy.tiny_data import (
+    WORD_MAKERS,
+    FactOptions,
+    SFTExample,
+    build_example,
+    choose_facts,
+    encode_text,
+    single_fact_example,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +71,11 @@ class TinyRecipe:
     tools: tuple[str, ...] = ("python", "search")
     # More questions about the same memory after the first answer: more recall events per (costly) prompt.
     follow_ups: int = 0
+    # Stage 1 (0 = none): single-fact recall examples (see tiny_data.single_fact_example) before the pipeline-
+    # format SFT; "random" answer words make copying the only way to predict them (see randomize_names).
+    recall_steps: int = 0
+    recall_batch_size: int = 8
+    answer_words: str = "pseudo"
     template: str = "target_turn.j2"
     version: int = 1
 
@@ -70,9 +83,11 @@ class TinyRecipe:
         from memrl.episode.prompt import load_template
 
         fields = dataclasses.asdict(self)
-        # follow_ups came after version 1: it enters the digest only when used, so old builds stay valid.
-        if not self.follow_ups:
-            del fields["follow_ups"]
+        # Fields added after version 1 enter the digest only when used, so old builds stay valid.
+        defaults = {"follow_ups": 0, "recall_steps": 0, "recall_batch_size": 8, "answer_words": "pseudo"}
+        for name, default in defaults.items():
+            if fields[name] == default:
+                del fields[name]
         payload = json.dumps(fields, sort_keys=True)
         payload += load_template(self.template).render(facts=[], summary="x", tools=["t"])
         return hashlib.sha256(payload.encode()).hexdigest()[:12]
@@ -132,7 +147,19 @@ def make_sft_examples(recipe: TinyRecipe, tokenizer) -> list[SFTExample]:
     builder = _prompt_builder(tokenizer, recipe)
     rng = random.Random(recipe.seed)
     eps = _episodes("train", recipe.train_episodes, recipe.seed)
-    return [build_example(ep, builder, rng, recipe.facts, recipe.tools, recipe.follow_ups) for ep in eps]
+    word = WORD_MAKERS[recipe.answer_words]
+    return [
+        build_example(ep, builder, rng, recipe.facts, recipe.tools, recipe.follow_ups, word=word)
+        for ep in eps
+    ]
+
+
+def make_recall_examples(recipe: TinyRecipe, tokenizer) -> list[SFTExample]:
+    """Stage-1 examples: one per train episode (a separate seed stream from stage 2)."""
+    rng = random.Random(recipe.seed + 1)
+    eps = _episodes("train", recipe.train_episodes, recipe.seed)
+    word = WORD_MAKERS[recipe.answer_words]
+    return [single_fact_example(ep, tokenizer, rng, word) for ep in eps]
 
 
 # ---------------------------------------------------------------------------------------------- training
@@ -218,7 +245,15 @@ def build_tiny_model(recipe: TinyRecipe, out_dir: Path) -> dict:
     )
     config._attn_implementation = "sdpa"
     model = LlamaForCausalLM(config)
-    losses = train_sft(model, examples, recipe, int(tokenizer.pad_token_id))
+    losses: list[float] = []
+    if recipe.recall_steps:
+        stage1 = dataclasses.replace(
+            recipe, steps=recipe.recall_steps, batch_size=recipe.recall_batch_size, prompt_loss_weight=0.1
+        )
+        losses += train_sft(
+            model, make_recall_examples(recipe, tokenizer), stage1, int(tokenizer.pad_token_id)
+        )
+    losses += train_sft(model, examples, recipe, int(tokenizer.pad_token_id))
     t_train = time.time() - t0 - t_data
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)

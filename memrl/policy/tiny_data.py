@@ -78,16 +78,28 @@ def pseudo_word(rng: random.Random, capital: bool) -> str:
     return word.capitalize() if capital else word
 
 
-def randomize_names(ep: BatchInput, rng: random.Random) -> BatchInput:
-    """Consistently replace the asked-about person(s) and a non-numeric answer with fresh pseudo-words.
+def random_word(rng: random.Random, capital: bool) -> str:
+    """3-8 uniformly random letters: unlike a pseudo-word, no prior over word shapes predicts it."""
+    word = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(3, 8)))
+    return word.capitalize() if capital else word
+
+
+WORD_MAKERS = {"pseudo": pseudo_word, "random": random_word}
+
+
+def randomize_names(ep: BatchInput, rng: random.Random, word=pseudo_word) -> BatchInput:
+    """Consistently replace the asked-about person(s) and a non-numeric answer with fresh ``word(rng, capital)``.
 
     The synthetic train and test splits draw names and values from disjoint pools; without this, a small model
-    memorises the train pool's values instead of learning to copy the answer out of its facts."""
-    subs = {w: pseudo_word(rng, True) for w in re.findall(r"\b[A-Z][a-z]+\b", ep.final_query)}
+    memorises the train pool's values instead of learning to copy the answer out of its facts. With pronounceable
+    pseudo-words it learns to *generate* a plausible word instead (held-out word answers stayed at 0 % while
+    digit answers, uniform and so only predictable by copying, reached ~50 %); ``random_word`` removes that
+    shortcut."""
+    subs = {w: word(rng, True) for w in re.findall(r"\b[A-Z][a-z]+\b", ep.final_query)}
     subs = {w: v for w, v in subs.items() if w not in _QUESTION_WORDS}
     answer = ep.target_answer or ""
     if answer and not answer.lstrip("-").isdigit():
-        subs[answer] = pseudo_word(rng, answer[:1].isupper())
+        subs[answer] = word(rng, answer[:1].isupper())
     if not subs:
         return ep
     pattern = re.compile(r"\b(" + "|".join(re.escape(w) for w in subs) + r")\b")
@@ -198,6 +210,7 @@ def build_example(
     opts: FactOptions,
     tools: Sequence[str],
     follow_ups: int = 0,
+    word=pseudo_word,
 ) -> SFTExample:
     """One SFT example; ``builder`` is a :class:`~memrl.episode.prompt.PromptBuilder` over the tokenizer.
 
@@ -205,7 +218,7 @@ def build_example(
     same memory (chat-template turns, loss mask 0 on the question) may follow it."""
     tok = builder.tokenizer
     if rng.random() < opts.randomize_p:
-        ep = randomize_names(ep, rng)
+        ep = randomize_names(ep, rng, word)
     facts = choose_facts(ep, rng, opts)
     built = builder.build(ep.final_query, facts, summary_for(ep, rng, opts), tools)
     ids: list[int] = []
@@ -314,3 +327,20 @@ def recall_drill(builder, rng: random.Random, opts: DrillOptions, tools: Sequenc
         ids.append(int(tok.eos_token_id))
         mask.append(1)
     return SFTExample(tuple(built.ids), tuple(ids), tuple(mask))
+
+
+def single_fact_example(ep: BatchInput, tok, rng: random.Random, word=random_word) -> SFTExample:
+    """A short recall example (stage 1 of the tiny build): a memory of ONE fact — an evidence turn of the
+    episode, renamed with ``word`` — then the question about it and its value. ~130 bytes instead of the
+    pipeline's ~450, so many more recall events per CPU-second; the pipeline format comes in stage 2."""
+    ep = randomize_names(ep, rng, word)
+    facts = choose_facts(ep, rng, FactOptions(min_distractors=0, max_distractors=0, lexical_share=0.0))
+    fact = facts[-1]
+    [(question, segments)] = follow_up_questions([fact], "", rng, 1)
+    prompt = encode_text(tok, f"<|system|>\nMemory:\n- {fact['text']}\n")
+    ids: list[int] = []
+    mask: list[int] = []
+    _append(tok, ids, mask, [(f"<|user|>\n{question}\n<|assistant|>\n", 0), *segments])
+    ids.append(int(tok.eos_token_id))
+    mask.append(1)
+    return SFTExample(tuple(prompt), tuple(ids), tuple(mask))

@@ -189,3 +189,38 @@ def test_recall_drills_ask_about_their_memory_and_answer_the_latest_value():
         trained = tok.decode([t for t, m in zip(ex.response_ids, ex.response_mask, strict=True) if m])
         assert "<|user|>" not in trained and trained.count("<answer>") == len(answers)
     assert updates > 0
+
+
+def test_single_fact_recall_examples_ask_about_their_one_fact_with_random_words():
+    from memrl_adapters.synthetic import ask, parse_statement
+
+    from memrl.policy.tiny import make_recall_examples
+    from memrl.policy.tiny_data import random_word
+
+    tok = byte_tokenizer()
+    recipe = dataclasses.replace(MICRO, train_episodes=30, answer_words="random")
+    examples = make_recall_examples(recipe, tok)
+    assert len(examples) == 30
+    words = 0
+    for ex in examples:
+        prompt = tok.decode(ex.prompt_ids)
+        [line] = [x for x in prompt.splitlines() if x.startswith("- ")]
+        person, attr, value, _ = parse_statement(line.split(": ", 1)[1])
+        response = tok.decode(list(ex.response_ids))
+        assert response.startswith(f"<|user|>\n{ask(attr, person)}\n<|assistant|>\n<answer>{value}</answer>")
+        assert ex.response_ids[-1] == tok.eos_token_id and len(ex.prompt_ids) < 120
+        words += not value.isdigit()
+    assert words > 5
+    rng = random.Random(0)
+    drawn = [random_word(rng, False) for _ in range(200)]
+    assert all(w.isalpha() and w.islower() and 3 <= len(w) <= 8 for w in drawn) and len(set(drawn)) > 190
+
+
+def test_recall_stage_runs_before_the_pipeline_stage_and_enters_the_digest(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEMRL_TINY_THREADS", "1")
+    monkeypatch.setenv("MEMRL_CACHE_DIR", str(tmp_path))
+    staged = dataclasses.replace(MICRO, recall_steps=3, answer_words="random")
+    assert staged.digest() != MICRO.digest()
+    assert TinyRecipe().digest() == "7149d700503f"  # defaults of the new fields leave the shipped build valid
+    metrics = json.loads((ensure_tiny_model(staged) / "metrics.json").read_text())
+    assert len(metrics["losses"]) == staged.recall_steps + staged.steps
