@@ -145,24 +145,6 @@ def ask(attr: str, person: str) -> str:
     return _ATTRS[attr].ask.format(p=person)
 
 
-ATTRIBUTES = tuple(_ATTRS)
-
-
-def statement(attr: str, person: str, value: str, *, update: bool = False) -> str:
-    """The history turn stating ``person``'s ``attr`` (``update=True``: the "now …" restatement of a change)."""
-    spec = _ATTRS[attr]
-    template = spec.update if update and spec.update else spec.state
-    return template.format(p=person, v=value)
-
-
-def is_numeric(attr: str) -> bool:
-    return _ATTRS[attr].numeric
-
-
-def can_change(attr: str) -> bool:
-    return _ATTRS[attr].update is not None
-
-
 # Counts start at 2 so every templated sentence stays grammatical ("has 1 pets").
 _NUMERIC_RANGES = {"age": (18, 79), "siblings": (2, 8), "pets": (2, 7), "savings": (100, 999)}
 
@@ -180,15 +162,6 @@ def _pools(split: str) -> dict[str, list[str]]:
         "pet_name": _split_pool(_PET_NAMES, split),
         "job": _split_pool(_JOBS, split),
     }
-
-
-def draw_value(rng: random.Random, attr: str, split: str = "train") -> str:
-    """A value of ``attr`` as the ``split`` draws them (numbers from the shared range, words from its pool)."""
-    return _draw(rng, _pools(split), attr)
-
-
-def person_names(split: str = "train") -> list[str]:
-    return _pools(split)["names"]
 
 
 def _draw(rng: random.Random, pools: dict[str, list[str]], attr: str, avoid: str | None = None) -> str:

@@ -155,42 +155,6 @@ def test_real_tiny_model_answers_from_its_facts():
     assert metrics["eval/em_with_gold_facts"] > metrics["eval/em_without_gold_facts"] + 0.2
 
 
-def test_recall_drills_ask_about_their_memory_and_answer_the_latest_value():
-    from memrl_adapters.synthetic import ask, parse_statement
-
-    from memrl.policy.tiny import _prompt_builder
-    from memrl.policy.tiny_data import DrillOptions, recall_drill
-
-    tok = byte_tokenizer()
-    builder = _prompt_builder(tok, MICRO)
-    rng = random.Random(5)
-    opts = DrillOptions(share=1.0, min_facts=2, max_facts=5, questions=3, update_p=0.5)
-    updates = 0
-    for _ in range(40):
-        ex = recall_drill(builder, rng, opts, MICRO.tools)
-        prompt = tok.decode(ex.prompt_ids)
-        memory = [
-            line.split(": ", 1)[1].rsplit(" (", 1)[0]
-            for line in prompt.splitlines()
-            if line.startswith("- [")
-        ]
-        latest = {}
-        for text in memory:
-            person, attr, value, is_update = parse_statement(text)
-            updates += is_update
-            latest[ask(attr, person)] = value
-        response = tok.decode(list(ex.response_ids))
-        questions = [prompt.split("<|user|>\n")[1].split("\n")[0]]
-        questions += [chunk.split("\n")[0] for chunk in response.split("<|user|>\n")[1:]]
-        answers = [a.split("</answer>")[0] for a in response.split("<answer>")[1:]]
-        assert 1 <= len(questions) == len(answers) <= 3
-        assert [latest[q] for q in questions] == answers
-        # Only answers are trained; questions of follow-ups are masked out.
-        trained = tok.decode([t for t, m in zip(ex.response_ids, ex.response_mask, strict=True) if m])
-        assert "<|user|>" not in trained and trained.count("<answer>") == len(answers)
-    assert updates > 0
-
-
 def test_single_fact_recall_examples_ask_about_their_one_fact_with_random_words():
     from memrl_adapters.synthetic import ask, parse_statement
 
