@@ -76,6 +76,14 @@ class _Row:
         )
 
 
+def _needs_padding(rows: Sequence[_Row]) -> bool:
+    """Whether one batched prefill of ``rows`` would pad: some row computes more than one position and the
+    rows' (reused, computed) lengths differ."""
+    if len(rows) < 2 or max(len(r.prompt) - r.cached for r in rows) < 2:
+        return False
+    return len({(r.cached, len(r.prompt)) for r in rows}) > 1
+
+
 def resolve_model_path(model: str) -> str:
     """``"tiny"`` → the embedded model's directory (built on first use); anything else is passed through."""
     if model == "tiny":
@@ -134,6 +142,7 @@ class HFPolicy:
         self.max_model_len = min(cfg.max_model_len, _model_max_len(model))
         mode = cfg.shared_prefix_attention
         self.shared_attention = mode if mode != "off" and _enable_shared_attention(model) else "off"
+        self.ragged_prefill = cfg.prefill == "ragged" or (cfg.prefill == "auto" and self.device.type == "cpu")
 
     @classmethod
     def from_model(cls, model, tokenizer, cfg: PolicyConfig | None = None) -> HFPolicy:
@@ -260,10 +269,20 @@ class HFPolicy:
 
     @torch.inference_mode()
     def _decode(self, rows: list[_Row]) -> None:
-        input_ids, mask, pos, cache = self._prefill_inputs(rows)
-        # Decoding appends all-ones columns: whether any row is padded changes only when rows leave.
-        padded = not bool(mask.all())
-        logits = self._forward(input_ids, mask if padded else None, pos, cache)
+        # Rows continuing from shared kept states (tree branches of a node) keep the shared-prefix path, where each
+        # state is read once per step; otherwise padded prefill is wasted work (see PolicyConfig.prefill).
+        if (
+            self.ragged_prefill
+            and _needs_padding(rows)
+            and not self._prefix_groups(rows, self.shared_attention)
+        ):
+            logits, mask, pos, cache = self._prefill_ragged(rows)
+            padded = not bool(mask.all())
+        else:
+            input_ids, mask, pos, cache = self._prefill_inputs(rows)
+            # Decoding appends all-ones columns: whether any row is padded changes only when rows leave.
+            padded = not bool(mask.all())
+            logits = self._forward(input_ids, mask if padded else None, pos, cache)
         active = list(rows)
         while True:
             choices = choose_tokens(logits, [r.params for r in active], [r.generator for r in active])
@@ -339,6 +358,49 @@ class HFPolicy:
             cache = preallocated_cache(self._num_layers(), capacity)
         dev = self.device
         return input_ids.to(dev), mask.to(dev), pos.to(dev), cache
+
+    def _prefill_ragged(self, rows: list[_Row]):
+        """Prefill every distinct ``(prompt, reused prefix)`` on its own, then lay the rows out for batched decode.
+
+        Each prefill runs one unpadded row (causal kernel, no mask); rows that share a prompt and a prefix state
+        (the ``n`` samples of a request) share its result. The batch cache holds each row's whole sequence
+        right-aligned in ``[0, T)`` (``T`` = longest), so the decode steps see the usual left-padded layout.
+        Returns first-token ``logits [B, V]``, ``mask [B, T]``, ``pos [B, 1]`` (last real position) and the cache.
+        """
+        done: dict[tuple, tuple[torch.Tensor, PrefixEntry]] = {}
+        per_row = []
+        for r in rows:
+            key = (r.prompt, id(r.entry), r.cached)
+            if key not in done:
+                done[key] = self._prefill_one(r)
+            per_row.append(done[key])
+        lengths = [len(r.prompt) for r in rows]
+        T = max(lengths)
+        capacity = T + max(r.budget for r in rows)
+        cache = prefix_filled_cache(
+            self._num_layers(), capacity, [(e, n) for (_, e), n in zip(per_row, lengths, strict=True)], T
+        )
+        mask = torch.zeros((len(rows), T), dtype=torch.long)
+        for i, n in enumerate(lengths):
+            mask[i, T - n :] = 1
+        pos = torch.tensor([[n - 1] for n in lengths])
+        logits = torch.cat([lg for lg, _ in per_row])
+        return logits, mask.to(self.device), pos.to(self.device), cache
+
+    def _prefill_one(self, row: _Row) -> tuple[torch.Tensor, PrefixEntry]:
+        """One row's prompt through the model (reusing its cached prefix): last logits ``[1, V]`` and its states."""
+        tail = row.prompt[row.cached :]
+        n = len(row.prompt)
+        if row.cached:
+            cache = prefix_filled_cache(self._num_layers(), n, [(row.entry, row.cached)], row.cached)
+        else:
+            cache = preallocated_cache(self._num_layers(), n)
+        ids = torch.tensor([tail], device=self.device)
+        pos = torch.arange(row.cached, n, device=self.device)[None]
+        logits = self._forward(ids, None, pos, cache)
+        keys = [layer.keys[0] for layer in cache.layers]
+        values = [layer.values[0] for layer in cache.layers]
+        return logits, PrefixEntry(tokens=row.prompt, keys=keys, values=values)
 
     @staticmethod
     def _prefix_groups(rows: list[_Row], mode: str) -> list[tuple[PrefixEntry, int, list[int]]] | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -93,6 +95,43 @@ def test_left_padding_does_not_change_results(peaked_policy):
     together = batched[1][0]
     assert together.token_ids == alone.token_ids
     assert torch.allclose(torch.tensor(together.logprobs), torch.tensor(alone.logprobs), atol=1e-4)
+
+
+def test_ragged_prefill_equals_one_padded_batch(peaked_policy):
+    """Prompts of different lengths, some continuing from their own kept states (distinct entries), n > 1:
+    per-prompt prefill then batched decode gives the tokens and logprobs of one left-padded prefill."""
+    model, tok = peaked_policy.model, peaked_policy.tokenizer
+    ragged = HFPolicy.from_model(model, tok, PolicyConfig(model="x", seed=0, prefill="ragged"))
+    batched = HFPolicy.from_model(model, tok, PolicyConfig(model="x", seed=0, prefill="batched"))
+    assert ragged.ragged_prefill and not batched.ragged_prefill
+    fed = []
+    hook = model.register_forward_pre_hook(
+        lambda _m, args, kw: fed.append(tuple(kw["input_ids"].shape)), with_kwargs=True
+    )
+    results = []
+    try:
+        for policy in (ragged, batched):
+            base = enc(policy, PROMPTS[0] * 2)
+            [[kept]] = policy.generate([GenerationRequest(base, greedy(6, keep_prefix=True))])
+            params = SamplingParams(temperature=1.0, max_tokens=10, seed=5, top_logprobs=3)
+            reqs = [GenerationRequest(enc(policy, p), params) for p in (PROMPTS[1], PROMPTS[2] * 2)] + [
+                GenerationRequest(
+                    base + kept.token_ids + enc(policy, " <result>7</result>"), params, kept.prefix_handle
+                ),
+                GenerationRequest(enc(policy, PROMPTS[0]), dataclasses.replace(params, n=3)),
+            ]
+            fed.clear()
+            results.append([o for outs in policy.generate(reqs) for o in outs])
+            if policy is ragged:  # each distinct prompt alone, unpadded; then one batch of all 6 rows
+                assert (1, len(reqs[1].prompt_ids)) in fed and (6, 1) in fed
+            policy.release([kept.prefix_handle])
+    finally:
+        hook.remove()
+    for a, b in zip(*results, strict=True):
+        assert a.token_ids == b.token_ids and a.cached_tokens == b.cached_tokens
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)
+    assert results[0][2].cached_tokens > 0  # the kept state was reused on both paths
+    assert len({o.token_ids for o in results[0]}) > 3
 
 
 def test_stop_strings_end_exactly_at_first_occurrence(peaked_policy):
