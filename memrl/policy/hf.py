@@ -39,6 +39,9 @@ from memrl.types import FinishReason, GenerationOutput
 
 logger = logging.getLogger(__name__)
 
+# Finished rows leave the decode batch once at most this share of it is still running (see _decode).
+_COMPACT_AT = 0.75
+
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -284,10 +287,15 @@ class HFPolicy:
             padded = not bool(mask.all())
             logits = self._forward(input_ids, mask if padded else None, pos, cache)
         active = list(rows)
+        live = list(range(len(active)))  # batch positions of unfinished rows
         while True:
-            choices = choose_tokens(logits, [r.params for r in active], [r.generator for r in active])
-            keep_idx = []
-            for b, (row, choice) in enumerate(zip(active, choices, strict=True)):
+            step_logits = logits if len(live) == len(active) else logits[live]
+            choices = choose_tokens(
+                step_logits, [active[b].params for b in live], [active[b].generator for b in live]
+            )
+            still = []
+            for b, choice in zip(live, choices, strict=True):
+                row = active[b]
                 row.out.append(choice.token)
                 row.lps.append(choice.logprob)
                 row.tops.append(choice.top)
@@ -297,17 +305,21 @@ class HFPolicy:
                 elif len(row.out) >= row.budget:
                     row.finish = FinishReason.LENGTH
                 if row.finish is None:
-                    keep_idx.append(b)
+                    still.append(b)
                 elif row.params.keep_prefix:
                     row.handle = self._keep(row, cache, b, mask[b])
-            if not keep_idx:
+            if not still:
                 return
-            if len(keep_idx) < len(active):
-                idx = torch.tensor(keep_idx, device=self.device)
+            # Dropping finished rows copies the whole cache, so it waits until a quarter of the rows are done;
+            # until then they ride along (their outputs are ignored), which costs less than a copy per exit.
+            if len(still) <= _COMPACT_AT * len(active):
+                idx = torch.tensor(still, device=self.device)
                 cache.batch_select_indices(idx)
                 mask, pos = mask[idx], pos[idx]
-                active = [active[b] for b in keep_idx]
+                active = [active[b] for b in still]
+                still = list(range(len(active)))
                 padded = padded and not bool(mask.all())
+            live = still
             next_ids = torch.tensor([[r.out[-1]] for r in active], device=self.device)
             mask = torch.cat([mask, mask.new_ones(len(active), 1)], dim=1)
             pos = pos[:, -1:] + 1
