@@ -280,12 +280,11 @@ class HFPolicy:
             and not self._prefix_groups(rows, self.shared_attention)
         ):
             logits, mask, pos, cache = self._prefill_ragged(rows)
-            padded = not bool(mask.all())
         else:
             input_ids, mask, pos, cache = self._prefill_inputs(rows)
-            # Decoding appends all-ones columns: whether any row is padded changes only when rows leave.
-            padded = not bool(mask.all())
-            logits = self._forward(input_ids, mask if padded else None, pos, cache)
+            logits = self._forward(input_ids, None if bool(mask.all()) else mask, pos, cache)
+        # Decoding appends all-ones columns: whether any row is padded changes only when rows leave.
+        padded = not bool(mask.all())
         active = list(rows)
         live = list(range(len(active)))  # batch positions of unfinished rows
         while True:
@@ -392,10 +391,9 @@ class HFPolicy:
         cache = prefix_filled_cache(
             self._num_layers(), capacity, [(e, n) for (_, e), n in zip(per_row, lengths, strict=True)], T
         )
-        mask = torch.zeros((len(rows), T), dtype=torch.long)
-        for i, n in enumerate(lengths):
-            mask[i, T - n :] = 1
-        pos = torch.tensor([[n - 1] for n in lengths])
+        lens = torch.tensor(lengths)[:, None]
+        mask = (torch.arange(T)[None] >= T - lens).long()  # each row right-aligned
+        pos = lens - 1
         logits = torch.cat([lg for lg, _ in per_row])
         return logits, mask.to(self.device), pos.to(self.device), cache
 
