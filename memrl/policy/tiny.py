@@ -1,11 +1,13 @@
-"""The embedded default policy: a small byte-level Llama trained by SFT on the synthetic memory task.
+"""The embedded default policy: a small Llama (byte-level BPE made here) trained by SFT on the synthetic task.
 
 ``memrl model tiny`` (or the first ``policy.model: tiny``) builds it with no download: synthetic train-split
 episodes → prompts exactly as the episode pipeline builds them → gold responses (``<answer>``, python tool calls
 for arithmetic) → a seeded SFT run on CPU → held-out exact match on the test split (disjoint names and values),
 with and without the gold facts in the prompt. The result lives in ``<cache>/tiny-<recipe digest>/``
 (``$MEMRL_CACHE_DIR`` or ``~/.cache/memrl``): HF model + tokenizer (with chat template) + ``metrics.json`` +
-``loss.png``. A changed recipe or prompt template is a new digest, hence a new build.
+``loss.png``. A changed recipe or prompt template is a new digest, hence a new build. The default recipe's build
+(~40 CPU-minutes) also ships inside the package (``shipped/``), made here by this same code, so a fresh install
+does not wait for it; ``memrl model tiny --force`` rebuilds it into the cache.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from memrl.policy.tiny_arch import byte_tokenizer, tiny_llama_config
+from memrl.policy.tiny_arch import bpe_tokenizer, byte_tokenizer, tiny_llama_config
 from memrl.policy.tiny_data import (
     WORD_MAKERS,
     FactOptions,
@@ -55,17 +57,20 @@ class TinyRecipe:
     num_heads: int = 3  # head_dim 32: vLLM's CPU attention supports head sizes >= 32
     intermediate_size: int = 256
     max_position_embeddings: int = 4096  # memory prompts are long; contexts of >= 2048 tokens must work
-    steps: int = 400
-    batch_size: int = 12
-    lr: float = 4e-3
-    warmup_steps: int = 30
+    # ~9000 steps: copying numbers out of the facts appears only after ~2-3k steps (a phase transition).
+    steps: int = 9000
+    batch_size: int = 8
+    lr: float = 3e-3
+    warmup_steps: int = 50
     weight_decay: float = 0.01
-    # Language modelling of the prompt too: its repeated spans (the summary restates fact lines) are what
-    # teaches attention to copy; the response alone is ~5% of the tokens.
-    prompt_loss_weight: float = 1.0
+    # A little language modelling of the prompt: its repeated spans (the summary restates fact lines) help
+    # attention learn to copy; more drowns the answer tokens (~2% of all tokens).
+    prompt_loss_weight: float = 0.1
+    # Every training episode renamed (randomize_p=1) with random letters: the train/test pools are disjoint, so
+    # the only transferable skill is reading the answer out of the facts.
     facts: FactOptions = field(
         default_factory=lambda: FactOptions(
-            min_distractors=1, max_distractors=3, summary_p=0.5, randomize_p=0.8
+            min_distractors=1, max_distractors=3, summary_p=0.5, randomize_p=1.0
         )
     )
     tools: tuple[str, ...] = ("python", "search")
@@ -75,8 +80,12 @@ class TinyRecipe:
     # format SFT; "random" answer words make copying the only way to predict them (see randomize_names).
     recall_steps: int = 0
     recall_batch_size: int = 8
-    answer_words: str = "pseudo"
+    answer_words: str = "random"
     template: str = "target_turn.j2"
+    # "byte" (ByT5) or "bpe": a byte-level BPE of bpe_vocab_size ids trained on synthetic-task text made with a
+    # separate seed (see tiny_arch.bpe_tokenizer for why).
+    tokenizer: str = "bpe"
+    bpe_vocab_size: int = 2048
     version: int = 1
 
     def digest(self) -> str:
@@ -84,7 +93,14 @@ class TinyRecipe:
 
         fields = dataclasses.asdict(self)
         # Fields added after version 1 enter the digest only when used, so old builds stay valid.
-        defaults = {"follow_ups": 0, "recall_steps": 0, "recall_batch_size": 8, "answer_words": "pseudo"}
+        defaults = {
+            "follow_ups": 0,
+            "recall_steps": 0,
+            "recall_batch_size": 8,
+            "answer_words": "pseudo",
+            "tokenizer": "byte",
+            "bpe_vocab_size": 2048,
+        }
         for name, default in defaults.items():
             if fields[name] == default:
                 del fields[name]
@@ -105,12 +121,26 @@ def tiny_model_dir(recipe: TinyRecipe | None = None) -> Path:
     return cache_root() / f"tiny-{(recipe or TinyRecipe()).digest()}"
 
 
+SHIPPED_DIR = Path(__file__).parent / "shipped"
+
+
+def shipped_model_dir(recipe: TinyRecipe | None = None) -> Path | None:
+    """The copy of this recipe's build shipped inside the package (made here by :func:`build_tiny_model`, so a
+    fresh install skips the CPU-heavy build), or None."""
+    path = SHIPPED_DIR / f"tiny-{(recipe or TinyRecipe()).digest()}"
+    return path if (path / "metrics.json").is_file() else None
+
+
 def ensure_tiny_model(recipe: TinyRecipe | None = None, *, force: bool = False) -> Path:
-    """The tiny model's directory, building it first if needed (one builder at a time, via a file lock)."""
+    """The tiny model's directory: the cache's build, else the shipped copy, else a new build (one builder at a
+    time, via a file lock). ``force`` always rebuilds into the cache."""
     recipe = recipe or TinyRecipe()
     out = tiny_model_dir(recipe)
     if (out / "metrics.json").is_file() and not force:
         return out
+    shipped = shipped_model_dir(recipe)
+    if shipped is not None and not force:
+        return shipped
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out.parent / f"{out.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a concurrent builder finishes first; then we reuse its result
@@ -141,6 +171,22 @@ def _prompt_builder(tokenizer, recipe: TinyRecipe):
 
     cfg = EpisodeConfig(prompt_template=recipe.template, prompt_token_budget=recipe.max_position_embeddings)
     return PromptBuilder(cfg, tokenizer)
+
+
+def make_tokenizer(recipe: TinyRecipe):
+    """The recipe's tokenizer. The BPE is trained on the decoded text of SFT examples drawn with another seed, so
+    it knows the prompt template and the train pool's words but not the test pool's (held-out words split)."""
+    byte_tok = byte_tokenizer()
+    if recipe.tokenizer == "byte":
+        return byte_tok
+    if recipe.tokenizer != "bpe":
+        raise ValueError(f"TinyRecipe.tokenizer: unknown {recipe.tokenizer!r}; valid: 'byte', 'bpe'")
+    corpus_recipe = dataclasses.replace(recipe, seed=recipe.seed + 1000)
+    texts = [
+        byte_tok.decode(list(e.prompt_ids) + list(e.response_ids))
+        for e in make_sft_examples(corpus_recipe, byte_tok)
+    ]
+    return bpe_tokenizer(texts, recipe.bpe_vocab_size)
 
 
 def make_sft_examples(recipe: TinyRecipe, tokenizer) -> list[SFTExample]:
@@ -232,10 +278,11 @@ def build_tiny_model(recipe: TinyRecipe, out_dir: Path) -> dict:
     torch.set_num_threads(threads)
     torch.manual_seed(recipe.seed)
     random.seed(recipe.seed)
-    tokenizer = byte_tokenizer()
+    tokenizer = make_tokenizer(recipe)
     examples = make_sft_examples(recipe, tokenizer)
     t_data = time.time() - t0
     config = tiny_llama_config(
+        vocab_size=len(tokenizer),
         hidden_size=recipe.hidden_size,
         num_hidden_layers=recipe.num_layers,
         num_attention_heads=recipe.num_heads,

@@ -29,6 +29,7 @@ MICRO = TinyRecipe(
     steps=2,
     batch_size=2,
     warmup_steps=1,
+    bpe_vocab_size=400,
 )
 
 
@@ -145,7 +146,7 @@ def test_micro_build_is_cached_deterministic_and_loadable(tmp_path, monkeypatch)
         policy_a.model.state_dict().items(), policy_b.model.state_dict().items(), strict=True
     ):
         assert torch.equal(a, b), name
-    assert policy_a.tokenizer.chat_template and len(policy_a.tokenizer) == 384
+    assert policy_a.tokenizer.chat_template and len(policy_a.tokenizer) == 400
 
 
 @pytest.mark.slow
@@ -185,6 +186,61 @@ def test_recall_stage_runs_before_the_pipeline_stage_and_enters_the_digest(tmp_p
     monkeypatch.setenv("MEMRL_CACHE_DIR", str(tmp_path))
     staged = dataclasses.replace(MICRO, recall_steps=3, answer_words="random")
     assert staged.digest() != MICRO.digest()
-    assert TinyRecipe().digest() == "7149d700503f"  # defaults of the new fields leave the shipped build valid
+    assert TinyRecipe().digest() == "648ad7e45401"  # the build shipped in memrl/policy/shipped
     metrics = json.loads((ensure_tiny_model(staged) / "metrics.json").read_text())
     assert len(metrics["losses"]) == staged.recall_steps + staged.steps
+
+
+def test_bpe_tokenizer_round_trips_any_text_and_shortens_task_text():
+    from memrl.policy.tiny import make_tokenizer
+
+    recipe = dataclasses.replace(MICRO, train_episodes=40)
+    tok = make_tokenizer(recipe)
+    again = make_tokenizer(recipe)
+    assert tok.backend_tokenizer.to_str() == again.backend_tokenizer.to_str()  # deterministic
+    assert (tok.pad_token_id, tok.eos_token_id, tok.unk_token_id) == (0, 1, 2) and len(tok) == 400
+    for text in ["Mia's pet is called Rex.", "Ünïcödé — 東京 🙂\n\ttabs", "<answer>42</answer>", "xqzvbt"]:
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        assert tok.decode(ids) == text
+    task = make_sft_examples(MICRO, byte_tokenizer())[0]
+    text = byte_tokenizer().decode(list(task.prompt_ids))
+    assert len(tok(text, add_special_tokens=False)["input_ids"]) < 0.6 * len(task.prompt_ids)
+
+
+def test_micro_builds_save_their_tokenizer_and_vocab(tmp_path, monkeypatch):
+    from memrl.policy.config import PolicyConfig
+    from memrl.policy.hf import HFPolicy
+
+    monkeypatch.setenv("MEMRL_TINY_THREADS", "1")
+    monkeypatch.setenv("MEMRL_CACHE_DIR", str(tmp_path))
+    recipe = dataclasses.replace(MICRO, tokenizer="byte")
+    assert recipe.digest() != MICRO.digest()
+    assert len(HFPolicy(PolicyConfig(model=str(ensure_tiny_model(recipe)))).tokenizer) == 384
+    recipe = dataclasses.replace(MICRO, train_episodes=40)
+    policy = HFPolicy(PolicyConfig(model=str(ensure_tiny_model(recipe))))
+    assert len(policy.tokenizer) == 400 == policy.model.config.vocab_size
+    assert policy.tokenizer.chat_template
+    prompt = policy.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], add_generation_prompt=True
+    )
+    assert policy.tokenizer.decode(prompt).endswith("<|assistant|>\n")
+    with pytest.raises(ValueError, match="valid: 'byte', 'bpe'"):
+        from memrl.policy.tiny import make_tokenizer
+
+        make_tokenizer(dataclasses.replace(MICRO, tokenizer="words"))
+
+
+def test_a_shipped_build_is_used_unless_the_cache_has_one_or_force(tmp_path, monkeypatch):
+    import memrl.policy.tiny as tiny
+
+    monkeypatch.setenv("MEMRL_TINY_THREADS", "1")
+    monkeypatch.setenv("MEMRL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(tiny, "SHIPPED_DIR", tmp_path / "shipped")
+    shipped = tmp_path / "shipped" / f"tiny-{MICRO.digest()}"
+    shipped.mkdir(parents=True)
+    (shipped / "metrics.json").write_text("{}")
+    assert ensure_tiny_model(MICRO) == shipped  # no build happened
+    assert not tiny_model_dir(MICRO).exists()
+    built = ensure_tiny_model(MICRO, force=True)
+    assert built == tiny_model_dir(MICRO) and (built / "model.safetensors").is_file()
+    assert ensure_tiny_model(MICRO) == built  # the cache's own build wins over the shipped copy
