@@ -170,6 +170,41 @@ class TrajectoryWriter:
         return self.parts_dir / f"{name}.parquet"
 
 
+def job_identity(cfg: Any) -> dict[str, Any]:
+    """What must not change between a run and its resumption: the config (minus where results go and how work is
+    spread over workers, which leave results unchanged) and the policy weights actually resolved (``tiny`` names
+    a recipe digest, so a new embedded model is a new identity)."""
+    import dataclasses
+
+    from memrl.policy.hf import resolve_model_path
+
+    ident = dataclasses.asdict(cfg)
+    for key in ("output_dir", "train"):
+        ident.pop(key, None)
+    ident.get("episode", {}).pop("worker", None)
+    model = Path(resolve_model_path(cfg.policy.model))
+    weights = model / "model.safetensors"
+    ident["resolved_model"] = {
+        "path": model.name if model.exists() else str(model),
+        "bytes": weights.stat().st_size if weights.is_file() else None,
+    }
+    return json.loads(json.dumps(ident, default=str))
+
+
+def check_job_identity(out_dir: str | Path, identity: dict[str, Any], has_results: bool) -> None:
+    """Refuse to resume ``out_dir`` with a different job (its results would mix two configs or models)."""
+    path = Path(out_dir) / "job.json"
+    if has_results and path.is_file():
+        old = json.loads(path.read_text())
+        if old != identity:
+            diff = sorted(k for k in set(old) | set(identity) if old.get(k) != identity.get(k))
+            raise ValueError(
+                f"{out_dir} holds results of a different job (changed: {', '.join(diff)}); "
+                "rerun with --fresh to discard them, or choose another output_dir"
+            )
+    write_json(path, identity)
+
+
 def write_json(path: str | Path, payload: Any) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -185,5 +220,5 @@ def clear_results(out_dir: str | Path) -> None:
     for sub in [out, *(out / a for a in ("memory", "no_memory"))]:
         for d in ("trajectories", "manifests"):
             shutil.rmtree(sub / d, ignore_errors=True)
-        for f in ("metrics.json", "eval.json"):
+        for f in ("metrics.json", "eval.json", "job.json"):
             (sub / f).unlink(missing_ok=True)

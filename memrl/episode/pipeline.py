@@ -17,7 +17,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from memrl.episode.output import TrajectoryWriter, write_json
+from memrl.episode.output import TrajectoryWriter, check_job_identity, job_identity, write_json
 from memrl.episode.worker import CustomRolloutWorker
 from memrl.types import BatchInput, EpisodeTrajectory
 
@@ -66,6 +66,7 @@ def run_episodes(
     writer = TrajectoryWriter(out)
     inputs = list(inputs) if inputs is not None else load_inputs(cfg)
     done = writer.done_ids()
+    check_job_identity(out, job_identity(cfg), has_results=bool(done))
     todo = [bi for bi in inputs if bi.episode_id not in done]
     logger.info("run: %d episodes, %d already done, %d to run → %s", len(inputs), len(done), len(todo), out)
     own_worker = worker is None

@@ -132,6 +132,24 @@ def test_run_writes_parquet_that_round_trips_and_resumes(policy_and_cfg, tmp_pat
     assert len(ds) == len(frame) and ds[0]["prompt_ids"] == list(frame.iloc[0].prompt_ids)
 
 
+def test_resume_refuses_a_changed_job_until_fresh(policy_and_cfg, tmp_path):
+    import dataclasses
+
+    from memrl.episode.output import clear_results
+
+    policy, cfg, _ = policy_and_cfg
+    out = tmp_path / "run"
+    inputs, _ = load_dataset(cfg.data)
+    run_episodes(cfg, out, inputs=inputs[:1], policy=policy, progress=False)
+    other = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, temperature=0.5))
+    with pytest.raises(ValueError, match=r"different job \(changed: rollout\).*--fresh"):
+        run_episodes(other, out, inputs=inputs[:2], policy=policy, progress=False)
+    moved = dataclasses.replace(cfg, output_dir="elsewhere", episode=dataclasses.replace(cfg.episode))
+    assert run_episodes(moved, out, inputs=inputs[:2], policy=policy, progress=False)["run/inputs"] == 2
+    clear_results(out)
+    assert run_episodes(other, out, inputs=inputs[:1], policy=policy, progress=False)["run/inputs"] == 1
+
+
 def test_resume_discards_uncommitted_part(tmp_path):
     from memrl.episode.output import TrajectoryWriter
 
