@@ -102,7 +102,7 @@ def build_resources(cfg: Any) -> TrainResources:
         eval_inputs=eval_inputs,
         data_source=RolloutDataSource.from_config(cfg.data, train_inputs),
         builder=builder,
-        updater=PolicyUpdater(model, cfg.train),
+        updater=PolicyUpdater(model, cfg.train, temperature=cfg.rollout.temperature),
         replay=replay,
         shares_model=shares,
     )

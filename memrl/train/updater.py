@@ -1,6 +1,6 @@
 """One GRPO update of a LoRA policy on a :class:`~memrl.types.PackedBatch`.
 
-    updater = PolicyUpdater(peft_model, cfg.train)
+    updater = PolicyUpdater(peft_model, cfg.train, temperature=cfg.rollout.temperature)
     metrics = updater.update(batch)                  # advantages → mini-batches → micro-batches → AdamW steps
     metrics = updater.update(batch, replay=sample)   # + SFT/RFT on replayed episodes (seed 003)
 
@@ -9,7 +9,9 @@ over ``ppo_mini_batches`` mini-batches; each mini-batch is one optimizer step ac
 With a single optimizer step per batch the update is exactly on-policy, so the "old" log-probs are the current
 ones (detached) and ρ = 1; with several, the old log-probs are recomputed once before the first step, as verl's
 actor does. The rollout's own log-probs are only compared against (``train/rollout_logp_abs_diff``): that is the
-check that training sees exactly the tokens inference produced.
+check that training sees exactly the tokens inference produced. Log-probs are taken under ``logits / temperature``
+(the rollout's sampling temperature, as verl's actor does), so a policy sampled at T != 1 is trained on the
+distribution it actually sampled from, and the PPO ratio starts at exactly 1.
 """
 
 from __future__ import annotations
@@ -39,9 +41,15 @@ from memrl.types import PackedBatch
 class PolicyUpdater:
     """Holds the optimizer of a PEFT model's trainable (adapter) parameters and applies GRPO updates."""
 
-    def __init__(self, model: torch.nn.Module, cfg: TrainConfig) -> None:
+    def __init__(self, model: torch.nn.Module, cfg: TrainConfig, temperature: float = 1.0) -> None:
+        if temperature < 0:
+            raise ValueError(
+                f"PolicyUpdater: temperature must be >= 0 (0 = greedy rollouts), got {temperature}"
+            )
         self.model = model
         self.cfg = cfg
+        # Greedy rollouts have no sampling distribution; score them under the raw logits.
+        self.temperature = temperature if temperature > 0 else 1.0
         self.agg = LOSS_AGGREGATIONS.get(cfg.loss_agg)
         self.params = trainable_parameters(model)
         self.optimizer = torch.optim.AdamW(
@@ -92,7 +100,7 @@ class PolicyUpdater:
     def _recompute_old_logp(self, records: list[SeqRecord]) -> None:
         self.model.eval()
         for mb in self._micro(records):
-            logp = token_logprobs(forward_logits(self.model, mb), mb.input_ids)
+            logp = token_logprobs(self._logits(mb), mb.input_ids)
             for k, row in enumerate(mb.rows):
                 rec = next(r for r in records if r.index == row)
                 rec.old_logp = logp[mb.seq_index == k].clone()
@@ -120,7 +128,7 @@ class PolicyUpdater:
 
     def _micro_step(self, mb: MicroBatch, normaliser: float, on_policy: bool) -> dict[str, float]:
         cfg = self.cfg
-        logits = forward_logits(self.model, mb)
+        logits = self._logits(mb)
         logp = token_logprobs(logits, mb.input_ids)
         old = logp.detach() if on_policy else mb.old_logp
         tok_loss, pg = clipped_policy_loss(
@@ -159,4 +167,8 @@ class PolicyUpdater:
             else contextlib.nullcontext()
         )
         with ctx:
-            return token_logprobs(forward_logits(self.model, mb), mb.input_ids)
+            return token_logprobs(self._logits(mb), mb.input_ids)
+
+    def _logits(self, mb: MicroBatch) -> torch.Tensor:
+        logits = forward_logits(self.model, mb)
+        return logits / self.temperature if self.temperature != 1.0 else logits

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -58,21 +60,28 @@ def test_packed_and_padded_layouts_agree():
         assert torch.allclose(value, logps["padded"][key], atol=1e-5)
 
 
-def test_rollout_logprobs_match_training_forward():
-    """Token-in/token-out: if the rollout log-probs are the model's own, the update sees no mismatch."""
+@pytest.mark.parametrize("temperature", [1.0, 2.0])
+def test_rollout_logprobs_match_training_forward(temperature):
+    """Token-in/token-out: if the rollout log-probs are the model's own (sampled at ``temperature``), the update
+    sees no mismatch; scoring a T=2 rollout under the raw logits would."""
     model = tiny_llama().eval()
     eps = make_episodes(n_groups=1, n_per_group=3)
     batch = _build(eps, "packed")
     recs = unpack(batch, torch.zeros(batch.num_steps), torch.ones(batch.num_steps))
     mb = split_micro_batches(recs, "packed", 10_000, 100)[0]
     with torch.no_grad():
-        lp = token_logprobs(forward_logits(model, mb), mb.input_ids)
+        lp = token_logprobs(forward_logits(model, mb) / temperature, mb.input_ids)
     cu = batch.cu_seqlens
     batch.old_log_probs = (lp * (batch.response_mask > 0)).float()
     assert cu[-1] == lp.shape[1]
     model = attach_lora(model, LoraConfig(r=2, alpha=4))
-    metrics = PolicyUpdater(model, _cfg()).update(batch)
+    metrics = PolicyUpdater(copy.deepcopy(model), _cfg(), temperature=temperature).update(
+        copy.deepcopy(batch)
+    )
     assert metrics["train/rollout_logp_abs_diff"] < 1e-5
+    if temperature != 1.0:  # the same untouched model, scored under the raw logits instead
+        untempered = PolicyUpdater(model, _cfg()).update(batch)
+        assert untempered["train/rollout_logp_abs_diff"] > 1e-2
 
 
 def test_shared_prefix_layout_equals_full_sequences():
