@@ -69,7 +69,10 @@ class TrainConfig:
     (``token-mean``, ``seq-mean-token-sum``, ``seq-mean-token-mean``). ``kl_coef`` > 0 adds a KL penalty to the
     reference policy (same model with the adapter disabled). ``duplicates`` decides how leaves flagged
     ``StepMeta.is_duplicate`` count: ``drop`` (weight 0, not in group statistics; default) or ``keep``
-    (ordinary samples, as verl would see them).
+    (ordinary samples, as verl would see them). ``filter_groups`` (DAPO's dynamic-sampling filter, without its
+    re-sampling) leaves groups whose rewards are all equal out of the policy-gradient batch: their GRPO advantages
+    are 0, so with ``token-mean`` they only dilute the gradient of the groups that carry signal; they still go to
+    the replay buffer, and ``rollout/mixed_groups`` reports the share kept.
     """
 
     advantage: str = "grpo"
@@ -84,6 +87,7 @@ class TrainConfig:
     kl_coef: float = 0.0
     entropy_coef: float = 0.0
     duplicates: str = "drop"
+    filter_groups: bool = False
     ppo_epochs: int = 1
     ppo_mini_batches: int = 1
     micro_batch_size: int = 8

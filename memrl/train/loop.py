@@ -90,12 +90,18 @@ def run_step(res: TrainResources, step: int, counters: dict[str, float]) -> Step
     replay_sample = None
     if res.replay is not None and cfg.train.replay.batch_size > 0 and len(res.replay):
         replay_sample = res.replay.sample(cfg.train.replay.batch_size)
-    if usable:
+    trainable, metrics["rollout/mixed_groups"] = mixed_groups(usable)
+    if not cfg.train.filter_groups:
+        trainable = usable
+    metrics["rollout/filtered_episodes"] = float(len(usable) - len(trainable))
+    if trainable:
         t1 = time.perf_counter()
-        batch = res.builder.build(usable)
+        batch = res.builder.build(trainable)
         metrics.update(res.updater.update(batch, replay=replay_sample))
         metrics["time/update_s"] = time.perf_counter() - t1
         publish_adapter(res, step)
+    elif usable:
+        logger.info("step %d: every group's rewards are equal (no GRPO signal); no update", step)
     else:
         logger.warning("step %d: no usable episode (all %d failed); no update", step, len(episodes))
     if res.replay is not None:
@@ -103,6 +109,16 @@ def run_step(res: TrainResources, step: int, counters: dict[str, float]) -> Step
     counters["generated_tokens"] = counters.get("generated_tokens", 0.0) + generated
     counters["episodes"] = counters.get("episodes", 0.0) + len(episodes)
     return StepResult(metrics, episodes)
+
+
+def mixed_groups(episodes: list[EpisodeTrajectory]) -> tuple[list[EpisodeTrajectory], float]:
+    """The episodes of groups whose rewards differ (the only ones with a nonzero GRPO advantage), in input
+    order, and the share of groups that are mixed."""
+    rewards: dict[str, set[float]] = {}
+    for e in episodes:
+        rewards.setdefault(e.group_id, set()).add(float(e.reward))
+    mixed = {g for g, r in rewards.items() if len(r) > 1}
+    return [e for e in episodes if e.group_id in mixed], len(mixed) / max(1, len(rewards))
 
 
 def _budget_left(cfg: Any, counters: dict[str, float]) -> bool:

@@ -120,3 +120,19 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path, tiny_model_dir)
     state_b = json.loads((out_b / "checkpoints" / f"step_{STEPS:06d}" / "state.json").read_text())
     assert state_a["data_source"] == state_b["data_source"]
     assert (out_b / "curve.png").is_file()
+
+
+def test_mixed_groups_keeps_only_groups_with_reward_signal():
+    import dataclasses
+
+    from memrl.train.loop import mixed_groups
+    from tests.train.train_fixtures import make_episodes
+
+    eps = make_episodes(n_groups=3, n_per_group=3)
+    # g0: rewards 1, 0, 1 (mixed); g1: all 1 (no signal); g2: all 0 (no signal)
+    rewards = {"g0": [1.0, 0.0, 1.0], "g1": [1.0, 1.0, 1.0], "g2": [0.0, 0.0, 0.0]}
+    eps = [dataclasses.replace(e, reward=rewards[e.group_id][k % 3]) for k, e in enumerate(eps)]
+    kept, share = mixed_groups(eps)
+    assert [e.episode_id for e in kept] == ["g0e0", "g0e1", "g0e2"]
+    assert share == pytest.approx(1 / 3)
+    assert mixed_groups([]) == ([], 0.0)
