@@ -45,29 +45,33 @@ def full_history_tokens(tokenizer: Any, bi: BatchInput) -> int:
     return len(encode_chat(tokenizer, messages))
 
 
+def _source_id(t: EpisodeTrajectory) -> str:
+    return t.steps[-1].meta.extra.get("source_episode_id", t.episode_id) if t.steps else t.episode_id
+
+
+def _reward_input(bi: BatchInput, t: EpisodeTrajectory | None) -> tuple[RewardInput, bool]:
+    """The scored answer of one leaf and whether it failed (a failed or missing leaf scores 0)."""
+    response = t.steps[-1].meta.extra.get("response_text", "") if t is not None and t.steps else ""
+    failed = t is None or t.status.value == "failed"
+    return RewardInput.from_response(response, bi.target_answer, bi.final_query, bi.metadata), failed
+
+
 def score_ablation(
     inputs: Sequence[BatchInput], trajs: Sequence[EpisodeTrajectory], metric_fns: Mapping[str, Any]
 ) -> dict[str, Any]:
-    """Per-metric means overall and per group, over leaf 0 of each input (failed episodes score 0)."""
-    by_id = {bi.episode_id: bi for bi in inputs}
-    leaf0: dict[str, EpisodeTrajectory] = {}
+    """Per-metric means overall and per group, over leaf 0 of each input (failed episodes score 0).
+
+    With several leaves per input (``rollout.n > 1``, sampled), also ``<metric>_pass@<n>`` (the best leaf's
+    score, averaged over inputs: what reinforcement learning could at most sharpen the policy towards) and
+    ``<metric>_leaf_mean`` (the mean over all leaves: the expected score of one sample)."""
+    leaves: dict[str, list[EpisodeTrajectory]] = defaultdict(list)
     for t in trajs:
-        src = t.steps[-1].meta.extra.get("source_episode_id", t.episode_id) if t.steps else t.episode_id
-        leaf0.setdefault(src, t)
+        leaves[_source_id(t)].append(t)
     rows = []
-    for eid, bi in by_id.items():
-        t = leaf0.get(eid)
-        response = t.steps[-1].meta.extra.get("response_text", "") if t is not None and t.steps else ""
+    for bi in inputs:
+        t = leaves[bi.episode_id][0] if leaves.get(bi.episode_id) else None
         prompt_tokens = len(t.steps[-1].prompt_ids) if t is not None and t.steps else 0
-        failed = t is None or t.status.value == "failed"
-        rows.append(
-            (
-                bi,
-                RewardInput.from_response(response, bi.target_answer, bi.final_query, bi.metadata),
-                failed,
-                prompt_tokens,
-            )
-        )
+        rows.append((bi, *_reward_input(bi, t), prompt_tokens))
     scores = {name: fn([r[1] for r in rows]) for name, fn in metric_fns.items()}
     out: dict[str, Any] = {"episodes": len(rows), "failed": sum(r[2] for r in rows)}
     groups: dict[str, list[int]] = defaultdict(list)
@@ -81,6 +85,35 @@ def score_ablation(
         }
     out["group_sizes"] = {g: len(idx) for g, idx in sorted(groups.items())}
     out["prompt_tokens_mean"] = sum(r[3] for r in rows) / len(rows) if rows else 0.0
+    n_leaves = max((len(v) for v in leaves.values()), default=0)
+    if n_leaves > 1:
+        out["leaves_per_input"] = n_leaves
+        out.update(_sampled_scores(inputs, leaves, metric_fns, n_leaves))
+    return out
+
+
+def _sampled_scores(
+    inputs: Sequence[BatchInput],
+    leaves: Mapping[str, list[EpisodeTrajectory]],
+    metric_fns: Mapping[str, Any],
+    n_leaves: int,
+) -> dict[str, float]:
+    """pass@n and per-leaf mean of every metric; inputs with fewer than ``n_leaves`` leaves count the missing
+    ones as failed (score 0)."""
+    owner, items = [], []
+    for i, bi in enumerate(inputs):
+        mine = list(leaves.get(bi.episode_id, []))
+        for t in mine + [None] * (n_leaves - len(mine)):
+            owner.append(i)
+            items.append(_reward_input(bi, t))
+    out: dict[str, float] = {}
+    for name, fn in metric_fns.items():
+        vals = [0.0 if failed else v for v, (_, failed) in zip(fn([x for x, _ in items]), items, strict=True)]
+        per: list[list[float]] = [[] for _ in inputs]
+        for i, v in zip(owner, vals, strict=True):
+            per[i].append(v)
+        out[f"{name}_pass@{n_leaves}"] = sum(max(p) for p in per) / len(per) if per else 0.0
+        out[f"{name}_leaf_mean"] = sum(vals) / len(vals) if vals else 0.0
     return out
 
 

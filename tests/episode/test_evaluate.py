@@ -139,3 +139,21 @@ def test_evaluate_on_ray_actors_equals_in_process(tiny_llama_dir, tmp_path, ray_
         a, b = local["ablations"][ablation], on_ray["ablations"][ablation]
         for key in ("episodes", "failed", "exact_match", "token_f1", "format", "prompt_tokens_mean"):
             assert a[key] == b[key], (ablation, key)
+
+
+def test_score_ablation_reports_pass_at_n_and_leaf_mean_for_sampled_leaves():
+    inputs = [_bi("a", "Oslo"), _bi("b", "Rome"), _bi("c", "Bergen")]
+    trajs = [
+        _traj("a", "<answer>wrong</answer>", 0),
+        _traj("a", "<answer>Oslo</answer>", 1),  # only a later leaf is right: counts for pass@2, not leaf 0
+        _traj("b", "<answer>Rome</answer>", 0),
+        _traj("b", "<answer>Rome</answer>", 1),
+        _traj("c", "<answer>Bergen</answer>", 0),  # a missing second leaf scores 0
+    ]
+    out = score_ablation(inputs, trajs, {"exact_match": make_reward("exact_match")})
+    assert out["leaves_per_input"] == 2
+    assert out["exact_match"] == pytest.approx(2 / 3)
+    assert out["exact_match_pass@2"] == pytest.approx(1.0)
+    assert out["exact_match_leaf_mean"] == pytest.approx(4 / 6)
+    single = score_ablation(inputs, [_traj("a", "<answer>Oslo</answer>")], {"em": make_reward("exact_match")})
+    assert "leaves_per_input" not in single and "em_pass@1" not in single
