@@ -86,6 +86,9 @@ class TinyRecipe:
     # separate seed (see tiny_arch.bpe_tokenizer for why).
     tokenizer: str = "bpe"
     bpe_vocab_size: int = 2048
+    # Spaces as tokens of their own, so a word has the same tokens mid-sentence in a fact (" Rocky") as in the
+    # answer tag ("<answer>Rocky"): copying is then a pure copy instead of a re-spelling (see bpe_tokenizer).
+    bpe_isolate_spaces: bool = True
     version: int = 1
 
     def digest(self) -> str:
@@ -100,6 +103,7 @@ class TinyRecipe:
             "answer_words": "pseudo",
             "tokenizer": "byte",
             "bpe_vocab_size": 2048,
+            "bpe_isolate_spaces": False,
         }
         for name, default in defaults.items():
             if fields[name] == default:
@@ -186,7 +190,7 @@ def make_tokenizer(recipe: TinyRecipe):
         byte_tok.decode(list(e.prompt_ids) + list(e.response_ids))
         for e in make_sft_examples(corpus_recipe, byte_tok)
     ]
-    return bpe_tokenizer(texts, recipe.bpe_vocab_size)
+    return bpe_tokenizer(texts, recipe.bpe_vocab_size, isolate_spaces=recipe.bpe_isolate_spaces)
 
 
 def make_sft_examples(recipe: TinyRecipe, tokenizer) -> list[SFTExample]:

@@ -29,17 +29,26 @@ def byte_tokenizer():
     return tok
 
 
-def bpe_tokenizer(texts: Iterable[str], vocab_size: int):
+def bpe_tokenizer(texts: Iterable[str], vocab_size: int, *, isolate_spaces: bool = False):
     """A byte-level BPE ``PreTrainedTokenizerFast`` trained on ``texts`` (deterministic for the same texts).
 
     Why BPE for the embedded model: a name or answer word is 1-3 tokens instead of 4-9 bytes, so copying it out of
     a fact is a short induction rather than a long one, and prompts are ~2.5x shorter. Byte-level pre-tokenisation
-    keeps every string encodable (unseen text falls back to byte tokens)."""
+    keeps every string encodable (unseen text falls back to byte tokens).
+
+    ``isolate_spaces``: GPT-2-style pre-tokenisation glues a space to the following word, so "Rocky" is
+    ``' Ro' 'c' 'ky'`` inside a sentence but ``'R' 'oc' 'ky'`` after ``<answer>``: answering would mean re-spelling
+    the word into other tokens, which a tiny model does not learn. A space as its own token makes both the same."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     core = Tokenizer(models.BPE())
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    core.pre_tokenizer = (
+        pre_tokenizers.Sequence([pre_tokenizers.Split(" ", behavior="isolated"), byte_level])
+        if isolate_spaces
+        else byte_level
+    )
     core.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

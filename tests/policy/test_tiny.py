@@ -186,7 +186,7 @@ def test_recall_stage_runs_before_the_pipeline_stage_and_enters_the_digest(tmp_p
     monkeypatch.setenv("MEMRL_CACHE_DIR", str(tmp_path))
     staged = dataclasses.replace(MICRO, recall_steps=3, answer_words="random")
     assert staged.digest() != MICRO.digest()
-    assert TinyRecipe().digest() == "648ad7e45401"  # the build shipped in memrl/policy/shipped
+    assert TinyRecipe().digest() == "6de45e228564"  # the build shipped in memrl/policy/shipped
     metrics = json.loads((ensure_tiny_model(staged) / "metrics.json").read_text())
     assert len(metrics["losses"]) == staged.recall_steps + staged.steps
 
@@ -204,7 +204,30 @@ def test_bpe_tokenizer_round_trips_any_text_and_shortens_task_text():
         assert tok.decode(ids) == text
     task = make_sft_examples(MICRO, byte_tokenizer())[0]
     text = byte_tokenizer().decode(list(task.prompt_ids))
-    assert len(tok(text, add_special_tokens=False)["input_ids"]) < 0.6 * len(task.prompt_ids)
+    # spaces are tokens of their own (bpe_isolate_spaces), so a 400-id BPE saves ~40 % rather than ~50 %
+    assert len(tok(text, add_special_tokens=False)["input_ids"]) < 0.7 * len(task.prompt_ids)
+
+
+def test_isolated_spaces_give_a_word_the_same_tokens_in_a_fact_and_in_the_answer():
+    from memrl.policy.tiny import make_tokenizer
+
+    def pieces(tok, text, word):
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        return [tok.decode([i]) for i in ids], tok(word, add_special_tokens=False)["input_ids"], ids
+
+    glued = make_tokenizer(dataclasses.replace(MICRO, train_episodes=40, bpe_isolate_spaces=False))
+    isolated = make_tokenizer(dataclasses.replace(MICRO, train_episodes=40))
+    assert MICRO.bpe_isolate_spaces and TinyRecipe().bpe_isolate_spaces
+    for word in ["Rocky", "farmer", "791", "Qzvbt"]:
+        fact = f"Kenji's value is called {word}."
+        _, alone, in_fact = pieces(isolated, fact, word)
+        assert any(
+            in_fact[i : i + len(alone)] == alone for i in range(len(in_fact))
+        )  # a sub-sequence: pure copy
+        assert isolated.decode(in_fact) == fact
+    # GPT-2-style pre-tokenisation glues the space on: " savings" is one token, "savings" alone is not it
+    texts, alone, in_fact = pieces(glued, "Kenji has 791 dollars in savings.", "savings")
+    assert not any(in_fact[i : i + len(alone)] == alone for i in range(len(in_fact))), texts
 
 
 def test_micro_builds_save_their_tokenizer_and_vocab(tmp_path, monkeypatch):
