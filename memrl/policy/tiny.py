@@ -404,11 +404,14 @@ def evaluate_tiny(model, tokenizer, recipe: TinyRecipe) -> dict:
         answers = run_with_tools(policy, [p.ids for p in prompts])
         hits = [a.strip() == (ep.target_answer or "").strip() for a, ep in zip(answers, eps, strict=True)]
         by_type: dict[str, list[bool]] = {}
+        by_kind: dict[str, list[bool]] = {}  # numbers vs words: words are the harder copy (several tokens)
         for ep, hit in zip(eps, hits, strict=True):
             by_type.setdefault(ep.metadata["question_type"], []).append(hit)
+            by_kind.setdefault("number" if ep.target_answer.isdigit() else "word", []).append(hit)
         key = "with_gold_facts" if with_gold else "without_gold_facts"
         out[f"eval/em_{key}"] = sum(hits) / len(hits)
         out[f"eval/em_{key}_by_type"] = {k: sum(v) / len(v) for k, v in sorted(by_type.items())}
+        out[f"eval/em_{key}_by_answer_kind"] = {k: sum(v) / len(v) for k, v in sorted(by_kind.items())}
         out[f"eval/samples_{key}"] = [
             {"q": ep.final_query, "gold": ep.target_answer, "pred": a}
             for ep, a in list(zip(eps, answers, strict=True))[:5]

@@ -136,6 +136,8 @@ def test_micro_build_is_cached_deterministic_and_loadable(tmp_path, monkeypatch)
     metrics = json.loads((path / "metrics.json").read_text())
     assert len(metrics["losses"]) == MICRO.steps
     assert 0.0 <= metrics["eval/em_with_gold_facts"] <= 1.0
+    kinds = metrics["eval/em_with_gold_facts_by_answer_kind"]
+    assert set(kinds) <= {"number", "word"} and all(0.0 <= v <= 1.0 for v in kinds.values())
     assert ensure_tiny_model(MICRO) == path  # cached: no rebuild
     assert tiny_model_dir(dataclasses.replace(MICRO, steps=3)) != path  # a new recipe is a new directory
     monkeypatch.setenv("MEMRL_CACHE_DIR", str(tmp_path / "b"))
