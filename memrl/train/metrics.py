@@ -75,19 +75,27 @@ def plot_curves(metrics_path: str | Path, out_png: str | Path, title: str = "") 
     if not rows:
         return None
     fig, ax = plt.subplots(figsize=(7, 4))
-    tr = [r for r in rows if "train/reward_mean" in r]
+    # The reward of every sampled episode: train/reward_mean covers only what was trained on, which
+    # train.filter_groups narrows to the groups with mixed rewards.
+    key = "rollout/reward_mean" if any("rollout/reward_mean" in r for r in rows) else "train/reward_mean"
+    tr = [r for r in rows if key in r]
     ev = [r for r in rows if "eval/em" in r]
     x = "counters/generated_tokens"
     if tr:
-        ax.plot(
-            [r.get(x, r["step"]) for r in tr],
-            [r["train/reward_mean"] for r in tr],
-            alpha=0.5,
-            label="train reward",
-        )
+        xs, ys = [r.get(x, r["step"]) for r in tr], [r[key] for r in tr]
+        ax.plot(xs, ys, alpha=0.25, color="tab:blue")
+        w = max(1, len(ys) // 25)  # a moving average: one step's reward is a handful of prompts
+        smooth = [
+            sum(ys[max(0, i - w + 1) : i + 1]) / len(ys[max(0, i - w + 1) : i + 1]) for i in range(len(ys))
+        ]
+        ax.plot(xs, smooth, color="tab:blue", label=f"train reward (rollouts, mean of {w} steps)")
     if ev:
         ax.plot(
-            [r.get(x, r["step"]) for r in ev], [r["eval/em"] for r in ev], marker="o", label="held-out EM"
+            [r.get(x, r["step"]) for r in ev],
+            [r["eval/em"] for r in ev],
+            marker="o",
+            color="tab:orange",
+            label="held-out EM",
         )
     ax.set_xlabel("generated tokens" if any(x in r for r in rows) else "step")
     ax.set_ylabel("reward / exact match")
