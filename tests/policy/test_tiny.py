@@ -193,6 +193,29 @@ def test_recall_stage_runs_before_the_pipeline_stage_and_enters_the_digest(tmp_p
     assert len(metrics["losses"]) == staged.recall_steps + staged.steps
 
 
+def test_recall_mix_puts_single_fact_examples_into_every_pipeline_batch(tmp_path, monkeypatch):
+    import memrl.policy.tiny as tiny
+
+    monkeypatch.setenv("MEMRL_TINY_THREADS", "1")
+    monkeypatch.setenv("MEMRL_CACHE_DIR", str(tmp_path))
+    mixed = dataclasses.replace(MICRO, batch_size=4, steps=3, recall_mix=0.5)
+    assert mixed.digest() != MICRO.digest()
+    seen = []
+    real_batch = tiny._batch
+
+    def spy(examples, pad_id, prompt_weight):
+        seen.append([len(e.prompt_ids) for e in examples])
+        return real_batch(examples, pad_id, prompt_weight)
+
+    monkeypatch.setattr(tiny, "_batch", spy)
+    ensure_tiny_model(mixed)
+    assert len(seen) == mixed.steps
+    # 4 pipeline examples (long prompts: template + facts) then round(4 * 0.5) = 2 single-fact ones (short).
+    for lengths in seen:
+        assert len(lengths) == 6
+        assert min(lengths[:4]) > max(lengths[4:])
+
+
 def test_bpe_tokenizer_round_trips_any_text_and_shortens_task_text():
     from memrl.policy.tiny import make_tokenizer
 
