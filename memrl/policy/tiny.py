@@ -432,7 +432,34 @@ def evaluate_tiny(model, tokenizer, recipe: TinyRecipe) -> dict:
             {"q": ep.final_query, "gold": ep.target_answer, "pred": a}
             for ep, a in list(zip(eps, answers, strict=True))[:5]
         ]
+    out["eval/word_copy_token_accuracy"] = word_copy_accuracy(model, tokenizer, recipe)
     return out
+
+
+def word_copy_accuracy(model, tokenizer, recipe: TinyRecipe, episodes: int = 200) -> dict[str, float]:
+    """Teacher-forced next-token accuracy on held-out *word* answers (gold facts shown), per token of the word.
+
+    Tells the two halves of copying apart: token 0 is picking the right fact's value (attention to the right
+    place); tokens 1+ are continuing a copy given its start (induction: what followed this token in the fact)."""
+    from memrl.formats import ANSWER_OPEN
+
+    builder = _prompt_builder(tokenizer, recipe)
+    rng = random.Random(recipe.seed + 7)
+    opener = encode_text(tokenizer, ANSWER_OPEN)
+    hits: dict[int, list[bool]] = {}
+    for ep in _episodes("test", episodes, recipe.seed + 1):
+        if (ep.target_answer or "0").isdigit():
+            continue
+        prompt = builder.build(ep.final_query, choose_facts(ep, rng, recipe.facts), "", recipe.tools)
+        word = encode_text(tokenizer, ep.target_answer)
+        ids = list(prompt.ids) + opener + word
+        with torch.no_grad():
+            pred = model(input_ids=torch.tensor([ids])).logits[0].argmax(-1)  # [L]
+        start = len(ids) - len(word)
+        for k, tok_id in enumerate(word):
+            hits.setdefault(min(k, 2), []).append(int(pred[start + k - 1]) == tok_id)
+    names = {0: "first", 1: "second", 2: "later"}
+    return {names[k]: sum(v) / len(v) for k, v in sorted(hits.items())}
 
 
 def run_with_tools(

@@ -138,6 +138,8 @@ def test_micro_build_is_cached_deterministic_and_loadable(tmp_path, monkeypatch)
     assert 0.0 <= metrics["eval/em_with_gold_facts"] <= 1.0
     kinds = metrics["eval/em_with_gold_facts_by_answer_kind"]
     assert set(kinds) <= {"number", "word"} and all(0.0 <= v <= 1.0 for v in kinds.values())
+    copy = metrics["eval/word_copy_token_accuracy"]
+    assert set(copy) <= {"first", "second", "later"} and all(0.0 <= v <= 1.0 for v in copy.values())
     assert ensure_tiny_model(MICRO) == path  # cached: no rebuild
     assert tiny_model_dir(dataclasses.replace(MICRO, steps=3)) != path  # a new recipe is a new directory
     monkeypatch.setenv("MEMRL_CACHE_DIR", str(tmp_path / "b"))
@@ -214,6 +216,31 @@ def test_recall_mix_puts_single_fact_examples_into_every_pipeline_batch(tmp_path
     for lengths in seen:
         assert len(lengths) == 6
         assert min(lengths[:4]) > max(lengths[4:])
+
+
+def test_word_copy_accuracy_scores_each_answer_token_against_the_gold_word():
+    from types import SimpleNamespace
+
+    from memrl.policy.tiny import make_tokenizer, word_copy_accuracy
+
+    recipe = dataclasses.replace(MICRO, train_episodes=40)
+    tok = make_tokenizer(recipe)
+
+    class Oracle(torch.nn.Module):
+        """Predicts the token that actually follows (shift=1) or the one after it (shift=2: always wrong)."""
+
+        def __init__(self, shift):
+            super().__init__()
+            self.shift = shift
+
+        def forward(self, input_ids):
+            nxt = torch.roll(input_ids, -self.shift, dims=1)
+            return SimpleNamespace(logits=torch.nn.functional.one_hot(nxt, len(tok)).float())
+
+    right = word_copy_accuracy(Oracle(1), tok, recipe, episodes=30)
+    assert right and set(right.values()) == {1.0} and "first" in right and "second" in right
+    wrong = word_copy_accuracy(Oracle(2), tok, recipe, episodes=30)
+    assert wrong["second"] < 0.5
 
 
 def test_bpe_tokenizer_round_trips_any_text_and_shortens_task_text():
