@@ -24,7 +24,7 @@ PHASES = ("ingest", "prompt", "generate", "update", "score")
 
 
 def _random_tiny_llama(path: str) -> str:
-    """A random-init tiny byte-level Llama (used when the embedded model has not been built yet)."""
+    """A random-init tiny byte-level Llama (used when the embedded model is neither shipped nor built)."""
     import torch
     from transformers import ByT5Tokenizer, LlamaConfig, LlamaForCausalLM
 
@@ -52,9 +52,9 @@ def _random_tiny_llama(path: str) -> str:
 
 def _model(choice: str, tmp: str) -> tuple[str, str]:
     if choice == "auto":
-        from memrl.policy.tiny import tiny_model_dir
+        from memrl.policy.tiny import shipped_model_dir, tiny_model_dir
 
-        built = (tiny_model_dir() / "metrics.json").is_file()
+        built = (tiny_model_dir() / "metrics.json").is_file() or shipped_model_dir() is not None
         return ("tiny", "embedded tiny") if built else (_random_tiny_llama(tmp), "random-init tiny llama")
     if choice == "random":
         return _random_tiny_llama(tmp), "random-init tiny llama"
@@ -111,6 +111,7 @@ def bench_episodes(argv: list[str]) -> dict:
     ap.add_argument("--max-tokens", type=int, default=48, help="rollout.max_response_tokens")
     ap.add_argument("--model", default="auto", help="auto | random | tiny | HF path")
     ap.add_argument("--tools", default="python", help="comma-separated tools ('' = none)")
+    ap.add_argument("overrides", nargs="*", help="config overrides, e.g. policy.prefill=batched")
     args = ap.parse_args(argv)
 
     from memrl.config import load_config
@@ -133,6 +134,7 @@ def bench_episodes(argv: list[str]) -> dict:
                 f"rollout.max_response_tokens={args.max_tokens}",
                 "memory.top_k=4",
                 f"episode.batch_size={args.episodes}",
+                *args.overrides,
             ],
         )
         inputs, _ = load_dataset(cfg.data)
@@ -157,7 +159,7 @@ def bench_episodes(argv: list[str]) -> dict:
         "share_tools": ph_b["tools"] / total_b,
         "memory_encode_ratio": encode_ratio,
         "episodes": len(work),
-        "leaves_per_episode": args.n,
+        "leaves_per_episode": cfg.rollout.n,  # overrides win over --n
         "model": model_desc,
         "batched_s": t_batch,
         "sequential_s": t_seq,

@@ -1,0 +1,17 @@
+from __future__ import annotations
+
+from memrl.bench.episodes import _model, bench_episodes
+
+
+def test_auto_model_uses_the_shipped_tiny_build(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEMRL_CACHE_DIR", str(tmp_path / "empty-cache"))
+    assert _model("auto", str(tmp_path)) == ("tiny", "embedded tiny")
+
+
+def test_bench_episodes_reports_speedups_and_shares_with_overrides():
+    out = bench_episodes(["--episodes", "3", "--max-tokens", "8", "--tools", "", "rollout.n=1"])
+    assert out["episodes"] == 3 and out["leaves_per_episode"] == 1  # the override wins over --n
+    assert out["batched_speedup"] > 0 and out["generation_batched_speedup"] > 0
+    shares = out["share_memory"] + out["share_generation"] + out["share_tools"]
+    assert out["share_tools"] == 0.0 and 0.5 < shares <= 1.0 + 1e-9
+    assert out["memory_encode_ratio"] > 0
