@@ -52,9 +52,9 @@ def _random_tiny_llama(path: str) -> str:
 
 def _model(choice: str, tmp: str) -> tuple[str, str]:
     if choice == "auto":
-        from memrl.policy.tiny import shipped_model_dir, tiny_model_dir
+        from memrl.policy.tiny import find_tiny_model
 
-        built = (tiny_model_dir() / "metrics.json").is_file() or shipped_model_dir() is not None
+        built = find_tiny_model() is not None
         return ("tiny", "embedded tiny") if built else (_random_tiny_llama(tmp), "random-init tiny llama")
     if choice == "random":
         return _random_tiny_llama(tmp), "random-init tiny llama"

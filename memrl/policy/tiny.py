@@ -139,16 +139,20 @@ def shipped_model_dir(recipe: TinyRecipe | None = None) -> Path | None:
     return path if (path / "metrics.json").is_file() else None
 
 
-def ensure_tiny_model(recipe: TinyRecipe | None = None, *, force: bool = False) -> Path:
-    """The tiny model's directory: the cache's build, else the shipped copy, else a new build (one builder at a
-    time, via a file lock). ``force`` always rebuilds into the cache."""
-    recipe = recipe or TinyRecipe()
+def find_tiny_model(recipe: TinyRecipe | None = None) -> Path | None:
+    """The recipe's finished build without building: the cache's own build, else the shipped copy, else None."""
     out = tiny_model_dir(recipe)
-    if (out / "metrics.json").is_file() and not force:
-        return out
-    shipped = shipped_model_dir(recipe)
-    if shipped is not None and not force:
-        return shipped
+    return out if (out / "metrics.json").is_file() else shipped_model_dir(recipe)
+
+
+def ensure_tiny_model(recipe: TinyRecipe | None = None, *, force: bool = False) -> Path:
+    """The tiny model's directory: :func:`find_tiny_model`, else a new build (one builder at a time, via a file
+    lock). ``force`` always rebuilds into the cache."""
+    recipe = recipe or TinyRecipe()
+    found = None if force else find_tiny_model(recipe)
+    if found is not None:
+        return found
+    out = tiny_model_dir(recipe)
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out.parent / f"{out.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a concurrent builder finishes first; then we reuse its result

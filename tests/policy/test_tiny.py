@@ -227,7 +227,8 @@ def test_word_copy_accuracy_scores_each_answer_token_against_the_gold_word():
     tok = make_tokenizer(recipe)
 
     class Oracle(torch.nn.Module):
-        """Predicts the token that actually follows (shift=1) or the one after it (shift=2: always wrong)."""
+        """Predicts the token that actually follows (shift=1) or the one after it (shift=2: wrong unless a token
+        repeats)."""
 
         def __init__(self, shift):
             super().__init__()
