@@ -4,6 +4,12 @@ Part 1 (tiny HF model, real forward passes): the same prompts through ``chain`` 
 chain baseline computes each prompt once too (its ``n`` samples share one request), so only the tree's shared
 *response* prefixes count as savings. Reported per leaf: forwarded tokens (prefill + decode, as the backend
 reports them) and wall time; plus the tree's prefix-cache hit rate and how many of its leaves are distinct.
+The tree runs with ``--branch-at`` (headline keys) and, in the same run, with the other granularity
+(``tree_<other>`` and ``<other>_token_ratio`` / ``<other>_wall_ratio``).
+
+Workloads: ``locomo`` (one LoCoMo-style prompt per request, no tools) or ``synthetic`` (the embedded tiny
+model's own task: held-out synthetic target-turn prompts with their gold facts, ``<python>`` calls answered by
+the build's safe arithmetic evaluator, so tool turns are real but cost no sandbox process).
 
 Part 2 (scripted policy and scripted tools): an error-prone workload where every call is first written wrong;
 response tokens with rollback vs. keeping the failed attempts in context.
@@ -46,9 +52,9 @@ def _policy(model: str, cache_tokens: int):
     return HFPolicy(cfg), f"{model} (HF)"
 
 
-def _measure(policy, requests, cfg: RolloutConfig) -> dict:
+def _measure(policy, requests, tools, cfg: RolloutConfig) -> dict:
     start = time.perf_counter()
-    result = run_rollout(requests, policy, None, cfg)
+    result = run_rollout(requests, policy, tools, cfg)
     wall = time.perf_counter() - start
     leaves = sum(len(x) for x in result.leaves)
     distinct = sum(len({s.response_ids for s in x if not s.meta.is_duplicate}) for x in result.leaves)
@@ -67,6 +73,55 @@ def _measure(policy, requests, cfg: RolloutConfig) -> dict:
     }
 
 
+class ArithmeticTools:
+    """``<python>`` calls answered by the tiny build's safe arithmetic evaluator (no code is executed)."""
+
+    def record_retry(self, tool: str) -> None:
+        pass
+
+    def execute(self, calls):
+        from memrl.policy.tiny import arithmetic_tool
+
+        return [ToolResult(text=arithmetic_tool(call.arguments), status="ok") for call, _ in calls]
+
+
+def _workload(name: str, tok, prompts: int) -> tuple[list[RolloutRequest], object]:
+    if name == "locomo":
+        reqs = [
+            RolloutRequest(tok.encode(PROMPT.format(i=i), add_special_tokens=False), f"q{i}")
+            for i in range(prompts)
+        ]
+        return reqs, None
+    if name != "synthetic":
+        raise ValueError(f"memrl bench rollout --workload: unknown {name!r}; valid: locomo, synthetic")
+    import random
+
+    from memrl.policy.tiny import TinyRecipe, _episodes, _prompt_builder
+    from memrl.policy.tiny_data import choose_facts
+
+    recipe = TinyRecipe()
+    builder, rng = _prompt_builder(tok, recipe), random.Random(7)
+    reqs = [
+        RolloutRequest(
+            builder.build(ep.final_query, choose_facts(ep, rng, recipe.facts), "", recipe.tools).ids, f"q{i}"
+        )
+        for i, ep in enumerate(_episodes("test", prompts, recipe.seed + 1))
+    ]
+    return reqs, ArithmeticTools()
+
+
+def _tree_cfg(args, branch_at: str) -> TreeConfig:
+    return TreeConfig(
+        initial_rollouts=args.initial_rollouts,
+        expansion_iterations=args.expansion_iterations,
+        nodes_per_expansion=args.nodes_per_expansion,
+        beam_size=args.beam_size,
+        segment_tokens=args.segment_tokens,
+        expansion_policy=args.expansion_policy,
+        branch_at=branch_at,
+    )
+
+
 def _tree_vs_chain(args) -> dict:
     policy, model_name = _policy(args.model, args.prefix_cache_tokens)
     if args.model == "random":
@@ -74,51 +129,52 @@ def _tree_vs_chain(args) -> dict:
         # forked from chains that survived, run longer: per-leaf numbers would compare unequal work. As in
         # `memrl bench policy`, the random model decodes to the length limit in both arms.
         policy.eos_ids = []
-    tok = policy.tokenizer
-    requests = [
-        RolloutRequest(tok.encode(PROMPT.format(i=i), add_special_tokens=False), f"q{i}")
-        for i in range(args.prompts)
-    ]
-    common = dict(n=args.leaves, max_response_tokens=args.max_tokens, temperature=1.0, top_logprobs=5, seed=0)
-    tree = TreeConfig(
-        initial_rollouts=args.initial_rollouts,
-        expansion_iterations=args.expansion_iterations,
-        nodes_per_expansion=args.nodes_per_expansion,
-        beam_size=args.beam_size,
-        segment_tokens=args.segment_tokens,
-        expansion_policy=args.expansion_policy,
+    requests, tools = _workload(args.workload, policy.tokenizer, args.prompts)
+    common = dict(
+        n=args.leaves,
+        max_response_tokens=args.max_tokens,
+        temperature=1.0,
+        top_logprobs=5,
+        seed=0,
+        max_tool_calls=2,
     )
-    chain_cfg = RolloutConfig(strategy="chain", **common)
-    tree_cfg = RolloutConfig(strategy="tree", tree=tree, **common)
-    _measure(policy, requests[:1], RolloutConfig(strategy="chain", n=2, max_response_tokens=8))  # warm-up
-    chain, tree_r = [], []
-    for _ in range(args.repeats):  # interleaved, so machine noise hits both alike
-        chain.append(_measure(policy, requests, chain_cfg))
-        tree_r.append(_measure(policy, requests, tree_cfg))
-        logger.info("chain %s | tree %s", chain[-1], tree_r[-1])
-    c, t = _combine(chain), _combine(tree_r)
+    other = "segment" if args.branch_at == "token" else "token"
+    cfgs = {"chain": RolloutConfig(strategy="chain", **common)}
+    for name, at in (("tree", args.branch_at), (f"tree_{other}", other)):
+        cfgs[name] = RolloutConfig(strategy="tree", tree=_tree_cfg(args, at), **common)
+    warm = RolloutConfig(strategy="chain", n=2, max_response_tokens=8)
+    _measure(policy, requests[:1], tools, warm)
+    runs: dict[str, list[dict]] = {k: [] for k in cfgs}
+    for _ in range(args.repeats):  # interleaved, so machine noise hits every arm alike
+        for name, cfg in cfgs.items():
+            runs[name].append(_measure(policy, requests, tools, cfg))
+        logger.info("%s", {k: v[-1] for k, v in runs.items()})
+    res = {k: _combine(v) for k, v in runs.items()}
+    c, t, o = res["chain"], res["tree"], res[f"tree_{other}"]
     return {
         "model": model_name,
         "config": {
+            "workload": args.workload,
             "prompts": args.prompts,
             "prompt_tokens": len(requests[0].prompt_ids),
             "leaves_per_prompt": args.leaves,
             "max_response_tokens": args.max_tokens,
             "prefix_cache_tokens": args.prefix_cache_tokens,
             "eos_disabled": args.model == "random",
-            "tree": dict(vars(tree)),
+            "tree": dict(vars(cfgs["tree"].tree)),
         },
         "prefix_cache_evictions": policy.prefix_cache.evictions,
-        "chain": c,
-        "tree": t,
+        **res,
         "token_ratio": t["forwarded_tokens_per_leaf"] / c["forwarded_tokens_per_leaf"],
         "wall_ratio": t["wall_s_per_leaf"] / c["wall_s_per_leaf"],
-        # Context: tree leaves are often longer than chain leaves (forks of long chains), so per leaf
+        # Context: tree leaves may be longer than chain leaves (forks of long chains), so per leaf
         # understates the saving per generated response token.
         "token_ratio_per_response_token": (t["forwarded_tokens_per_leaf"] / t["mean_response_tokens"])
         / (c["forwarded_tokens_per_leaf"] / c["mean_response_tokens"]),
         "prefix_hit_rate": t["prefix_hit_rate"],
         "distinct_leaves": t["distinct_leaves_per_prompt"],
+        f"{other}_token_ratio": o["forwarded_tokens_per_leaf"] / c["forwarded_tokens_per_leaf"],
+        f"{other}_wall_ratio": o["wall_s_per_leaf"] / c["wall_s_per_leaf"],
     }
 
 
@@ -225,6 +281,10 @@ def bench_rollout(argv: list[str]) -> dict:
     p.add_argument("--beam-size", type=int, default=6)
     p.add_argument("--segment-tokens", type=int, default=16)
     p.add_argument("--expansion-policy", default="entropy")
+    p.add_argument(
+        "--branch-at", default="token", choices=["token", "segment"], help="headline tree granularity"
+    )
+    p.add_argument("--workload", default="locomo", help="'locomo' (one prompt, no tools) or 'synthetic'")
     p.add_argument(
         "--prefix-cache-tokens",
         type=int,

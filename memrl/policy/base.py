@@ -48,8 +48,9 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """``prompt_ids`` is always the full context. ``prefix_handle`` (optional) names cached state for a prefix of
-    it; the backend verifies the handle's tokens are a prefix of ``prompt_ids`` and computes only the rest."""
+    """``prompt_ids`` is always the full context. ``prefix_handle`` (optional) names a cached state; the backend
+    reuses it for the longest common prefix of the handle's tokens and ``prompt_ids`` and computes only the rest
+    (a request that forks inside the handle's tokens, as a tree branch at token t does, crops the state there)."""
 
     prompt_ids: tuple[int, ...]
     params: SamplingParams = SamplingParams()

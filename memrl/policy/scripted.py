@@ -31,7 +31,7 @@ DEFAULT_LOGPROB = -0.25
 
 
 class PrefixHandleError(KeyError):
-    """A request named a prefix handle that is unknown, released, or not a prefix of its prompt."""
+    """A request named a prefix handle that is unknown, released, or shares no prefix with its prompt."""
 
     def __str__(self) -> str:
         return str(self.args[0])
@@ -132,12 +132,18 @@ class ScriptedPolicy:
         tokens = self._handles.get(req.prefix_handle)
         if tokens is None:
             raise PrefixHandleError(f"generate: unknown or released prefix handle {req.prefix_handle!r}")
-        if req.prompt_ids[: len(tokens)] != tokens:
+        # As every backend: the handle serves the longest common prefix (a fork inside it crops it there).
+        common = 0
+        for a, b in zip(tokens, req.prompt_ids):
+            if a != b:
+                break
+            common += 1
+        if common == 0:
             raise PrefixHandleError(
-                f"generate: prefix handle {req.prefix_handle!r} covers {len(tokens)} tokens that are not a prefix"
-                f" of the request's {len(req.prompt_ids)} prompt tokens"
+                f"generate: prefix handle {req.prefix_handle!r} shares no prefix with the request's"
+                f" {len(req.prompt_ids)} prompt tokens"
             )
-        return len(tokens)
+        return common
 
     def _plan_for(self, req: GenerationRequest, index: int) -> _Plan:
         if self.continue_plans and req.prompt_ids in self._plans:

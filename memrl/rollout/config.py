@@ -23,9 +23,18 @@ class TreeConfig:
     ``beam_size`` continuations. Leaves per tree =
     ``initial_rollouts + expansion_iterations * nodes_per_expansion * (beam_size - 1)``.
 
-    A node is one generation segment: at most ``segment_tokens`` model tokens, or up to a tool call.
-    ``expansion_policy`` is ``random`` or ``entropy`` (normalised entropy of the top-k logprobs of the first
-    ``entropy_window`` tokens after a node; branch where it is high) or a dotted path.
+    ``branch_at`` says where a tree may branch:
+
+    - ``token`` (default, as TreeRL's EPTree): any model token of a finished branch. Branches generate to their
+      stop in one call; a fork at token ``t`` keeps tokens ``< t`` and samples token ``t`` afresh, continuing
+      from the parent's kept state (the backend crops it to the fork point). ``entropy`` ranks a point by the
+      normalised top-k entropy of the distribution token ``t`` was drawn from: a fork lands exactly where the
+      model hesitated, often late in the response, so a fork regenerates only the tail.
+    - ``segment`` (the seed's granularity): nodes sit between generation segments of at most
+      ``segment_tokens`` model tokens (and after tool results); ``entropy`` ranks a node by the mean entropy of
+      the first ``entropy_window`` tokens generated after it. A fork regenerates from a segment boundary.
+
+    ``expansion_policy`` is ``random`` or ``entropy`` (branch where entropy is high) or a dotted path.
     ``expand_root`` lets the root (the bare prompt) be picked like any node; by default only response
     positions are branch points (the root is used only when a tree has no other candidate).
     """
@@ -38,8 +47,11 @@ class TreeConfig:
     segment_tokens: int = 32
     entropy_window: int = 8
     expand_root: bool = False
+    branch_at: str = "token"
 
     def __post_init__(self) -> None:
+        if self.branch_at not in ("token", "segment"):
+            raise ValueError(f"rollout.tree.branch_at must be 'token' or 'segment', got {self.branch_at!r}")
         checks = (
             ("initial_rollouts", self.initial_rollouts, 1),
             ("expansion_iterations", self.expansion_iterations, 0),

@@ -6,8 +6,12 @@ expansion policy and forks ``beam_size - 1`` new branches from each, which conti
 through its prefix handle (the shared prefix is never recomputed). Phase 4 samples exactly ``n`` leaves per tree
 (duplicating, flagged, only when the tree has fewer).
 
-A node is a point between two generation segments of a branch (a segment is at most ``segment_tokens`` model
-tokens, or ends at a tool call); it keeps the prefix handle of the state it ends at.
+Where a tree may branch is ``cfg.tree.branch_at``. ``segment``: a node is a point between two generation segments
+of a branch (a segment is at most ``segment_tokens`` model tokens, or ends at a tool call) and keeps the prefix
+handle of the state it ends at. ``token``: branches run to their stop in one call and every model token they
+sampled is a candidate fork point (its entropy is that of the distribution it was drawn from); a chosen point
+becomes a node by splitting its branch's segment there, and forks continue from the owner's final state, which
+the backend crops to the fork point (one token is recomputed, to get the logits there).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -71,6 +76,7 @@ class Tree:
     root: TreeNode
     nodes: list[TreeNode] = field(default_factory=list)
     branches: list[Branch] = field(default_factory=list)
+    forked: Counter[tuple[str, int]] = field(default_factory=Counter)  # (branch uid, position) -> expansions
 
 
 @dataclass(eq=False)
@@ -78,6 +84,19 @@ class _Link:
     tree: Tree
     node: TreeNode  # the node the branch's current segment started from
     depth: int
+    # branch_at=token: normalised entropy of each model token this branch sampled itself, by response position.
+    entropies: dict[int, float] = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class ForkPoint:
+    """A candidate branch point at model token ``pos`` of ``branch`` (``branch_at=token``): what expansion
+    policies rank (``entropy``, ``expansions``) before it is made a :class:`TreeNode`."""
+
+    branch: Branch
+    pos: int
+    entropy: float
+    expansions: int
 
 
 class TreeHooks(EngineHooks):
@@ -86,8 +105,10 @@ class TreeHooks(EngineHooks):
     def __init__(self, cfg: RolloutConfig, engine_ref: list[Engine]) -> None:
         self.cfg = cfg
         self._engine = engine_ref
-        # Nodes keep their state only while a later expansion round may fork from them.
-        self.keep_handles = cfg.tree.expansion_iterations > 0
+        self.by_token = cfg.tree.branch_at == "token"
+        # Segment nodes keep their state only while a later expansion round may fork from them; token forks
+        # continue from the owner branch's own final state instead.
+        self.keep_handles = cfg.tree.expansion_iterations > 0 and not self.by_token
 
     @property
     def handles(self):
@@ -98,6 +119,9 @@ class TreeHooks(EngineHooks):
         if out.top_logprobs:
             link.node.entropy_sum += normalized_entropy(out.top_logprobs[: self.cfg.tree.entropy_window])
             link.node.entropy_n += 1
+        if self.by_token:
+            for i, top in enumerate(out.top_logprobs):
+                link.entropies[start + i] = normalized_entropy([top])
 
     def on_boundary(self, branch: Branch) -> None:
         link: _Link = branch.tree
@@ -121,6 +145,8 @@ class TreeHooks(EngineHooks):
         """Forget this branch's nodes past ``position``; if the rollback reached below the fork point, re-attach
         the branch to the deepest shared ancestor at or before ``position`` (its tokens there are identical)."""
         link: _Link = branch.tree
+        for pos in [p for p in link.entropies if p >= position]:
+            del link.entropies[pos]
         node = link.node
         while node.parent is not None and node.response_len > position:
             if node.owner is branch:
@@ -168,8 +194,13 @@ def _new_branch(tree: Tree, uid: str, spawn_key: str) -> Branch:
 
 
 def _fork(engine: Engine, tree: Tree, node: TreeNode, uid: str, spawn_key: str) -> Branch:
-    if node.owner is None:  # the root: a fresh chain
+    if node.owner is None:  # the root: a fresh chain, continuing from any branch's state (all share the prompt)
         b = _new_branch(tree, uid, spawn_key)
+        handle = next((br.best_handle()[0] for br in tree.branches if br.best_handle()[0]), None)
+        if handle is not None:
+            engine.handles.hold(handle)
+            b.held.append((handle, len(tree.request.prompt_ids)))
+        return b
     else:
         b = node.owner.fork(uid, node.response_len, node.turn_start, spawn_key)
         b.tree = _Link(tree, node, node.branch_depth + 1)
@@ -186,13 +217,78 @@ def _candidates(tree: Tree, cfg: RolloutConfig) -> list[TreeNode]:
     return inner
 
 
+def _fork_points(tree: Tree, cfg: RolloutConfig) -> list[ForkPoint | TreeNode]:
+    """``branch_at=token`` candidates: every model token a branch sampled itself (after its own fork point;
+    the token at the fork point belongs to the parent's candidates). Token 0 of the initial chains (a fresh
+    chain) only with ``expand_root``; the root itself when there is nothing else."""
+    low = 0 if cfg.tree.expand_root else 1
+    points: list[ForkPoint | TreeNode] = []
+    for b in tree.branches:
+        first = b.floor + 1 if b.floor > 0 else low
+        for pos, h in b.tree.entropies.items():
+            if pos >= first and b.mask[pos] == 1:
+                points.append(ForkPoint(b, pos, h, tree.forked[(b.uid, pos)]))
+    return points or [tree.root]
+
+
+def _node_at(engine: Engine, tree: Tree, point: ForkPoint) -> TreeNode:
+    """The node at ``point``: an existing node of its branch there, or a new one splitting the segment that
+    spans it. Its state is the owner's newest kept state, which covers the point (the backend crops it)."""
+    b, pos = point.branch, point.pos
+    link: _Link = b.tree
+    child, node = None, link.node
+    while node.response_len > pos:  # up the branch's own nodes (its fork point lies below pos)
+        child, node = node, node.parent
+    if node.response_len < pos:
+        new = TreeNode(
+            uid=f"{b.uid}/t{pos}",
+            parent=node,
+            owner=b,
+            response_len=pos,
+            turn_start=_turn_start(b, pos),
+            branch_depth=link.depth,
+            entropy_sum=point.entropy,
+            entropy_n=1,
+        )
+        if child is None:  # in the branch's last segment: its leaf will hang below the new node
+            node.children.append(new)
+            link.node = new
+        else:
+            node.children[node.children.index(child)] = new
+            child.parent = new
+            new.children.append(child)
+        tree.nodes.append(new)
+        node = new
+    if node.handle is None:
+        handle, _ = b.best_handle()
+        if handle is not None:
+            engine.handles.hold(handle)
+            node.handle, node.handle_covered = handle, b.prompt_len + pos
+    return node
+
+
+def _turn_start(b: Branch, pos: int) -> int:
+    """Response index where the model turn containing ``pos`` began (just after the last tool output)."""
+    while pos > 0 and b.mask[pos - 1] == 1:
+        pos -= 1
+    return pos
+
+
 def _expand(
     engine: Engine, trees: list[Tree], cfg: RolloutConfig, it: int, rng: random.Random
 ) -> list[Branch]:
     policy = EXPANSION_POLICIES.get(cfg.tree.expansion_policy)
+    by_token = cfg.tree.branch_at == "token"
     fresh = []
     for tree in trees:
-        for node in policy(_candidates(tree, cfg), cfg.tree.nodes_per_expansion, rng):
+        candidates = _fork_points(tree, cfg) if by_token else _candidates(tree, cfg)
+        for picked in policy(candidates, cfg.tree.nodes_per_expansion, rng):
+            if isinstance(picked, ForkPoint):
+                tree.forked[(picked.branch.uid, picked.pos)] += 1
+                picked.expansions += 1
+                node = _node_at(engine, tree, picked)
+            else:
+                node = picked
             node.expansions += 1
             key = f"{node.uid}/x{it}.{node.expansions}"
             for _ in range(cfg.tree.beam_size - 1):
@@ -247,7 +343,8 @@ def tree_rollout(
     metrics = RolloutMetrics()
     engine_ref: list[Engine] = []
     hooks = TreeHooks(cfg, engine_ref)
-    engine = Engine(policy, tools, cfg, metrics, segment_tokens=cfg.tree.segment_tokens, hooks=hooks)
+    segment = None if hooks.by_token else cfg.tree.segment_tokens
+    engine = Engine(policy, tools, cfg, metrics, segment_tokens=segment, hooks=hooks)
     engine_ref.append(engine)
     rng = random.Random(cfg.seed)
     # Phase 1: one tree per request; phase 2: the initial chains (one n-sample request per tree).

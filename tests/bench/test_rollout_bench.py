@@ -11,3 +11,50 @@ def test_rollback_keeps_context_shorter_than_keeping_failures():
     assert out["rollbacks"] == out["rollback_repairs"] == 32
     assert 0 < out["rollback_response_ratio"] < out["rollback_context_ratio"] < 1
     assert out["rollback_context_tokens"] < out["kept_failures_context_tokens"]
+
+
+def _args(**kw):
+    base = dict(
+        model="random",
+        prompts=2,
+        leaves=6,
+        max_tokens=24,
+        repeats=1,
+        initial_rollouts=1,
+        expansion_iterations=1,
+        nodes_per_expansion=1,
+        beam_size=6,
+        segment_tokens=8,
+        expansion_policy="entropy",
+        branch_at="token",
+        workload="locomo",
+        prefix_cache_tokens=1 << 20,
+    )
+    return SimpleNamespace(**{**base, **kw})
+
+
+def test_tree_vs_chain_reports_both_granularities_in_one_run():
+    from memrl.bench.rollout import _tree_vs_chain
+
+    out = _tree_vs_chain(_args())
+    assert out["chain"]["leaves"] == out["tree"]["leaves"] == out["tree_segment"]["leaves"] == 12
+    # Random model, eos off: every leaf is 24 tokens. The tree's 5 forks continue from their fork point, so it
+    # forwards fewer tokens per leaf than 6 independent chains (whose prompt is computed once too).
+    assert out["chain"]["mean_response_tokens"] == out["tree"]["mean_response_tokens"] == 24
+    assert 0 < out["token_ratio"] < 1 and 0 < out["segment_token_ratio"] < 1
+    assert out["prefix_hit_rate"] > 0 and out["config"]["tree"]["branch_at"] == "token"
+
+
+def test_synthetic_workload_runs_tool_turns():
+    import pytest
+
+    from memrl.bench.rollout import _workload
+    from memrl.policy.tiny_arch import byte_tokenizer
+    from memrl.tools.base import ToolCall
+
+    requests, tools = _workload("synthetic", byte_tokenizer(), 3)
+    assert len(requests) == 3 and len({r.prompt_ids for r in requests}) == 3
+    [res] = tools.execute([(ToolCall(name="python", arguments="print(17 + 25)", raw=""), None)])
+    assert res.status == "ok" and res.text == "42"
+    with pytest.raises(ValueError, match="valid: locomo, synthetic"):
+        _workload("locomo10", byte_tokenizer(), 1)

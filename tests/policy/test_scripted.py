@@ -44,8 +44,11 @@ def test_eos_finishes_and_length_continues_the_plan():
 def test_prefix_handles_are_checked_and_released():
     pol = ScriptedPolicy(TOK, lambda ctx: "xy")
     [[a]] = pol.generate([GenerationRequest(ids("abc"), SamplingParams(keep_prefix=True))])
-    with pytest.raises(PrefixHandleError, match="not a prefix"):
+    with pytest.raises(PrefixHandleError, match="shares no prefix"):
         pol.generate([GenerationRequest(ids("zzzzzzzz"), SamplingParams(), prefix_handle=a.prefix_handle)])
+    # A request forking inside the handle's tokens ("abc" + "xy" -> "abcx" + "q") reuses it up to the fork.
+    [[c]] = pol.generate([GenerationRequest(ids("abcxq"), SamplingParams(), prefix_handle=a.prefix_handle)])
+    assert c.cached_tokens == len(ids("abcx"))
     pol.release([a.prefix_handle])
     assert pol.live_handles == 0
     with pytest.raises(PrefixHandleError, match="already released"):

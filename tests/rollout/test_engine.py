@@ -157,20 +157,26 @@ def test_response_budget_bounds_tool_results(tok):
     assert len(step.response_ids) == 30 and step.meta.extra["finish"] == "length"
 
 
-@pytest.mark.parametrize("strategy", ["chain", "tree"])
+@pytest.mark.parametrize("strategy", ["chain", "tree", "tree-token"])
 def test_rollback_inside_trees_and_chains(tok, strategy):
     from memrl.rollout import TreeConfig
 
     rb = RollbackConfig(enable_tool_rollback=True)
     tree = TreeConfig(
-        initial_rollouts=2, expansion_iterations=1, nodes_per_expansion=2, beam_size=2, segment_tokens=7
+        initial_rollouts=2,
+        expansion_iterations=1,
+        nodes_per_expansion=2,
+        beam_size=2,
+        segment_tokens=7,
+        branch_at="token" if strategy == "tree-token" else "segment",
     )
+    strategy = strategy.removesuffix("-token")
     result, _, _ = _run(tok, fixing_script(calls=2), n=4, rollback=rb, strategy=strategy, tree=tree)
     for step in result.leaves[0]:
         text = tok.decode(step.response_ids)
         assert "prnt" not in text
         assert text.endswith("<answer>2</answer>")
         assert all(r.repaired for r in step.meta.rollbacks)
-    if strategy == "tree":
+    if strategy == "tree" and tree.branch_at == "segment":
         # Some forks sat mid-turn: their rollback reached below the fork and re-attached them higher up.
         assert result.metrics.get("rollout/tree/rollback_reattached", 0) > 0
