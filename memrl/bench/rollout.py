@@ -5,7 +5,7 @@ chain baseline computes each prompt once too (its ``n`` samples share one reques
 *response* prefixes count as savings. Reported per leaf: forwarded tokens (prefill + decode, as the backend
 reports them) and wall time; plus the tree's prefix-cache hit rate and how many of its leaves are distinct.
 The tree runs with ``--branch-at`` (headline keys) and, in the same run, with the other granularity
-(``tree_<other>`` and ``<other>_token_ratio`` / ``<other>_wall_ratio``).
+(``tree_<other>`` and ``alt_token_ratio`` / ``alt_wall_ratio``).
 
 Workloads: ``locomo`` (one LoCoMo-style prompt per request, no tools) or ``synthetic`` (the embedded tiny
 model's own task: held-out synthetic target-turn prompts with their gold facts, ``<python>`` calls answered by
@@ -173,8 +173,9 @@ def _tree_vs_chain(args) -> dict:
         / (c["forwarded_tokens_per_leaf"] / c["mean_response_tokens"]),
         "prefix_hit_rate": t["prefix_hit_rate"],
         "distinct_leaves": t["distinct_leaves_per_prompt"],
-        f"{other}_token_ratio": o["forwarded_tokens_per_leaf"] / c["forwarded_tokens_per_leaf"],
-        f"{other}_wall_ratio": o["wall_s_per_leaf"] / c["wall_s_per_leaf"],
+        "alt_branch_at": other,
+        "alt_token_ratio": o["forwarded_tokens_per_leaf"] / c["forwarded_tokens_per_leaf"],
+        "alt_wall_ratio": o["wall_s_per_leaf"] / c["wall_s_per_leaf"],
     }
 
 
@@ -282,7 +283,7 @@ def bench_rollout(argv: list[str]) -> dict:
     p.add_argument("--segment-tokens", type=int, default=16)
     p.add_argument("--expansion-policy", default="entropy")
     p.add_argument(
-        "--branch-at", default="token", choices=["token", "segment"], help="headline tree granularity"
+        "--branch-at", default="segment", choices=["token", "segment"], help="headline tree granularity"
     )
     p.add_argument("--workload", default="locomo", help="'locomo' (one prompt, no tools) or 'synthetic'")
     p.add_argument(

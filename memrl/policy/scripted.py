@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memrl.policy.base import GenerationRequest, SamplingParams
+from memrl.policy.prefix_cache import common_prefix_len
 from memrl.types import ContractError, FinishReason, GenerationOutput
 
 DEFAULT_LOGPROB = -0.25
@@ -133,11 +134,7 @@ class ScriptedPolicy:
         if tokens is None:
             raise PrefixHandleError(f"generate: unknown or released prefix handle {req.prefix_handle!r}")
         # As every backend: the handle serves the longest common prefix (a fork inside it crops it there).
-        common = 0
-        for a, b in zip(tokens, req.prompt_ids):
-            if a != b:
-                break
-            common += 1
+        common = common_prefix_len(tokens, req.prompt_ids)
         if common == 0:
             raise PrefixHandleError(
                 f"generate: prefix handle {req.prefix_handle!r} shares no prefix with the request's"

@@ -194,7 +194,9 @@ def _new_branch(tree: Tree, uid: str, spawn_key: str) -> Branch:
 
 
 def _fork(engine: Engine, tree: Tree, node: TreeNode, uid: str, spawn_key: str) -> Branch:
-    if node.owner is None:  # the root: a fresh chain, continuing from any branch's state (all share the prompt)
+    if (
+        node.owner is None
+    ):  # the root: a fresh chain, continuing from any branch's state (all share the prompt)
         b = _new_branch(tree, uid, spawn_key)
         handle = next((br.best_handle()[0] for br in tree.branches if br.best_handle()[0]), None)
         if handle is not None:

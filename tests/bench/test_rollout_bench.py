@@ -26,7 +26,7 @@ def _args(**kw):
         beam_size=6,
         segment_tokens=8,
         expansion_policy="entropy",
-        branch_at="token",
+        branch_at="segment",
         workload="locomo",
         prefix_cache_tokens=1 << 20,
     )
@@ -37,12 +37,12 @@ def test_tree_vs_chain_reports_both_granularities_in_one_run():
     from memrl.bench.rollout import _tree_vs_chain
 
     out = _tree_vs_chain(_args())
-    assert out["chain"]["leaves"] == out["tree"]["leaves"] == out["tree_segment"]["leaves"] == 12
+    assert out["chain"]["leaves"] == out["tree"]["leaves"] == out["tree_token"]["leaves"] == 12
     # Random model, eos off: every leaf is 24 tokens. The tree's 5 forks continue from their fork point, so it
     # forwards fewer tokens per leaf than 6 independent chains (whose prompt is computed once too).
     assert out["chain"]["mean_response_tokens"] == out["tree"]["mean_response_tokens"] == 24
-    assert 0 < out["token_ratio"] < 1 and 0 < out["segment_token_ratio"] < 1
-    assert out["prefix_hit_rate"] > 0 and out["config"]["tree"]["branch_at"] == "token"
+    assert 0 < out["token_ratio"] < 1 and 0 < out["alt_token_ratio"] < 1
+    assert out["prefix_hit_rate"] > 0 and out["config"]["tree"]["branch_at"] == "segment"
 
 
 def test_synthetic_workload_runs_tool_turns():

@@ -17,7 +17,9 @@ def requests(tiny_hf_policy):
 
 
 @pytest.mark.parametrize("branch_at", ["segment", "token"])
-def test_tree_on_hf_reuses_prefixes_and_its_logprobs_match_a_full_forward(tiny_hf_policy, requests, branch_at):
+def test_tree_on_hf_reuses_prefixes_and_its_logprobs_match_a_full_forward(
+    tiny_hf_policy, requests, branch_at
+):
     tree = TreeConfig(
         initial_rollouts=2,
         expansion_iterations=2,
