@@ -79,10 +79,10 @@ class _Row:
         )
 
 
-def _needs_padding(rows: Sequence[_Row]) -> bool:
-    """Whether one batched prefill of ``rows`` would pad: some row computes more than one position and the
-    rows' (reused, computed) lengths differ."""
-    if len(rows) < 2 or max(len(r.prompt) - r.cached for r in rows) < 2:
+def _needs_padding(rows: Sequence[_Row], min_tail: int = 2) -> bool:
+    """Whether one batched prefill of ``rows`` would pad enough to be worth avoiding: some row computes at least
+    ``min_tail`` (>= 2) positions and the rows' (reused, computed) lengths differ."""
+    if len(rows) < 2 or max(len(r.prompt) - r.cached for r in rows) < max(2, min_tail):
         return False
     return len({(r.cached, len(r.prompt)) for r in rows}) > 1
 
@@ -146,6 +146,8 @@ class HFPolicy:
         mode = cfg.shared_prefix_attention
         self.shared_attention = mode if mode != "off" and _enable_shared_attention(model) else "off"
         self.ragged_prefill = cfg.prefill == "ragged" or (cfg.prefill == "auto" and self.device.type == "cpu")
+        # "auto": short uncached tails go in one padded forward (see PolicyConfig.prefill).
+        self.ragged_min_tokens = cfg.ragged_min_tokens if cfg.prefill == "auto" else 2
 
     @classmethod
     def from_model(cls, model, tokenizer, cfg: PolicyConfig | None = None) -> HFPolicy:
@@ -276,7 +278,7 @@ class HFPolicy:
         # state is read once per step; otherwise padded prefill is wasted work (see PolicyConfig.prefill).
         if (
             self.ragged_prefill
-            and _needs_padding(rows)
+            and _needs_padding(rows, self.ragged_min_tokens)
             and not self._prefix_groups(rows, self.shared_attention)
         ):
             logits, mask, pos, cache = self._prefill_ragged(rows)

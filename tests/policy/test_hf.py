@@ -134,6 +134,29 @@ def test_ragged_prefill_equals_one_padded_batch(peaked_policy):
     assert len({o.token_ids for o in results[0]}) > 3
 
 
+def test_auto_prefill_pads_short_tails_and_prefills_long_ones_alone(peaked_policy):
+    """``prefill=auto`` on CPU: rows computing fewer than ``ragged_min_tokens`` positions (tool results after a
+    kept state) share one padded forward; longer, unequal prompts are prefilled one by one."""
+    model, tok = peaked_policy.model, peaked_policy.tokenizer
+    auto = HFPolicy.from_model(model, tok, PolicyConfig(model="x", seed=0, ragged_min_tokens=16))
+    assert auto.ragged_prefill  # CPU
+    fed = []
+    hook = model.register_forward_pre_hook(
+        lambda _m, args, kw: fed.append(tuple(kw["input_ids"].shape)), with_kwargs=True
+    )
+    try:
+        short = [enc(auto, "Q: a?"), enc(auto, "Q: abcdefg?")]  # 5 and 11 tokens: under 16
+        auto.generate([GenerationRequest(p, greedy(2)) for p in short])
+        assert fed[0] == (2, 11)  # one left-padded batch
+        fed.clear()
+        long = [enc(auto, "Q: " + "x" * 20), enc(auto, "Q: " + "y" * 30)]
+        assert min(len(p) for p in long) >= 16 and len({len(p) for p in long}) == 2
+        auto.generate([GenerationRequest(p, greedy(2)) for p in long])
+        assert sorted(fed[:2]) == sorted((1, len(p)) for p in long)  # each alone, unpadded
+    finally:
+        hook.remove()
+
+
 def test_stop_strings_end_exactly_at_first_occurrence(peaked_policy):
     tok = peaked_policy.tokenizer
     prompt = enc(peaked_policy, PROMPTS[2])
