@@ -94,19 +94,10 @@ def _workload(name: str, tok, prompts: int) -> tuple[list[RolloutRequest], objec
         return reqs, None
     if name != "synthetic":
         raise ValueError(f"memrl bench rollout --workload: unknown {name!r}; valid: locomo, synthetic")
-    import random
+    from memrl.policy.tiny import TinyRecipe, held_out_prompts
 
-    from memrl.policy.tiny import TinyRecipe, _episodes, _prompt_builder
-    from memrl.policy.tiny_data import choose_facts
-
-    recipe = TinyRecipe()
-    builder, rng = _prompt_builder(tok, recipe), random.Random(7)
-    reqs = [
-        RolloutRequest(
-            builder.build(ep.final_query, choose_facts(ep, rng, recipe.facts), "", recipe.tools).ids, f"q{i}"
-        )
-        for i, ep in enumerate(_episodes("test", prompts, recipe.seed + 1))
-    ]
+    _, prompts_ids = held_out_prompts(tok, TinyRecipe(), prompts)
+    reqs = [RolloutRequest(ids, f"q{i}") for i, ids in enumerate(prompts_ids)]
     return reqs, ArithmeticTools()
 
 
@@ -268,6 +259,13 @@ def _rollback_workload(args) -> dict:
 
 @BENCHES.register("rollout")
 def bench_rollout(argv: list[str]) -> dict:
+    args = parser().parse_args(argv)
+    out = _tree_vs_chain(args)
+    out.update(_rollback_workload(args))
+    return out
+
+
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="memrl bench rollout", description=__doc__.splitlines()[0])
     p.add_argument(
         "--model", default="random", help="'random' (random-init tiny Llama), 'tiny', or an HF path"
@@ -293,7 +291,4 @@ def bench_rollout(argv: list[str]) -> dict:
         help="HF KV budget for kept prefixes; a tree keeps one per node, evictions are recomputed (and counted)",
     )
     p.add_argument("--calls", type=int, default=3, help="tool calls per response in the rollback workload")
-    args = p.parse_args(argv)
-    out = _tree_vs_chain(args)
-    out.update(_rollback_workload(args))
-    return out
+    return p

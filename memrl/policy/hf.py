@@ -82,7 +82,7 @@ class _Row:
 def _needs_padding(rows: Sequence[_Row], min_tail: int = 2) -> bool:
     """Whether one batched prefill of ``rows`` would pad enough to be worth avoiding: some row computes at least
     ``min_tail`` (>= 2) positions and the rows' (reused, computed) lengths differ."""
-    if len(rows) < 2 or max(len(r.prompt) - r.cached for r in rows) < max(2, min_tail):
+    if len(rows) < 2 or max(len(r.prompt) - r.cached for r in rows) < min_tail:
         return False
     return len({(r.cached, len(r.prompt)) for r in rows}) > 1
 

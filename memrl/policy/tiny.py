@@ -404,24 +404,33 @@ def arithmetic_tool(code: str) -> str:
         return f"Error: {exc}"
 
 
+def held_out_prompts(
+    tokenizer, recipe: TinyRecipe, n: int, *, with_gold: bool = True
+) -> tuple[list, list[tuple[int, ...]]]:
+    """``n`` test-split episodes and their target-turn prompt ids in the pipeline's format (a few facts, with or
+    without the gold evidence among them), seeded: the prompts the build evaluates on."""
+    builder = _prompt_builder(tokenizer, recipe)
+    eps = _episodes("test", n, recipe.seed + 1)
+    rng = random.Random(recipe.seed + 7)
+    prompts = [
+        builder.build(
+            ep.final_query, choose_facts(ep, rng, recipe.facts, with_gold=with_gold), "", recipe.tools
+        ).ids
+        for ep in eps
+    ]
+    return eps, prompts
+
+
 def evaluate_tiny(model, tokenizer, recipe: TinyRecipe) -> dict:
     """Held-out exact match (test split) with and without the gold evidence facts, greedy, with python calls."""
     from memrl.policy.config import PolicyConfig
     from memrl.policy.hf import HFPolicy
 
     policy = HFPolicy.from_model(model, tokenizer, PolicyConfig(model="tiny", seed=recipe.seed))
-    builder = _prompt_builder(tokenizer, recipe)
-    eps = _episodes("test", recipe.eval_episodes, recipe.seed + 1)
     out = {}
     for with_gold in (True, False):
-        rng = random.Random(recipe.seed + 7)
-        prompts = [
-            builder.build(
-                ep.final_query, choose_facts(ep, rng, recipe.facts, with_gold=with_gold), "", recipe.tools
-            )
-            for ep in eps
-        ]
-        answers = run_with_tools(policy, [p.ids for p in prompts])
+        eps, prompts = held_out_prompts(tokenizer, recipe, recipe.eval_episodes, with_gold=with_gold)
+        answers = run_with_tools(policy, prompts)
         hits = [a.strip() == (ep.target_answer or "").strip() for a, ep in zip(answers, eps, strict=True)]
         by_type: dict[str, list[bool]] = {}
         by_kind: dict[str, list[bool]] = {}  # numbers vs words: words are the harder copy (several tokens)

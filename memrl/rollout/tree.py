@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -76,7 +75,6 @@ class Tree:
     root: TreeNode
     nodes: list[TreeNode] = field(default_factory=list)
     branches: list[Branch] = field(default_factory=list)
-    forked: Counter[tuple[str, int]] = field(default_factory=Counter)  # (branch uid, position) -> expansions
 
 
 @dataclass(eq=False)
@@ -194,21 +192,19 @@ def _new_branch(tree: Tree, uid: str, spawn_key: str) -> Branch:
 
 
 def _fork(engine: Engine, tree: Tree, node: TreeNode, uid: str, spawn_key: str) -> Branch:
+    handle, covered = node.handle, node.handle_covered
     if (
         node.owner is None
-    ):  # the root: a fresh chain, continuing from any branch's state (all share the prompt)
+    ):  # the root: a fresh chain; any branch's kept state serves the prompt they all share
         b = _new_branch(tree, uid, spawn_key)
-        handle = next((br.best_handle()[0] for br in tree.branches if br.best_handle()[0]), None)
-        if handle is not None:
-            engine.handles.hold(handle)
-            b.held.append((handle, len(tree.request.prompt_ids)))
-        return b
+        handle = next((h for h, _ in (br.best_handle() for br in tree.branches) if h is not None), None)
+        covered = len(tree.request.prompt_ids)
     else:
         b = node.owner.fork(uid, node.response_len, node.turn_start, spawn_key)
         b.tree = _Link(tree, node, node.branch_depth + 1)
-    if node.handle is not None:
-        engine.handles.hold(node.handle)
-        b.held.append((node.handle, node.handle_covered))
+    if handle is not None:
+        engine.handles.hold(handle)
+        b.held.append((handle, covered))
     return b
 
 
@@ -224,12 +220,14 @@ def _fork_points(tree: Tree, cfg: RolloutConfig) -> list[ForkPoint | TreeNode]:
     the token at the fork point belongs to the parent's candidates). Token 0 of the initial chains (a fresh
     chain) only with ``expand_root``; the root itself when there is nothing else."""
     low = 0 if cfg.tree.expand_root else 1
+    # Points forked before are nodes now: their expansion count discounts them (see the entropy policy).
+    expanded = {(n.owner.uid, n.response_len): n.expansions for n in tree.nodes if n.owner is not None}
     points: list[ForkPoint | TreeNode] = []
     for b in tree.branches:
         first = b.floor + 1 if b.floor > 0 else low
         for pos, h in b.tree.entropies.items():
             if pos >= first and b.mask[pos] == 1:
-                points.append(ForkPoint(b, pos, h, tree.forked[(b.uid, pos)]))
+                points.append(ForkPoint(b, pos, h, expanded.get((b.uid, pos), 0)))
     return points or [tree.root]
 
 
@@ -285,12 +283,7 @@ def _expand(
     for tree in trees:
         candidates = _fork_points(tree, cfg) if by_token else _candidates(tree, cfg)
         for picked in policy(candidates, cfg.tree.nodes_per_expansion, rng):
-            if isinstance(picked, ForkPoint):
-                tree.forked[(picked.branch.uid, picked.pos)] += 1
-                picked.expansions += 1
-                node = _node_at(engine, tree, picked)
-            else:
-                node = picked
+            node = _node_at(engine, tree, picked) if isinstance(picked, ForkPoint) else picked
             node.expansions += 1
             key = f"{node.uid}/x{it}.{node.expansions}"
             for _ in range(cfg.tree.beam_size - 1):

@@ -13,24 +13,12 @@ def test_rollback_keeps_context_shorter_than_keeping_failures():
     assert out["rollback_context_tokens"] < out["kept_failures_context_tokens"]
 
 
-def _args(**kw):
-    base = dict(
-        model="random",
-        prompts=2,
-        leaves=6,
-        max_tokens=24,
-        repeats=1,
-        initial_rollouts=1,
-        expansion_iterations=1,
-        nodes_per_expansion=1,
-        beam_size=6,
-        segment_tokens=8,
-        expansion_policy="entropy",
-        branch_at="segment",
-        workload="locomo",
-        prefix_cache_tokens=1 << 20,
-    )
-    return SimpleNamespace(**{**base, **kw})
+def _args(*argv: str):
+    from memrl.bench.rollout import parser
+
+    small = ["--prompts", "2", "--leaves", "6", "--max-tokens", "24", "--repeats", "1"]
+    tree = ["--expansion-iterations", "1", "--segment-tokens", "8"]  # 1 chain + 1 round x 5 forks = 6 leaves
+    return parser().parse_args([*small, *tree, *argv])
 
 
 def test_tree_vs_chain_reports_both_granularities_in_one_run():
