@@ -38,7 +38,9 @@ from memrl.policy.tiny_data import (
     SFTExample,
     build_example,
     choose_facts,
+    copy_drill_example,
     encode_text,
+    letter_token_ids,
     single_fact_example,
 )
 
@@ -83,6 +85,11 @@ class TinyRecipe:
     # Stage 2 keeps single-fact recall in every batch (this many per pipeline example, rounded): copying learnt in
     # stage 1 otherwise fades under the pipeline format's loss (word answers fell back to 0 % in 400 steps).
     recall_mix: float = 0.0
+    # Copy drills (tiny_data.copy_drill_example: key/value recall over random letter-token strings) in every SFT
+    # batch, round(batch_size * copy_mix) of them, drawn from copy_examples made once: dense practice of the
+    # multi-token copy that word answers need (the pipeline data alone never taught it, see README).
+    copy_mix: float = 0.0
+    copy_examples: int = 20000
     answer_words: str = "random"
     template: str = "target_turn.j2"
     # "byte" (ByT5) or "bpe": a byte-level BPE of bpe_vocab_size ids trained on synthetic-task text made with a
@@ -104,6 +111,8 @@ class TinyRecipe:
             "recall_steps": 0,
             "recall_batch_size": 8,
             "recall_mix": 0.0,
+            "copy_mix": 0.0,
+            "copy_examples": 20000,
             "answer_words": "pseudo",
             "tokenizer": "byte",
             "bpe_vocab_size": 2048,
@@ -212,6 +221,13 @@ def make_sft_examples(recipe: TinyRecipe, tokenizer) -> list[SFTExample]:
     ]
 
 
+def make_copy_examples(recipe: TinyRecipe, tokenizer) -> list[SFTExample]:
+    """The copy drills of ``recipe.copy_mix`` (their own seed stream)."""
+    rng = random.Random(recipe.seed + 2)
+    letters = letter_token_ids(tokenizer)
+    return [copy_drill_example(letters, tokenizer, rng) for _ in range(recipe.copy_examples)]
+
+
 def make_recall_examples(recipe: TinyRecipe, tokenizer) -> list[SFTExample]:
     """Stage-1 examples: one per train episode (a separate seed stream from stage 2)."""
     rng = random.Random(recipe.seed + 1)
@@ -255,11 +271,10 @@ def train_sft(
     examples: Sequence[SFTExample],
     recipe: TinyRecipe,
     pad_id: int,
-    mixed_in: Sequence[SFTExample] = (),
-    mix: float = 0.0,
+    mixes: Sequence[tuple[Sequence[SFTExample], float]] = (),
 ) -> list[float]:
-    """Seeded SFT (AdamW, warmup + cosine) on weighted token cross-entropy (see :func:`_batch`); each batch also
-    draws ``round(batch_size * mix)`` examples from ``mixed_in``."""
+    """Seeded SFT (AdamW, warmup + cosine) on weighted token cross-entropy (see :func:`_batch`); for each
+    ``(pool, mix)`` of ``mixes`` every batch also draws ``round(batch_size * mix)`` examples from ``pool``."""
     from tqdm import tqdm
 
     gen = torch.Generator().manual_seed(recipe.seed)
@@ -268,13 +283,17 @@ def train_sft(
     )
     model.train()
     losses = []
-    n_mix = round(recipe.batch_size * mix)
+    mixes = [
+        (pool, round(recipe.batch_size * mix))
+        for pool, mix in mixes
+        if pool and round(recipe.batch_size * mix)
+    ]
     bar = tqdm(range(recipe.steps), desc="tiny sft", mininterval=5)
     for step in bar:
         idx = torch.randint(0, len(examples), (recipe.batch_size,), generator=gen).tolist()
         batch = [examples[i] for i in idx]
-        if mixed_in and n_mix:
-            batch += [mixed_in[i] for i in torch.randint(0, len(mixed_in), (n_mix,), generator=gen).tolist()]
+        for pool, n_mix in mixes:
+            batch += [pool[i] for i in torch.randint(0, len(pool), (n_mix,), generator=gen).tolist()]
         ids, attn, weights = _batch(batch, pad_id, recipe.prompt_loss_weight)
         logits = model(input_ids=ids, attention_mask=attn).logits[:, :-1]  # [B, L-1, V] predicts ids[:, 1:]
         ce = torch.nn.functional.cross_entropy(
@@ -324,7 +343,10 @@ def build_tiny_model(recipe: TinyRecipe, out_dir: Path) -> dict:
             recipe, steps=recipe.recall_steps, batch_size=recipe.recall_batch_size, prompt_loss_weight=0.1
         )
         losses += train_sft(model, recall, stage1, pad_id)
-    losses += train_sft(model, examples, recipe, pad_id, recall, recipe.recall_mix)
+    drills = make_copy_examples(recipe, tokenizer) if recipe.copy_mix else []
+    losses += train_sft(
+        model, examples, recipe, pad_id, [(recall, recipe.recall_mix), (drills, recipe.copy_mix)]
+    )
     t_train = time.time() - t0 - t_data
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)

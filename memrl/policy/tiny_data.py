@@ -250,3 +250,42 @@ def single_fact_example(ep: BatchInput, tok, rng: random.Random, word=random_wor
     ids.append(int(tok.eos_token_id))
     mask.append(1)
     return SFTExample(tuple(prompt), tuple(ids), tuple(mask))
+
+
+def letter_token_ids(tok) -> list[int]:
+    """Ids of the tokenizer's pure-letter pieces (what names, pets and cities are spelt with)."""
+    specials = set(tok.all_special_ids)
+    ids = []
+    for i in range(len(tok)):
+        text = tok.decode([i])
+        if i not in specials and text.isalpha() and text.isascii():
+            ids.append(i)
+    return ids
+
+
+def copy_drill_example(
+    letters: Sequence[int], tok, rng: random.Random, pairs: tuple[int, int] = (4, 10), queries: int = 3
+) -> SFTExample:
+    """Associative recall over random strings of letter tokens: ``key: value`` lines, then ``queries`` keys whose
+    values the model writes (loss on the value and its newline only).
+
+    The synthetic task's word answers are several tokens the model has never seen together; copying them needs
+    two skills: pick the value after the right key (first token) and continue it (induction: what followed the
+    current token in context). Here every value token is a copy target, ~40 per example against ~3 answer tokens
+    in a pipeline example, and nothing but the context predicts them."""
+    colon, newline = encode_text(tok, ": "), encode_text(tok, "\n")
+    table: dict[tuple[int, ...], tuple[int, ...]] = {}
+    while len(table) < rng.randint(*pairs):
+        key = tuple(rng.choices(letters, k=rng.randint(1, 2)))
+        table.setdefault(key, tuple(rng.choices(letters, k=rng.randint(2, 6))))
+    prompt: list[int] = []
+    for key, value in table.items():
+        prompt += [*key, *colon, *value, *newline]
+    ids: list[int] = []
+    mask: list[int] = []
+    for key in rng.sample(list(table), min(queries, len(table))):
+        ids += [*key, *colon]
+        mask += [0] * (len(key) + len(colon))
+        ids += [*table[key], *newline]
+        mask += [1] * (len(table[key]) + len(newline))
+    return SFTExample(tuple(prompt), tuple(ids), tuple(mask))

@@ -320,3 +320,51 @@ def test_a_shipped_build_is_used_unless_the_cache_has_one_or_force(tmp_path, mon
     built = ensure_tiny_model(MICRO, force=True)
     assert built == tiny_model_dir(MICRO) and (built / "model.safetensors").is_file()
     assert ensure_tiny_model(MICRO) == built  # the cache's own build wins over the shipped copy
+
+
+def test_copy_drills_ask_for_values_that_only_the_context_holds():
+    from memrl.policy.tiny_data import copy_drill_example, encode_text, letter_token_ids
+
+    tok = byte_tokenizer()
+    letters = letter_token_ids(tok)
+    assert len(letters) == 52 and all(tok.decode([i]).isalpha() for i in letters)
+    colon, newline = encode_text(tok, ": "), encode_text(tok, "\n")
+    rng = random.Random(0)
+    for _ in range(50):
+        ex = copy_drill_example(letters, tok, rng)
+        lines = tok.decode(list(ex.prompt_ids)).splitlines()
+        table = dict(line.split(": ") for line in lines)
+        assert 4 <= len(table) == len(lines) <= 10  # distinct keys
+        ids, mask = list(ex.response_ids), list(ex.response_mask)
+        asked = tok.decode(ids).splitlines()
+        assert len(asked) == 3
+        for line in asked:
+            key, value = line.split(": ")
+            assert table[key] == value
+        # Trained: exactly the value tokens and their newline, never the key or the colon.
+        trained = [t for t, m in zip(ids, mask, strict=True) if m]
+        expected = [t for line in asked for t in encode_text(tok, line.split(": ")[1]) + newline]
+        assert trained == expected and colon[0] not in trained
+
+
+def test_copy_mix_puts_drills_into_every_batch_and_enters_the_digest(tmp_path, monkeypatch):
+    import memrl.policy.tiny as tiny
+
+    monkeypatch.setenv("MEMRL_TINY_THREADS", "1")
+    monkeypatch.setenv("MEMRL_CACHE_DIR", str(tmp_path))
+    mixed = dataclasses.replace(MICRO, batch_size=4, steps=2, copy_mix=0.5, copy_examples=30)
+    assert mixed.digest() != MICRO.digest()
+    assert TinyRecipe().digest() == "6de45e228564"  # the shipped build is unaffected
+    seen = []
+    real_batch = tiny._batch
+
+    def spy(examples, pad_id, prompt_weight):
+        seen.append([tuple(e.response_mask) for e in examples])
+        return real_batch(examples, pad_id, prompt_weight)
+
+    monkeypatch.setattr(tiny, "_batch", spy)
+    ensure_tiny_model(mixed)
+    assert len(seen) == mixed.steps
+    for masks in seen:
+        # 4 pipeline examples (their response ends in eos, trained) then 2 drills (response starts with a key).
+        assert len(masks) == 6 and all(m[0] == 1 for m in masks[:4]) and all(m[0] == 0 for m in masks[4:])
