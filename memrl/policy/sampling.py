@@ -7,6 +7,7 @@ temperature.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -68,6 +69,12 @@ def _sample_row(logp: torch.Tensor, top_p: float, generator: torch.Generator | N
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
+@functools.lru_cache(maxsize=1 << 17)
+def _piece(tokenizer, token_id: int) -> str:
+    """One token decoded alone (cached: the slow tokenizers' decode dominated long generations)."""
+    return tokenizer.decode([token_id], skip_special_tokens=False)
+
+
 class StopChecker:
     """Decides, after each appended token, whether one sequence is finished.
 
@@ -84,6 +91,14 @@ class StopChecker:
         self.stop_ids = frozenset(int(t) for t in stop_token_ids)
         self.eos_ids = frozenset(int(t) for t in eos_ids)
         longest = max((len(s) for s in self.stop), default=0)
+        # A stop string completed by the newest token ends in the text that token adds, so a token whose own text
+        # lacks every stop string's last character cannot finish one. Not safe when a stop string ends in
+        # whitespace (tokenizers may drop a token's leading space when decoding it alone). A token that decodes
+        # alone to nothing or to part of a character (U+FFFD) adds no ASCII character, so it is skipped too when
+        # every stop string is ASCII, and gets the full check otherwise.
+        self._finals = frozenset(s[-1] for s in self.stop)
+        self._prefilter = not any(c.isspace() for c in self._finals)
+        self._ascii = all(s.isascii() for s in self.stop)
         # A stop string is found at the step that completes it, so it lies within the last few tokens: decoding
         # only those keeps a check O(1) instead of O(output) (a 192-token output decoded 192 times cost more
         # than its forward passes). A token carries at least one byte; a character at most 4; +4 for slack.
@@ -98,6 +113,11 @@ class StopChecker:
             return True, None
         if not self.stop:
             return False, None
+        if self._prefilter:
+            piece = _piece(self.tokenizer, int(last))
+            partial = not piece or "\ufffd" in piece
+            if self._finals.isdisjoint(piece) and (self._ascii or not partial):
+                return False, None
         text = self.tokenizer.decode(list(out_ids[-self._window :]), skip_special_tokens=False)
         hits = [(text.find(s), s) for s in self.stop]
         hits = [(pos + len(s), s) for pos, s in hits if pos >= 0]

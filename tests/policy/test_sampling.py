@@ -31,3 +31,16 @@ def test_no_stop_string_means_no_stop_and_eos_or_stop_ids_still_stop():
     assert _feed(checker, "x" * 500 + "</pytho") == (None, None)
     assert checker.check([50, 60, 7]) == (True, 7)
     assert checker.check([50, 60, 1]) == (True, None)
+
+
+def test_stop_completed_by_the_second_byte_of_a_character_is_found():
+    # "é" is two byte tokens; the first decodes alone to U+FFFD, the second completes the stop string.
+    step, reason = _feed(StopChecker(TOK, ["café"], [], []), "un café noir")
+    assert reason == "café" and step == len("un café".encode())
+
+
+def test_stop_ending_in_whitespace_is_found_without_the_prefilter():
+    checker = StopChecker(TOK, ["Q: "], [], [])
+    assert not checker._prefilter
+    step, reason = _feed(checker, "xx Q: yy")
+    assert reason == "Q: " and step == len("xx Q: ")
