@@ -109,6 +109,29 @@ def shared_prefix_attention(
     return out.transpose(1, 2).contiguous()
 
 
+def _masked_gqa(module, query: torch.Tensor, mask: torch.Tensor | None, kwargs: dict) -> bool:
+    """Grouped-query heads under a boolean mask on CPU: transformers then copies every key/value head ``g``
+    times per layer and step (its ``repeat_kv``: it only trusts GQA kernels without a mask on CUDA), which on a
+    padded decode batch costs more than the attention itself. torch's CPU sdpa takes ``enable_gqa`` with a mask
+    exactly (tested against the repeated heads), so that case is served here without the copies."""
+    return (
+        query.device.type == "cpu"
+        and getattr(module, "num_key_value_groups", 1) > 1
+        and isinstance(mask, torch.Tensor)
+        and mask.dtype == torch.bool
+        and not kwargs.get("output_attentions", False)
+        and kwargs.get("position_bias") is None
+        and kwargs.get("cache") is None
+    )
+
+
+def _gqa_sdpa(query, key, value, mask, dropout: float, scaling: float | None) -> torch.Tensor:
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling, enable_gqa=True
+    )
+    return out.transpose(1, 2).contiguous()
+
+
 def memrl_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """transformers attention-interface function: shared-prefix attention when the forward carries a
     :class:`SharedPrefix`, else transformers' own sdpa."""
@@ -116,6 +139,8 @@ def memrl_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=N
 
     shared: SharedPrefix | None = kwargs.pop("memrl_shared_prefix", None)
     if shared is None:
+        if _masked_gqa(module, query, attention_mask, kwargs):
+            return _gqa_sdpa(query, key, value, attention_mask, dropout, scaling), None
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )

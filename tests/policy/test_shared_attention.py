@@ -9,7 +9,7 @@ from memrl.policy import kv_cache
 from memrl.policy.base import GenerationRequest, SamplingParams
 from memrl.policy.config import PolicyConfig
 from memrl.policy.hf import HFPolicy
-from memrl.policy.shared_attention import SharedPrefix, shared_prefix_attention
+from memrl.policy.shared_attention import SharedPrefix, memrl_sdpa, shared_prefix_attention
 from memrl.policy.tiny_arch import random_tiny_llama
 
 
@@ -90,6 +90,30 @@ def test_width_stays_when_the_longest_group_leaves():
     )
     prefix.select(torch.tensor([1]))
     assert prefix.width == 5  # the cache still reserves 5 positions; the mask is cut there
+
+
+def test_padded_gqa_attention_skips_the_head_copies_and_equals_transformers_sdpa(monkeypatch):
+    from transformers.integrations import sdpa_attention
+
+    g = torch.Generator().manual_seed(5)
+    B, H, Hkv, q, S, D = 3, 4, 2, 2, 7, 8
+    query = torch.randn(B, H, q, D, generator=g, dtype=torch.float64)
+    key, value = (torch.randn(B, Hkv, S, D, generator=g, dtype=torch.float64) for _ in range(2))
+    mask = torch.ones(B, 1, q, S, dtype=torch.bool).tril(S - q)
+    mask[1, ..., :3] = False  # left padding
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.layer_idx, module.is_causal = H // Hkv, 0, True
+    ref, _ = sdpa_attention.sdpa_attention_forward(module, query, key, value, mask, scaling=0.3)
+
+    def no_copy(*_a, **_k):
+        raise AssertionError("repeat_kv copied the key/value heads")
+
+    monkeypatch.setattr(sdpa_attention, "repeat_kv", no_copy)
+    out, _ = memrl_sdpa(module, query, key, value, mask, scaling=0.3)
+    assert out.shape == (B, q, H, D)
+    assert torch.allclose(out, ref, atol=1e-12)
+    with pytest.raises(AssertionError, match="repeat_kv"):  # float masks still take transformers' path
+        memrl_sdpa(module, query, key, value, mask.to(torch.float64), scaling=0.3)
 
 
 def _policy(mode: str) -> HFPolicy:
