@@ -37,12 +37,15 @@ PROMPT = (
 )
 
 
-def _policy(model: str, cache_tokens: int):
+def _policy(model: str, cache_tokens: int, max_batch_size: int = 32):
     from memrl.policy.config import PolicyConfig
     from memrl.policy.hf import HFPolicy
 
     cfg = PolicyConfig(
-        model=model if model != "random" else "random-tiny", seed=0, prefix_cache_tokens=cache_tokens
+        model=model if model != "random" else "random-tiny",
+        seed=0,
+        prefix_cache_tokens=cache_tokens,
+        max_batch_size=max_batch_size,
     )
     if model == "random":
         from memrl.policy.tiny_arch import random_tiny_llama
@@ -110,11 +113,12 @@ def _tree_cfg(args, branch_at: str) -> TreeConfig:
         segment_tokens=args.segment_tokens,
         expansion_policy=args.expansion_policy,
         branch_at=branch_at,
+        overlap_segments=args.overlap_segments if branch_at == "segment" else 0,
     )
 
 
 def _tree_vs_chain(args) -> dict:
-    policy, model_name = _policy(args.model, args.prefix_cache_tokens)
+    policy, model_name = _policy(args.model, args.prefix_cache_tokens, args.max_batch_size)
     if args.model == "random":
         # A random model samples eos at any step (~1/384 per token), so chain leaves end early while tree leaves,
         # forked from chains that survived, run longer: per-leaf numbers would compare unequal work. As in
@@ -151,6 +155,7 @@ def _tree_vs_chain(args) -> dict:
             "leaves_per_prompt": args.leaves,
             "max_response_tokens": args.max_tokens,
             "prefix_cache_tokens": args.prefix_cache_tokens,
+            "max_batch_size": args.max_batch_size,
             "eos_disabled": args.model == "random",
             "tree": dict(vars(cfgs["tree"].tree)),
         },
@@ -273,6 +278,13 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--leaves", type=int, default=16)
     p.add_argument("--max-tokens", type=int, default=192)
+    p.add_argument(
+        "--max-batch-size",
+        type=int,
+        default=32,
+        help="policy.max_batch_size: rows decoded together (the chain's prompts x leaves fit in one batch at "
+        "prompts*leaves, its strongest setting; the policy default 32 splits it into sequential sub-batches)",
+    )
     p.add_argument("--repeats", type=int, default=3, help="interleaved chain/tree repeats; best wall time")
     p.add_argument("--initial-rollouts", type=int, default=1)
     p.add_argument("--expansion-iterations", type=int, default=3)
@@ -280,6 +292,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--beam-size", type=int, default=6)
     p.add_argument("--segment-tokens", type=int, default=16)
     p.add_argument("--expansion-policy", default="entropy")
+    p.add_argument(
+        "--overlap-segments",
+        type=int,
+        default=0,
+        help="rollout.tree.overlap_segments for segment forks (0: each round waits for the previous one)",
+    )
     p.add_argument(
         "--branch-at", default="segment", choices=["token", "segment"], help="headline tree granularity"
     )

@@ -36,6 +36,13 @@ class TreeConfig:
       (random-init model 0.45 vs 0.45 tokens per leaf of chain, wall 0.59 vs 0.42; the embedded model forks
       inside its rambling answers, so its leaves get longer), hence not the default.
 
+    ``overlap_segments`` (segment forks only; 0 = off, the seed's schedule) starts each expansion round as soon
+    as every branch of the previous round has generated that many segments (or ended), instead of when they
+    have all finished: the rounds then decode together, one generate call per step for all of them, so the
+    tree takes about ``iterations * overlap_segments`` + one chain's segments in sequential steps instead of
+    ``iterations + 1`` chains' worth. Candidates are the nodes that exist when a round starts, so forks land
+    earlier in the chains than without overlap (more tokens per fork).
+
     ``expansion_policy`` is ``random`` or ``entropy`` (branch where entropy is high) or a dotted path.
     ``expand_root`` lets the root (the bare prompt) be picked like any node; by default only response
     positions are branch points (the root is used only when a tree has no other candidate).
@@ -50,10 +57,16 @@ class TreeConfig:
     entropy_window: int = 8
     expand_root: bool = False
     branch_at: str = "segment"
+    overlap_segments: int = 0
 
     def __post_init__(self) -> None:
         if self.branch_at not in ("token", "segment"):
             raise ValueError(f"rollout.tree.branch_at must be 'token' or 'segment', got {self.branch_at!r}")
+        if self.overlap_segments and self.branch_at == "token":
+            raise ValueError(
+                "rollout.tree.overlap_segments needs branch_at='segment' (token forks pick points in finished "
+                f"branches), got overlap_segments={self.overlap_segments} with branch_at='token'"
+            )
         checks = (
             ("initial_rollouts", self.initial_rollouts, 1),
             ("expansion_iterations", self.expansion_iterations, 0),
@@ -61,6 +74,7 @@ class TreeConfig:
             ("beam_size", self.beam_size, 2),
             ("segment_tokens", self.segment_tokens, 1),
             ("entropy_window", self.entropy_window, 1),
+            ("overlap_segments", self.overlap_segments, 0),
         )
         for name, value, low in checks:
             if value < low:

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from memrl.policy.base import PolicyClient
-from memrl.rollout.base import STRATEGIES, RolloutRequest, RolloutResult, ToolRunner
+from memrl.rollout.base import STRATEGIES, AgentState, RolloutRequest, RolloutResult, ToolRunner
 from memrl.rollout.branch import Branch
 from memrl.rollout.config import RolloutConfig
 from memrl.rollout.engine import Engine, EngineHooks
@@ -49,6 +49,7 @@ class TreeNode:
     branch_depth: int = 0
     children: list[TreeNode] = field(default_factory=list)
     terminal: bool = False
+    detached: bool = False  # its owner rolled back past it after it was forked (see TreeHooks.on_restore)
     expansions: int = 0
     entropy_sum: float = 0.0
     entropy_n: int = 0
@@ -147,7 +148,13 @@ class TreeHooks(EngineHooks):
             del link.entropies[pos]
         node = link.node
         while node.parent is not None and node.response_len > position:
-            if node.owner is branch:
+            if node.owner is branch and node.expansions:
+                # Forked while its owner was still running (overlap_segments): the forks hang below it and
+                # hold their own states, so it stays in the tree, but its owner's tokens past `position`
+                # are gone, so it is no fork point any more.
+                node.detached = True
+                self._engine[0].metrics.add("rollout/tree/detached_nodes", 1)
+            elif node.owner is branch:
                 node.parent.children.remove(node)
                 link.tree.nodes.remove(node)
                 self.handles.drop(node.handle)
@@ -209,7 +216,7 @@ def _fork(engine: Engine, tree: Tree, node: TreeNode, uid: str, spawn_key: str) 
 
 
 def _candidates(tree: Tree, cfg: RolloutConfig) -> list[TreeNode]:
-    inner = [n for n in tree.nodes if not n.terminal]
+    inner = [n for n in tree.nodes if not n.terminal and not n.detached]
     if cfg.tree.expand_root or not inner:
         inner = [tree.root, *inner]
     return inner
@@ -355,13 +362,13 @@ def tree_rollout(
     try:
         if cfg.tree.expansion_iterations == 0:
             _last_round(engine, hooks, trees)
-        engine.run([b for t in trees for b in t.branches])
         # Phase 3: expansion rounds, each batched across all trees.
-        for it in range(cfg.tree.expansion_iterations):
-            fresh = _expand(engine, trees, cfg, it, rng)
-            if it == cfg.tree.expansion_iterations - 1:
-                _last_round(engine, hooks, trees)
-            engine.run(fresh)
+        if cfg.tree.overlap_segments:
+            _overlapped_rounds(engine, hooks, trees, cfg, rng)
+        else:
+            engine.run([b for t in trees for b in t.branches])
+            for it in range(cfg.tree.expansion_iterations):
+                engine.run(_start_round(engine, hooks, trees, cfg, it, rng))
         # Phase 4: exactly n leaves per tree.
         leaves = [_sample_leaves(t, hooks, cfg.n, rng) for t in trees]
     finally:
@@ -372,6 +379,39 @@ def tree_rollout(
         engine.handles.flush()
     _tree_metrics(metrics, trees, leaves, cfg)
     return RolloutResult(leaves=leaves, metrics=metrics.summary())
+
+
+def _start_round(
+    engine: Engine, hooks: TreeHooks, trees: list[Tree], cfg: RolloutConfig, it: int, rng: random.Random
+) -> list[Branch]:
+    fresh = _expand(engine, trees, cfg, it, rng)
+    if it == cfg.tree.expansion_iterations - 1:
+        _last_round(engine, hooks, trees)
+    return fresh
+
+
+def _overlapped_rounds(
+    engine: Engine, hooks: TreeHooks, trees: list[Tree], cfg: RolloutConfig, rng: random.Random
+) -> None:
+    """Rounds start once the previous round's branches are ``overlap_segments`` segments in (or ended), and
+    every live branch of every round steps together."""
+    live = [b for t in trees for b in t.branches]
+    last, started, it = list(live), {b.uid: 0 for b in live}, 0
+    while True:
+        ready = all(
+            b.state is AgentState.TERMINATED or b.segments - started[b.uid] >= cfg.tree.overlap_segments
+            for b in last
+        )
+        if it < cfg.tree.expansion_iterations and ready:
+            last = _start_round(engine, hooks, trees, cfg, it, rng)
+            started.update({b.uid: b.segments for b in last})
+            live += last
+            it += 1
+            continue
+        live = [b for b in live if b.state is not AgentState.TERMINATED]
+        if not live and it >= cfg.tree.expansion_iterations:
+            return
+        engine.step(live)
 
 
 def _last_round(engine: Engine, hooks: TreeHooks, trees: list[Tree]) -> None:
