@@ -348,6 +348,7 @@ def make_episode(
     episode_id = f"synthetic-{split}-{seed}-{index}"
     meta = {
         "question_type": qtype,
+        "answer_kind": "number" if answer.lstrip("-").isdigit() else "word",
         "evidence_turn_ids": evidence,
         "attributes": attrs,
         "session_dates": [_fmt(d) for d in dates],

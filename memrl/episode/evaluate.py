@@ -74,16 +74,13 @@ def score_ablation(
         rows.append((bi, *_reward_input(bi, t), prompt_tokens))
     scores = {name: fn([r[1] for r in rows]) for name, fn in metric_fns.items()}
     out: dict[str, Any] = {"episodes": len(rows), "failed": sum(r[2] for r in rows)}
-    groups: dict[str, list[int]] = defaultdict(list)
-    for i, r in enumerate(rows):
-        groups[group_key(r[0].metadata)].append(i)
+    breakdowns = _breakdowns(inputs)
     for name, vals in scores.items():
         vals = [0.0 if rows[i][2] else v for i, v in enumerate(vals)]
         out[name] = sum(vals) / len(vals) if vals else 0.0
-        out[f"{name}_by_group"] = {
-            g: sum(vals[i] for i in idx) / len(idx) for g, idx in sorted(groups.items())
-        }
-    out["group_sizes"] = {g: len(idx) for g, idx in sorted(groups.items())}
+        for by, groups in breakdowns.items():
+            out[f"{name}_by_{by}"] = _group_means(vals, groups)
+    out["group_sizes"] = {g: len(idx) for g, idx in sorted(breakdowns["group"].items())}
     out["prompt_tokens_mean"] = sum(r[3] for r in rows) / len(rows) if rows else 0.0
     n_leaves = max((len(v) for v in leaves.values()), default=0)
     if n_leaves > 1:
@@ -92,12 +89,30 @@ def score_ablation(
     return out
 
 
+def _breakdowns(inputs: Sequence[BatchInput]) -> dict[str, dict[str, list[int]]]:
+    """Input indices by :func:`group_key`, and by ``metadata["answer_kind"]`` when every input has one (the
+    synthetic task: number vs word answers, which small models learn to copy very differently)."""
+    out: dict[str, dict[str, list[int]]] = {"group": defaultdict(list)}
+    kinds = [bi.metadata.get("answer_kind") for bi in inputs]
+    if inputs and all(k is not None for k in kinds):
+        out["answer_kind"] = defaultdict(list)
+        for i, k in enumerate(kinds):
+            out["answer_kind"][str(k)].append(i)
+    for i, bi in enumerate(inputs):
+        out["group"][group_key(bi.metadata)].append(i)
+    return out
+
+
+def _group_means(vals: Sequence[float], groups: Mapping[str, list[int]]) -> dict[str, float]:
+    return {g: sum(vals[i] for i in idx) / len(idx) for g, idx in sorted(groups.items())}
+
+
 def _sampled_scores(
     inputs: Sequence[BatchInput],
     leaves: Mapping[str, list[EpisodeTrajectory]],
     metric_fns: Mapping[str, Any],
     n_leaves: int,
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """pass@n and per-leaf mean of every metric; inputs with fewer than ``n_leaves`` leaves count the missing
     ones as failed (score 0)."""
     owner, items = [], []
@@ -112,8 +127,11 @@ def _sampled_scores(
         per: list[list[float]] = [[] for _ in inputs]
         for i, v in zip(owner, vals, strict=True):
             per[i].append(v)
-        out[f"{name}_pass@{n_leaves}"] = sum(max(p) for p in per) / len(per) if per else 0.0
+        best = [max(p) for p in per]
+        out[f"{name}_pass@{n_leaves}"] = sum(best) / len(best) if best else 0.0
         out[f"{name}_leaf_mean"] = sum(vals) / len(vals) if vals else 0.0
+        for by, groups in _breakdowns(inputs).items():
+            out[f"{name}_pass@{n_leaves}_by_{by}"] = _group_means(best, groups)
     return out
 
 

@@ -93,6 +93,9 @@ def test_episode_shape_and_metadata():
         ids = {t.turn_id for t in ep.history}
         assert set(ep.metadata["evidence_turn_ids"]) <= ids
         assert re.fullmatch(r"\d+|[A-Za-z]+", ep.target_answer)
+        kind = "number" if ep.target_answer.isdigit() else "word"
+        assert ep.metadata["answer_kind"] == kind
+    assert {e.metadata["answer_kind"] for e in episodes} == {"number", "word"}
 
 
 def test_lookup_and_update_answers_are_the_latest_stated_value():

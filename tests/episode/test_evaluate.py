@@ -157,3 +157,26 @@ def test_score_ablation_reports_pass_at_n_and_leaf_mean_for_sampled_leaves():
     assert out["exact_match_leaf_mean"] == pytest.approx(4 / 6)
     single = score_ablation(inputs, [_traj("a", "<answer>Oslo</answer>")], {"em": make_reward("exact_match")})
     assert "leaves_per_input" not in single and "em_pass@1" not in single
+
+
+def test_answer_kind_breakdown_and_pass_at_n_per_group():
+    inputs = [
+        _bi("a", "Oslo", question_type="lookup", answer_kind="word"),
+        _bi("b", "12", question_type="lookup", answer_kind="number"),
+        _bi("c", "7", question_type="update", answer_kind="number"),
+    ]
+    trajs = [
+        _traj("a", "<answer>Oslx</answer>", 0),
+        _traj("a", "<answer>Osl</answer>", 1),  # no leaf right: the word kind stays at 0 even for pass@2
+        _traj("b", "<answer>3</answer>", 0),
+        _traj("b", "<answer>12</answer>", 1),
+        _traj("c", "<answer>7</answer>", 0),
+        _traj("c", "<answer>7</answer>", 1),
+    ]
+    out = score_ablation(inputs, trajs, {"exact_match": make_reward("exact_match")})
+    assert out["exact_match_by_answer_kind"] == {"number": 0.5, "word": 0.0}
+    assert out["exact_match_pass@2_by_answer_kind"] == {"number": 1.0, "word": 0.0}
+    assert out["exact_match_pass@2_by_group"] == {"lookup": 0.5, "update": 1.0}
+    # Without the key on every input there is no answer-kind breakdown.
+    partial = score_ablation(inputs[:1] + [_bi("d", "x")], [], {"em": make_reward("exact_match")})
+    assert "em_by_answer_kind" not in partial and partial["em_by_group"] == {"all": 0.0, "lookup": 0.0}
