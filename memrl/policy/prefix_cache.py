@@ -52,13 +52,16 @@ class PrefixCache:
         self._issued: set[str] = set()
         self._counter = itertools.count()
         self.evictions = 0
+        self._tokens = (
+            0  # running sum of the entries' kv_len (put runs per kept row, often thousands of entries)
+        )
 
     def __len__(self) -> int:
         return len(self._entries)
 
     @property
     def cached_tokens(self) -> int:
-        return sum(e.kv_len for e in self._entries.values())
+        return self._tokens
 
     def put(self, entry: PrefixEntry) -> str:
         handle = f"kv-{next(self._counter)}"
@@ -69,8 +72,10 @@ class PrefixCache:
             )
             return handle
         self._entries[handle] = entry
-        while self.cached_tokens > self.budget_tokens:
-            old, _ = self._entries.popitem(last=False)
+        self._tokens += entry.kv_len
+        while self._tokens > self.budget_tokens:
+            old, gone = self._entries.popitem(last=False)
+            self._tokens -= gone.kv_len
             self.evictions += 1
             logger.debug("evicted prefix handle %s (budget %d tokens)", old, self.budget_tokens)
         return handle
@@ -88,8 +93,11 @@ class PrefixCache:
 
     def release(self, handles: Sequence[str]) -> None:
         for h in handles:
-            self._entries.pop(h, None)
+            gone = self._entries.pop(h, None)
+            if gone is not None:
+                self._tokens -= gone.kv_len
 
     def clear(self) -> None:
         """Drop every state (after a weight update the cached keys/values are stale). Handles stay valid names."""
         self._entries.clear()
+        self._tokens = 0
