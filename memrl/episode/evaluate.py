@@ -85,7 +85,7 @@ def score_ablation(
     n_leaves = max((len(v) for v in leaves.values()), default=0)
     if n_leaves > 1:
         out["leaves_per_input"] = n_leaves
-        out.update(_sampled_scores(inputs, leaves, metric_fns, n_leaves))
+        out.update(_sampled_scores(inputs, leaves, metric_fns, n_leaves, breakdowns))
     return out
 
 
@@ -112,6 +112,7 @@ def _sampled_scores(
     leaves: Mapping[str, list[EpisodeTrajectory]],
     metric_fns: Mapping[str, Any],
     n_leaves: int,
+    breakdowns: Mapping[str, Mapping[str, list[int]]],
 ) -> dict[str, Any]:
     """pass@n and per-leaf mean of every metric; inputs with fewer than ``n_leaves`` leaves count the missing
     ones as failed (score 0)."""
@@ -130,7 +131,7 @@ def _sampled_scores(
         best = [max(p) for p in per]
         out[f"{name}_pass@{n_leaves}"] = sum(best) / len(best) if best else 0.0
         out[f"{name}_leaf_mean"] = sum(vals) / len(vals) if vals else 0.0
-        for by, groups in _breakdowns(inputs).items():
+        for by, groups in breakdowns.items():
             out[f"{name}_pass@{n_leaves}_by_{by}"] = _group_means(best, groups)
     return out
 

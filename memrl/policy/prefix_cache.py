@@ -52,9 +52,8 @@ class PrefixCache:
         self._issued: set[str] = set()
         self._counter = itertools.count()
         self.evictions = 0
-        self._tokens = (
-            0  # running sum of the entries' kv_len (put runs per kept row, often thousands of entries)
-        )
+        # Running sum of the entries' kv_len: put runs per kept row, often with thousands of entries.
+        self._tokens = 0
 
     def __len__(self) -> int:
         return len(self._entries)

@@ -363,12 +363,7 @@ def tree_rollout(
         if cfg.tree.expansion_iterations == 0:
             _last_round(engine, hooks, trees)
         # Phase 3: expansion rounds, each batched across all trees.
-        if cfg.tree.overlap_segments:
-            _overlapped_rounds(engine, hooks, trees, cfg, rng)
-        else:
-            engine.run([b for t in trees for b in t.branches])
-            for it in range(cfg.tree.expansion_iterations):
-                engine.run(_start_round(engine, hooks, trees, cfg, it, rng))
+        _grow(engine, hooks, trees, cfg, rng)
         # Phase 4: exactly n leaves per tree.
         leaves = [_sample_leaves(t, hooks, cfg.n, rng) for t in trees]
     finally:
@@ -381,35 +376,26 @@ def tree_rollout(
     return RolloutResult(leaves=leaves, metrics=metrics.summary())
 
 
-def _start_round(
-    engine: Engine, hooks: TreeHooks, trees: list[Tree], cfg: RolloutConfig, it: int, rng: random.Random
-) -> list[Branch]:
-    fresh = _expand(engine, trees, cfg, it, rng)
-    if it == cfg.tree.expansion_iterations - 1:
-        _last_round(engine, hooks, trees)
-    return fresh
-
-
-def _overlapped_rounds(
+def _grow(
     engine: Engine, hooks: TreeHooks, trees: list[Tree], cfg: RolloutConfig, rng: random.Random
 ) -> None:
-    """Rounds start once the previous round's branches are ``overlap_segments`` segments in (or ended), and
-    every live branch of every round steps together."""
+    """Step every live branch of every round together; a round starts when each branch of the previous one has
+    ended, or (``overlap_segments`` = k > 0) is k segments in (a branch counts its own segments from its fork)."""
+    k = cfg.tree.overlap_segments
     live = [b for t in trees for b in t.branches]
-    last, started, it = list(live), {b.uid: 0 for b in live}, 0
+    last, it = list(live), 0
     while True:
-        ready = all(
-            b.state is AgentState.TERMINATED or b.segments - started[b.uid] >= cfg.tree.overlap_segments
-            for b in last
-        )
-        if it < cfg.tree.expansion_iterations and ready:
-            last = _start_round(engine, hooks, trees, cfg, it, rng)
-            started.update({b.uid: b.segments for b in last})
+        if it < cfg.tree.expansion_iterations and all(
+            b.state is AgentState.TERMINATED or (k > 0 and b.segments >= k) for b in last
+        ):
+            last = _expand(engine, trees, cfg, it, rng)
+            if it == cfg.tree.expansion_iterations - 1:
+                _last_round(engine, hooks, trees)
             live += last
             it += 1
             continue
         live = [b for b in live if b.state is not AgentState.TERMINATED]
-        if not live and it >= cfg.tree.expansion_iterations:
+        if not live:
             return
         engine.step(live)
 

@@ -195,22 +195,28 @@ def test_recall_stage_runs_before_the_pipeline_stage_and_enters_the_digest(tmp_p
     assert len(metrics["losses"]) == staged.recall_steps + staged.steps
 
 
-def test_recall_mix_puts_single_fact_examples_into_every_pipeline_batch(tmp_path, monkeypatch):
+def _build_seeing_batches(monkeypatch, recipe, view) -> list[list]:
+    """Build ``recipe`` and return ``view(example)`` for every example of every SFT batch, in order."""
     import memrl.policy.tiny as tiny
 
-    monkeypatch.setenv("MEMRL_TINY_THREADS", "1")
-    monkeypatch.setenv("MEMRL_CACHE_DIR", str(tmp_path))
-    mixed = dataclasses.replace(MICRO, batch_size=4, steps=3, recall_mix=0.5)
-    assert mixed.digest() != MICRO.digest()
     seen = []
     real_batch = tiny._batch
 
     def spy(examples, pad_id, prompt_weight):
-        seen.append([len(e.prompt_ids) for e in examples])
+        seen.append([view(e) for e in examples])
         return real_batch(examples, pad_id, prompt_weight)
 
     monkeypatch.setattr(tiny, "_batch", spy)
-    ensure_tiny_model(mixed)
+    ensure_tiny_model(recipe)
+    return seen
+
+
+def test_recall_mix_puts_single_fact_examples_into_every_pipeline_batch(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEMRL_TINY_THREADS", "1")
+    monkeypatch.setenv("MEMRL_CACHE_DIR", str(tmp_path))
+    mixed = dataclasses.replace(MICRO, batch_size=4, steps=3, recall_mix=0.5)
+    assert mixed.digest() != MICRO.digest()
+    seen = _build_seeing_batches(monkeypatch, mixed, lambda e: len(e.prompt_ids))
     assert len(seen) == mixed.steps
     # 4 pipeline examples (long prompts: template + facts) then round(4 * 0.5) = 2 single-fact ones (short).
     for lengths in seen:
@@ -348,22 +354,12 @@ def test_copy_drills_ask_for_values_that_only_the_context_holds():
 
 
 def test_copy_mix_puts_drills_into_every_batch_and_enters_the_digest(tmp_path, monkeypatch):
-    import memrl.policy.tiny as tiny
-
     monkeypatch.setenv("MEMRL_TINY_THREADS", "1")
     monkeypatch.setenv("MEMRL_CACHE_DIR", str(tmp_path))
     mixed = dataclasses.replace(MICRO, batch_size=4, steps=2, copy_mix=0.5, copy_examples=30)
     assert mixed.digest() != MICRO.digest()
     assert TinyRecipe().digest() == "6de45e228564"  # the shipped build is unaffected
-    seen = []
-    real_batch = tiny._batch
-
-    def spy(examples, pad_id, prompt_weight):
-        seen.append([tuple(e.response_mask) for e in examples])
-        return real_batch(examples, pad_id, prompt_weight)
-
-    monkeypatch.setattr(tiny, "_batch", spy)
-    ensure_tiny_model(mixed)
+    seen = _build_seeing_batches(monkeypatch, mixed, lambda e: tuple(e.response_mask))
     assert len(seen) == mixed.steps
     for masks in seen:
         # 4 pipeline examples (their response ends in eos, trained) then 2 drills (response starts with a key).
