@@ -49,9 +49,15 @@ class TrainResources:
 
 
 def eval_config(cfg: Any) -> Any:
-    """Evaluation is fixed and strategy-independent: greedy, one chain per held-out question."""
+    """Evaluation is fixed and strategy-independent: greedy, one chain per held-out question, scored by
+    ``train.eval_reward`` when set (else the episode reward)."""
     rollout = dataclasses.replace(cfg.rollout, strategy="chain", n=1, temperature=0.0)
-    return dataclasses.replace(cfg, rollout=rollout)
+    episode = cfg.episode
+    if cfg.train.eval_reward is not None:
+        episode = dataclasses.replace(
+            episode, reward=cfg.train.eval_reward, reward_options=dict(cfg.train.eval_reward_options)
+        )
+    return dataclasses.replace(cfg, rollout=rollout, episode=episode)
 
 
 def _load_dataset(cfg: Any, split: str, limit: int | None) -> list:

@@ -7,7 +7,7 @@ import pytest
 from memrl.registry import RegistryError
 from memrl.rewards import REWARDS, RewardConfigError, RewardInput, make_reward
 from memrl.rewards.format import format_problems
-from memrl.rewards.text import multi_answer_f1, normalize_answer, token_f1
+from memrl.rewards.text import char_similarity, multi_answer_f1, normalize_answer, token_f1
 
 
 def _x(response: str, gold: str | None, **meta) -> RewardInput:
@@ -28,6 +28,20 @@ def test_exact_match_uses_extracted_answer_and_none_gold_scores_zero():
     em = make_reward("exact_match")
     scores = em([_x("<answer>Oslo.</answer>", "oslo"), _x("Oslo", "Bergen"), _x("<answer>x</answer>", None)])
     assert scores == [1.0, 0.0, 0.0]
+
+
+def test_char_similarity_credits_partial_copies():
+    assert char_similarity("Tofu", "tofu.") == 1.0  # normalised like exact match
+    assert char_similarity("Hefu", "Tofu") == pytest.approx(0.5)  # "fu" matched: 2 * 2 / 8
+    assert char_similarity("nse", "nurse") == pytest.approx(2 * 3 / 8)
+    assert char_similarity("", "nurse") == 0.0
+    assert char_similarity("Hefu", "Tofu") > char_similarity("Ajna", "Tofu") == 0.0
+    r = make_reward("composite", {"parts": {"exact_match": 1.0, "char_similarity": 0.5}})
+    assert r([_x("<answer>Tofu</answer>", "Tofu"), _x("<answer>Hefu</answer>", "Tofu"), _x("x", None)]) == [
+        1.5,
+        0.25,
+        0.0,
+    ]
 
 
 def test_locomo_per_category():

@@ -48,3 +48,17 @@ def test_evaluation_is_greedy_single_chain_whatever_the_training_strategy():
     ev = eval_config(cfg)
     assert (ev.rollout.strategy, ev.rollout.n, ev.rollout.temperature) == ("chain", 1, 0.0)
     assert cfg.rollout.strategy == "tree"  # the training config is untouched
+
+
+def test_evaluation_scores_with_eval_reward_when_training_on_a_shaped_one():
+    from memrl.config import load_config
+    from memrl.rewards import make_reward
+
+    shaped = ["episode.reward=composite", "episode.reward_options={parts: {exact_match: 1.0, char_similarity: 0.5}}"]
+    cfg = load_config(None, shaped)
+    assert eval_config(cfg).episode.reward == "composite"  # default: the training reward
+    cfg = load_config(None, [*shaped, "train.eval_reward=exact_match"])
+    ev = eval_config(cfg)
+    assert (ev.episode.reward, ev.episode.reward_options) == ("exact_match", {})
+    assert cfg.episode.reward == "composite"
+    make_reward(ev.episode.reward, ev.episode.reward_options)  # the options fit the eval reward
