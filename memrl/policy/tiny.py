@@ -41,6 +41,7 @@ from memrl.policy.tiny_data import (
     copy_drill_example,
     encode_text,
     letter_token_ids,
+    repeat_drill_example,
     single_fact_example,
 )
 
@@ -90,6 +91,10 @@ class TinyRecipe:
     # multi-token copy that word answers need (the pipeline data alone never taught it, see README).
     copy_mix: float = 0.0
     copy_examples: int = 20000
+    # Stage 0 (0 = none): repeat drills only (tiny_data.repeat_drill_example), short and cheap, so induction (the
+    # continuation half of copying a word) exists before the pipeline data and its copy drills start.
+    repeat_steps: int = 0
+    repeat_batch_size: int = 16
     answer_words: str = "random"
     template: str = "target_turn.j2"
     # "byte" (ByT5) or "bpe": a byte-level BPE of bpe_vocab_size ids trained on synthetic-task text made with a
@@ -113,6 +118,8 @@ class TinyRecipe:
             "recall_mix": 0.0,
             "copy_mix": 0.0,
             "copy_examples": 20000,
+            "repeat_steps": 0,
+            "repeat_batch_size": 16,
             "answer_words": "pseudo",
             "tokenizer": "byte",
             "bpe_vocab_size": 2048,
@@ -228,6 +235,13 @@ def make_copy_examples(recipe: TinyRecipe, tokenizer) -> list[SFTExample]:
     return [copy_drill_example(letters, tokenizer, rng) for _ in range(recipe.copy_examples)]
 
 
+def make_repeat_examples(recipe: TinyRecipe, tokenizer) -> list[SFTExample]:
+    """Stage-0 repeat drills (their own seed stream), as many as the copy drills."""
+    rng = random.Random(recipe.seed + 3)
+    letters = letter_token_ids(tokenizer)
+    return [repeat_drill_example(letters, tokenizer, rng) for _ in range(recipe.copy_examples)]
+
+
 def make_recall_examples(recipe: TinyRecipe, tokenizer) -> list[SFTExample]:
     """Stage-1 examples: one per train episode (a separate seed stream from stage 2)."""
     rng = random.Random(recipe.seed + 1)
@@ -337,6 +351,11 @@ def build_tiny_model(recipe: TinyRecipe, out_dir: Path) -> dict:
     model = LlamaForCausalLM(config)
     losses: list[float] = []
     pad_id = int(tokenizer.pad_token_id)
+    if recipe.repeat_steps:
+        stage0 = dataclasses.replace(
+            recipe, steps=recipe.repeat_steps, batch_size=recipe.repeat_batch_size, prompt_loss_weight=0.0
+        )
+        losses += train_sft(model, make_repeat_examples(recipe, tokenizer), stage0, pad_id)
     recall = make_recall_examples(recipe, tokenizer) if recipe.recall_steps or recipe.recall_mix else []
     if recipe.recall_steps:
         stage1 = dataclasses.replace(

@@ -263,6 +263,23 @@ def letter_token_ids(tok) -> list[int]:
     return ids
 
 
+def repeat_drill_example(
+    letters: Sequence[int], tok, rng: random.Random, words: tuple[int, int] = (3, 8)
+) -> SFTExample:
+    """A line of random letter-token words, then the same line again (loss on the repeat only).
+
+    The purest induction drill: after the first repeated token, every next token is "what followed this token
+    in the context", the skill that continues a word answer once its first token is chosen (the shipped model
+    wrote "Pelqffu" for "Pixel": right first letter, no continuation). On its own a 3-layer model breaks out of
+    the unigram plateau after ~1.5 k steps of these (batch 16), much sooner than inside the pipeline data."""
+    space, newline = encode_text(tok, " "), encode_text(tok, "\n")
+    line: list[int] = []
+    for _ in range(rng.randint(*words)):
+        line += [*rng.choices(letters, k=rng.randint(1, 5)), *space]
+    line += newline
+    return SFTExample(tuple(line), tuple(line), (1,) * len(line))
+
+
 def copy_drill_example(
     letters: Sequence[int], tok, rng: random.Random, pairs: tuple[int, int] = (4, 10), queries: int = 3
 ) -> SFTExample:

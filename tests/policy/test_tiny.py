@@ -364,3 +364,33 @@ def test_copy_mix_puts_drills_into_every_batch_and_enters_the_digest(tmp_path, m
     for masks in seen:
         # 4 pipeline examples (their response ends in eos, trained) then 2 drills (response starts with a key).
         assert len(masks) == 6 and all(m[0] == 1 for m in masks[:4]) and all(m[0] == 0 for m in masks[4:])
+
+
+def test_repeat_drills_repeat_a_line_of_letter_words_and_train_only_the_repeat():
+    from memrl.policy.tiny_data import encode_text, letter_token_ids, repeat_drill_example
+
+    tok = byte_tokenizer()
+    letters = letter_token_ids(tok)
+    rng = random.Random(0)
+    lines = []
+    for _ in range(50):
+        ex = repeat_drill_example(letters, tok, rng)
+        assert ex.prompt_ids == ex.response_ids and set(ex.response_mask) == {1}
+        text = tok.decode(list(ex.prompt_ids))
+        assert text.endswith(" \n") and 3 <= len(text.split()) <= 8
+        assert all(w.isalpha() for w in text.split())
+        lines.append(text)
+    assert len(set(lines)) == 50 and encode_text(tok, "\n")[0] == ex.prompt_ids[-1]
+
+
+def test_repeat_stage_runs_first_on_short_drills_and_enters_the_digest(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEMRL_TINY_THREADS", "1")
+    monkeypatch.setenv("MEMRL_CACHE_DIR", str(tmp_path))
+    staged = dataclasses.replace(MICRO, repeat_steps=3, repeat_batch_size=5, copy_examples=20)
+    assert staged.digest() != MICRO.digest()
+    assert TinyRecipe().digest() == "6de45e228564"  # the shipped build is unaffected
+    seen = _build_seeing_batches(monkeypatch, staged, lambda e: e.prompt_ids == e.response_ids)
+    assert [len(b) for b in seen] == [5] * 3 + [MICRO.batch_size] * MICRO.steps
+    assert all(all(b) for b in seen[:3]) and not any(any(b) for b in seen[3:])
+    metrics = json.loads((tiny_model_dir(staged) / "metrics.json").read_text())
+    assert len(metrics["losses"]) == staged.repeat_steps + staged.steps
