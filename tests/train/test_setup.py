@@ -54,7 +54,10 @@ def test_evaluation_scores_with_eval_reward_when_training_on_a_shaped_one():
     from memrl.config import load_config
     from memrl.rewards import make_reward
 
-    shaped = ["episode.reward=composite", "episode.reward_options={parts: {exact_match: 1.0, char_similarity: 0.5}}"]
+    shaped = [
+        "episode.reward=composite",
+        "episode.reward_options={parts: {exact_match: 1.0, char_similarity: 0.5}}",
+    ]
     cfg = load_config(None, shaped)
     assert eval_config(cfg).episode.reward == "composite"  # default: the training reward
     cfg = load_config(None, [*shaped, "train.eval_reward=exact_match"])
