@@ -125,26 +125,9 @@ def _tree_vs_chain(args) -> dict:
         # `memrl bench policy`, the random model decodes to the length limit in both arms.
         policy.eos_ids = []
     requests, tools = _workload(args.workload, policy.tokenizer, args.prompts)
-    common = dict(
-        n=args.leaves,
-        max_response_tokens=args.max_tokens,
-        temperature=1.0,
-        top_logprobs=5,
-        seed=0,
-        max_tool_calls=2,
-    )
     other = "segment" if args.branch_at == "token" else "token"
-    cfgs = {"chain": RolloutConfig(strategy="chain", **common)}
-    for name, at in (("tree", args.branch_at), (f"tree_{other}", other)):
-        cfgs[name] = RolloutConfig(strategy="tree", tree=_tree_cfg(args, at), **common)
-    warm = RolloutConfig(strategy="chain", n=2, max_response_tokens=8)
-    _measure(policy, requests[:1], tools, warm)
-    runs: dict[str, list[dict]] = {k: [] for k in cfgs}
-    for _ in range(args.repeats):  # interleaved, so machine noise hits every arm alike
-        for name, cfg in cfgs.items():
-            runs[name].append(_measure(policy, requests, tools, cfg))
-        logger.info("%s", {k: v[-1] for k, v in runs.items()})
-    res = {k: _combine(v) for k, v in runs.items()}
+    per_seed = _measure_seeds(policy, requests, tools, args, other)
+    res = {k: _mean(v) for k, v in per_seed.items()}
     c, t, o = res["chain"], res["tree"], res[f"tree_{other}"]
     return {
         "model": model_name,
@@ -157,12 +140,14 @@ def _tree_vs_chain(args) -> dict:
             "prefix_cache_tokens": args.prefix_cache_tokens,
             "max_batch_size": args.max_batch_size,
             "eos_disabled": args.model == "random",
-            "tree": dict(vars(cfgs["tree"].tree)),
+            "tree": dict(vars(_tree_cfg(args, args.branch_at))),
+            "seeds": args.seeds,
         },
         "prefix_cache_evictions": policy.prefix_cache.evictions,
         **res,
         "token_ratio": t["forwarded_tokens_per_leaf"] / c["forwarded_tokens_per_leaf"],
         "wall_ratio": t["wall_s_per_leaf"] / c["wall_s_per_leaf"],
+        **{f"{k}_per_seed": v for k, v in _ratios(per_seed["chain"], per_seed["tree"]).items()},
         # Context: tree leaves may be longer than chain leaves (forks of long chains), so per leaf
         # understates the saving per generated response token.
         "token_ratio_per_response_token": (t["forwarded_tokens_per_leaf"] / t["mean_response_tokens"])
@@ -172,6 +157,52 @@ def _tree_vs_chain(args) -> dict:
         "alt_branch_at": other,
         "alt_token_ratio": o["forwarded_tokens_per_leaf"] / c["forwarded_tokens_per_leaf"],
         "alt_wall_ratio": o["wall_s_per_leaf"] / c["wall_s_per_leaf"],
+    }
+
+
+def _arm_configs(args, seed: int, other: str) -> dict[str, RolloutConfig]:
+    common = dict(
+        n=args.leaves,
+        max_response_tokens=args.max_tokens,
+        temperature=1.0,
+        top_logprobs=5,
+        seed=seed,
+        max_tool_calls=2,
+    )
+    cfgs = {"chain": RolloutConfig(strategy="chain", **common)}
+    for name, at in (("tree", args.branch_at), (f"tree_{other}", other)):
+        cfgs[name] = RolloutConfig(strategy="tree", tree=_tree_cfg(args, at), **common)
+    return cfgs
+
+
+def _measure_seeds(policy, requests, tools, args, other: str) -> dict[str, list[dict]]:
+    """Each arm's measurement (best of ``args.repeats``) for each of ``args.seeds`` sampling seeds.
+
+    Where a tree forks depends on what it sampled, so one seed is one draw of its token count (the random-init
+    model's token ratio spans ~0.45-0.64 over seeds): every arm runs every seed, and the headline is the mean."""
+    _measure(policy, requests[:1], tools, RolloutConfig(strategy="chain", n=2, max_response_tokens=8))
+    per_seed: dict[str, list[dict]] = {}
+    for seed in range(args.seeds):
+        cfgs = _arm_configs(args, seed, other)
+        runs: dict[str, list[dict]] = {k: [] for k in cfgs}
+        for _ in range(args.repeats):  # interleaved, so machine noise hits every arm alike
+            for name, cfg in cfgs.items():
+                runs[name].append(_measure(policy, requests, tools, cfg))
+        for name, r in runs.items():
+            per_seed.setdefault(name, []).append(_combine(r))
+        logger.info("seed %d: %s", seed, {k: v[-1] for k, v in per_seed.items()})
+    return per_seed
+
+
+def _mean(runs: list[dict]) -> dict:
+    return {k: sum(r[k] for r in runs) / len(runs) for k in runs[0]}
+
+
+def _ratios(chain: list[dict], tree: list[dict]) -> dict[str, list[float]]:
+    pairs = list(zip(chain, tree, strict=True))
+    return {
+        "token_ratio": [t["forwarded_tokens_per_leaf"] / c["forwarded_tokens_per_leaf"] for c, t in pairs],
+        "wall_ratio": [t["wall_s_per_leaf"] / c["wall_s_per_leaf"] for c, t in pairs],
     }
 
 
@@ -285,7 +316,8 @@ def parser() -> argparse.ArgumentParser:
         help="policy.max_batch_size: rows decoded together (the chain's prompts x leaves fit in one batch at "
         "prompts*leaves, its strongest setting; the policy default 32 splits it into sequential sub-batches)",
     )
-    p.add_argument("--repeats", type=int, default=3, help="interleaved chain/tree repeats; best wall time")
+    p.add_argument("--repeats", type=int, default=2, help="interleaved chain/tree repeats; best wall time")
+    p.add_argument("--seeds", type=int, default=4, help="sampling seeds; ratios are means over them")
     p.add_argument("--initial-rollouts", type=int, default=1)
     p.add_argument("--expansion-iterations", type=int, default=3)
     p.add_argument("--nodes-per-expansion", type=int, default=1)

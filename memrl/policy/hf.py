@@ -53,7 +53,7 @@ class _Row:
     sample: int
     prompt: tuple[int, ...]
     params: SamplingParams
-    generator: torch.Generator
+    seed: int  # the row's sampling stream: token n uses counter_uniform(seed, n)
     stopper: StopChecker
     budget: int  # new tokens allowed (max_tokens clipped to the context window)
     entry: PrefixEntry | None = None
@@ -255,7 +255,7 @@ class HFPolicy:
                 sample=s,
                 prompt=req.prompt_ids,
                 params=p,
-                generator=torch.Generator().manual_seed(base_seed + s),
+                seed=(base_seed + s) & ((1 << 63) - 1),  # an int64 for counter_uniform
                 stopper=StopChecker(self.tokenizer, p.stop, p.stop_token_ids, self.eos_ids),
                 budget=budget,
                 entry=entry if cached > 0 else None,
@@ -292,7 +292,10 @@ class HFPolicy:
         while True:
             step_logits = logits if len(live) == len(active) else logits[live]
             choices = choose_tokens(
-                step_logits, [active[b].params for b in live], [active[b].generator for b in live]
+                step_logits,
+                [active[b].params for b in live],
+                [active[b].seed for b in live],
+                [len(active[b].out) for b in live],
             )
             still = []
             for b, choice in zip(live, choices, strict=True):

@@ -28,45 +28,79 @@ class TokenChoice:
 def choose_tokens(
     logits: torch.Tensor,
     params: Sequence[SamplingParams],
-    generators: Sequence[torch.Generator | None],
+    seeds: Sequence[int],
+    steps: Sequence[int],
 ) -> list[TokenChoice]:
     """Select one token per row.
 
-    ``logits``: ``[B, V]`` next-token logits; ``params[i]`` / ``generators[i]`` belong to row ``i``
-    (a generator per row makes sampling independent of how rows are batched).
+    ``logits``: ``[B, V]`` next-token logits; ``params[i]`` belongs to row ``i``, whose sampled token is drawn
+    with the uniform ``counter_uniform(seeds[i], steps[i])`` (``steps[i]`` = tokens the row generated so far).
+    The draw depends on the row alone, never on how rows are batched, and all rows sample in a few batched
+    ops (a per-row ``torch.multinomial`` with its own generator cost ~30 us per token on CPU, and would be a
+    kernel launch per row per step on a GPU).
     """
     temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], dtype=torch.float32)
     logp = torch.log_softmax(logits.float() / temps[:, None], dim=-1)  # [B, V]
     chosen = logp.argmax(dim=-1)  # greedy default
-    for i, p in enumerate(params):
-        if p.temperature > 0:
-            chosen[i] = _sample_row(logp[i], p.top_p, generators[i])
+    sampled = [i for i, p in enumerate(params) if p.temperature > 0]
+    if sampled:
+        rows = torch.tensor(sampled, device=logp.device)
+        top_p = torch.tensor([params[i].top_p for i in sampled], dtype=torch.float32, device=logp.device)
+        u = counter_uniform(
+            torch.tensor([seeds[i] for i in sampled]), torch.tensor([steps[i] for i in sampled])
+        )
+        chosen[rows] = sample_inverse_cdf(logp[rows].exp(), top_p, u.to(logp.device))
     kmax = max((p.top_logprobs for p in params), default=0)
     top_vals = top_ids = None
     if kmax > 0:
         top_vals, top_ids = torch.topk(logp, k=min(kmax, logp.shape[-1]), dim=-1)  # [B, k]
         top_vals, top_ids = top_vals.tolist(), top_ids.tolist()
     picked = logp.gather(-1, chosen[:, None]).squeeze(-1).tolist()
+    chosen_ids = chosen.tolist()
     out = []
     for i, p in enumerate(params):
         top = {}
         if p.top_logprobs > 0:
             top = dict(zip(top_ids[i][: p.top_logprobs], top_vals[i][: p.top_logprobs], strict=True))
-        out.append(TokenChoice(int(chosen[i]), float(picked[i]), top))
+        out.append(TokenChoice(int(chosen_ids[i]), float(picked[i]), top))
     return out
 
 
-def _sample_row(logp: torch.Tensor, top_p: float, generator: torch.Generator | None) -> torch.Tensor:
-    """Nucleus sampling from one row of log-probs ``[V]``: keep the smallest set of tokens whose mass reaches
-    ``top_p`` (always at least the most likely token)."""
-    probs = logp.exp()
-    if top_p < 1.0:
-        sorted_p, order = probs.sort(descending=True)
+def sample_inverse_cdf(probs: torch.Tensor, top_p: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """One token per row of ``probs [B, V]`` by inverse CDF with uniforms ``u [B]`` in (0, 1], after nucleus
+    filtering with ``top_p [B]``: keep the smallest set of most likely tokens whose mass reaches ``top_p``
+    (always at least the most likely token). A zero-probability token is never chosen."""
+    if bool((top_p < 1.0).any()):
+        sorted_p, order = probs.sort(dim=-1, descending=True)
         # Drop a token when the mass *before* it already reaches top_p.
-        drop = (sorted_p.cumsum(-1) - sorted_p) >= top_p
-        sorted_p = sorted_p.masked_fill(drop, 0.0)
-        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        drop = (sorted_p.cumsum(-1) - sorted_p) >= top_p[:, None]
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
+    cdf = probs.double().cumsum(-1)  # float64: a 150k-token vocabulary's running sum stays exact enough
+    target = u.double() * cdf[:, -1]
+    # The first index whose cdf reaches the target; target > 0, so a flat (zero-mass) step is never it.
+    idx = torch.searchsorted(cdf, target[:, None]).squeeze(-1)
+    return idx.clamp(max=probs.shape[-1] - 1)
+
+
+_GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as a signed int64 (splitmix64's increment)
+_MIX1 = -4658895280553007687  # 0xBF58476D1CE4E5B9
+_MIX2 = -7723592293110705685  # 0x94D049BB133111EB
+
+
+def _shr(x: torch.Tensor, k: int) -> torch.Tensor:
+    """Logical right shift of int64 (torch's ``>>`` keeps the sign bit)."""
+    return (x >> k) & ((1 << (64 - k)) - 1)
+
+
+def counter_uniform(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """Uniforms in (0, 1] (float64, 53 random bits) from splitmix64 of ``seed`` at counter ``step + 1``: a
+    counter-based generator, so draw ``n`` of a row needs no state and any batch of rows is drawn at once.
+    int64 products wrap modulo 2**64 as splitmix64 wants (checked against a pure-Python reference in tests)."""
+    z = seeds.long() + (steps.long() + 1) * _GOLDEN
+    z = (z ^ _shr(z, 30)) * _MIX1
+    z = (z ^ _shr(z, 27)) * _MIX2
+    z = z ^ _shr(z, 31)
+    return (_shr(z, 11) + 1).double() / float(1 << 53)
 
 
 @functools.lru_cache(maxsize=1 << 17)
