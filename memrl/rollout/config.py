@@ -33,7 +33,7 @@ class TreeConfig:
       from the parent's kept state (the backend crops it to the fork point). ``entropy`` ranks a point by the
       normalised top-k entropy of the distribution token ``t`` was drawn from: a fork lands exactly where the
       model hesitated. Measured in ``memrl bench rollout`` (same run, 16 leaves): not cheaper than ``segment``
-      (random-init model 0.45 vs 0.45 tokens per leaf of chain, wall 0.58–0.65 vs 0.56–0.69; the embedded model forks
+      (random-init model, mean of 4 seeds: 0.49 vs 0.57 tokens per leaf of chain, wall 0.90 vs 0.91; the embedded model forks
       inside its rambling answers, so its leaves get longer), hence not the default.
 
     ``overlap_segments`` (segment forks only; 0 = off, the seed's schedule) starts each expansion round as soon
