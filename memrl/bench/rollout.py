@@ -145,9 +145,8 @@ def _tree_vs_chain(args) -> dict:
         },
         "prefix_cache_evictions": policy.prefix_cache.evictions,
         **res,
-        "token_ratio": t["forwarded_tokens_per_leaf"] / c["forwarded_tokens_per_leaf"],
-        "wall_ratio": t["wall_s_per_leaf"] / c["wall_s_per_leaf"],
-        **{f"{k}_per_seed": v for k, v in _ratios(per_seed["chain"], per_seed["tree"]).items()},
+        **_ratios(c, t),
+        **{f"{k}_per_seed": v for k, v in _per_seed_ratios(per_seed["chain"], per_seed["tree"]).items()},
         # Context: tree leaves may be longer than chain leaves (forks of long chains), so per leaf
         # understates the saving per generated response token.
         "token_ratio_per_response_token": (t["forwarded_tokens_per_leaf"] / t["mean_response_tokens"])
@@ -155,8 +154,7 @@ def _tree_vs_chain(args) -> dict:
         "prefix_hit_rate": t["prefix_hit_rate"],
         "distinct_leaves": t["distinct_leaves_per_prompt"],
         "alt_branch_at": other,
-        "alt_token_ratio": o["forwarded_tokens_per_leaf"] / c["forwarded_tokens_per_leaf"],
-        "alt_wall_ratio": o["wall_s_per_leaf"] / c["wall_s_per_leaf"],
+        **{f"alt_{k}": v for k, v in _ratios(c, o).items()},
     }
 
 
@@ -198,12 +196,17 @@ def _mean(runs: list[dict]) -> dict:
     return {k: sum(r[k] for r in runs) / len(runs) for k in runs[0]}
 
 
-def _ratios(chain: list[dict], tree: list[dict]) -> dict[str, list[float]]:
-    pairs = list(zip(chain, tree, strict=True))
+def _ratios(chain: dict, tree: dict) -> dict[str, float]:
+    """Tree / chain per leaf: forwarded tokens and wall time."""
     return {
-        "token_ratio": [t["forwarded_tokens_per_leaf"] / c["forwarded_tokens_per_leaf"] for c, t in pairs],
-        "wall_ratio": [t["wall_s_per_leaf"] / c["wall_s_per_leaf"] for c, t in pairs],
+        "token_ratio": tree["forwarded_tokens_per_leaf"] / chain["forwarded_tokens_per_leaf"],
+        "wall_ratio": tree["wall_s_per_leaf"] / chain["wall_s_per_leaf"],
     }
+
+
+def _per_seed_ratios(chain: list[dict], tree: list[dict]) -> dict[str, list[float]]:
+    per = [_ratios(c, t) for c, t in zip(chain, tree, strict=True)]
+    return {k: [r[k] for r in per] for k in per[0]}
 
 
 def _combine(runs: list[dict]) -> dict:
