@@ -31,7 +31,7 @@ class PolicyConfig:
     seed: int = 0  # seeds requests that carry no seed of their own (reproducible runs)
     # --- hf backend ---
     attn_implementation: str = "sdpa"
-    max_batch_size: int = 32  # rows (requests x n) decoded together; more are split into sub-batches
+    max_batch_size: int = 32  # rows (requests x n) decoded together; more wait and join as rows finish
     score_batch_size: int = 8  # sequences per forward pass in logprobs()
     prefix_cache_tokens: int = 65536  # KV budget of kept prefixes (tokens); least recently used evicted first
     # Rows continuing from kept prefix states attend to one copy per state (memrl.policy.shared_attention):

@@ -23,12 +23,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from transformers.cache_utils import DynamicCache
 
 from memrl.policy.base import GenerationRequest, SamplingParams
 from memrl.policy.config import PolicyConfig
 from memrl.policy.errors import PolicyError
 from memrl.policy.kv_cache import (
     SharedPrefixCache,
+    concat_batches,
     preallocated_cache,
     prefix_filled_cache,
     shared_prefix_cache,
@@ -77,6 +79,48 @@ class _Row:
             cached_tokens=self.cached if self.reported_cached is None else self.reported_cached,
             prefix_handle=self.handle,
         )
+
+
+@dataclass(eq=False)
+class _Batch:
+    """Rows decoding together: ``rows[b]`` is batch position ``b``; ``logits [B, V]`` predict each row's next
+    token; ``mask [B, T]`` and the cache (``T`` positions) hold what was fed; ``pos [B, 1]`` is each row's last
+    fed position. ``padded``: some row has masked positions (else attention runs its causal kernel)."""
+
+    rows: list[_Row]
+    logits: torch.Tensor
+    mask: torch.Tensor
+    pos: torch.Tensor
+    cache: DynamicCache
+    padded: bool
+
+    def select(self, keep: list[int]) -> None:
+        """Keep batch positions ``keep`` (in order); copies the cache."""
+        if len(keep) == len(self.rows):
+            return
+        idx = torch.tensor(keep, dtype=torch.long, device=self.mask.device)
+        self.cache.batch_select_indices(idx)
+        self.rows = [self.rows[b] for b in keep]
+        self.logits, self.mask, self.pos = self.logits[idx], self.mask[idx], self.pos[idx]
+        self.padded = self.padded and not bool(self.mask.all())
+
+    def merge(self, new: _Batch) -> _Batch:
+        """This batch's rows followed by ``new``'s, in one cache with room for every row's remaining budget."""
+        rows = self.rows + new.rows
+        T = max(self.mask.shape[1], new.mask.shape[1])
+        capacity = T + max(r.budget - len(r.out) for r in rows)
+        cache, mask = concat_batches([(self.cache, self.mask), (new.cache, new.mask)], capacity)
+        logits = torch.cat([self.logits, new.logits])
+        return _Batch(rows, logits, mask, torch.cat([self.pos, new.pos]), cache, padded=not bool(mask.all()))
+
+
+def _admissible(limit: int, running: int, waiting: int) -> int:
+    """How many waiting rows join a batch of ``running`` rows now: all that fit once a quarter of the batch is
+    free (or all that wait, if fewer), since every admission copies the running cache."""
+    free = min(limit - running, waiting)
+    if free <= 0:
+        return 0
+    return free if free == waiting or free >= max(1, round(limit * (1 - _COMPACT_AT))) else 0
 
 
 def _needs_padding(rows: Sequence[_Row], min_tail: int = 2) -> bool:
@@ -229,11 +273,11 @@ class HFPolicy:
             if requests[row.req].prefix_handle in internal:
                 row.reported_cached = 0  # computed in this call: not a cache hit
         runnable = [r for r in rows if r.finish is None]
-        # Similar remaining lengths together: less padding per sub-batch.
-        runnable.sort(key=lambda r: len(r.prompt) - r.cached)
-        step = self.cfg.max_batch_size
-        for start in range(0, len(runnable), step):
-            self._decode(runnable[start : start + step])
+        # Longest budget first (a long row admitted last would decode alone at the end), then similar remaining
+        # prompt lengths together (less padding per prefill).
+        runnable.sort(key=lambda r: (-r.budget, len(r.prompt) - r.cached))
+        if runnable:
+            self._decode(runnable)
         grouped: list[list[GenerationOutput]] = [[] for _ in requests]
         for r in sorted(rows, key=lambda r: (r.req, r.sample)):
             grouped[r.req].append(r.to_output())
@@ -273,7 +317,33 @@ class HFPolicy:
         return rows
 
     @torch.inference_mode()
-    def _decode(self, rows: list[_Row]) -> None:
+    def _decode(self, queue: list[_Row]) -> None:
+        """Decode every row of ``queue``, at most ``max_batch_size`` at a time, by continuous batching: once
+        enough rows have finished, waiting rows are prefilled and join the running batch (caches merged), as
+        vLLM schedules, instead of each fixed sub-batch idling while its longest row finishes."""
+        limit = self.cfg.max_batch_size
+        batch, waiting = self._start(queue[:limit]), queue[limit:]
+        live = list(range(len(batch.rows)))  # batch positions of unfinished rows
+        while True:
+            still = self._sample(batch, live)
+            admit = _admissible(limit, len(still), len(waiting))
+            if not still and not admit:
+                return
+            # Dropping finished rows copies the whole cache, so it waits until a quarter of the rows are done
+            # (or new rows join, which copies it anyway); until then they ride along, outputs ignored.
+            if admit or len(still) <= _COMPACT_AT * len(batch.rows):
+                batch.select(still)
+                still = list(range(len(still)))
+            live = still
+            if live:
+                self._step(batch)
+            if admit:
+                new, waiting = self._start(waiting[:admit]), waiting[admit:]
+                batch = batch.merge(new) if batch.rows else new
+                live = list(range(len(batch.rows)))
+
+    def _start(self, rows: list[_Row]) -> _Batch:
+        """Prefill ``rows``: a batch whose logits predict each row's first new token."""
         # Rows continuing from shared kept states (tree branches of a node) keep the shared-prefix path, where each
         # state is read once per step; otherwise padded prefill is wasted work (see PolicyConfig.prefill).
         if (
@@ -285,49 +355,38 @@ class HFPolicy:
         else:
             input_ids, mask, pos, cache = self._prefill_inputs(rows)
             logits = self._forward(input_ids, None if bool(mask.all()) else mask, pos, cache)
-        # Decoding appends all-ones columns: whether any row is padded changes only when rows leave.
-        padded = not bool(mask.all())
-        active = list(rows)
-        live = list(range(len(active)))  # batch positions of unfinished rows
-        while True:
-            step_logits = logits if len(live) == len(active) else logits[live]
-            choices = choose_tokens(
-                step_logits,
-                [active[b].params for b in live],
-                [active[b].seed for b in live],
-                [len(active[b].out) for b in live],
-            )
-            still = []
-            for b, choice in zip(live, choices, strict=True):
-                row = active[b]
-                row.out.append(choice.token)
-                row.lps.append(choice.logprob)
-                row.tops.append(choice.top)
-                done, reason = row.stopper.check(row.out)
-                if done:
-                    row.finish, row.stop_reason = FinishReason.STOP, reason
-                elif len(row.out) >= row.budget:
-                    row.finish = FinishReason.LENGTH
-                if row.finish is None:
-                    still.append(b)
-                elif row.params.keep_prefix:
-                    row.handle = self._keep(row, cache, b, mask[b])
-            if not still:
-                return
-            # Dropping finished rows copies the whole cache, so it waits until a quarter of the rows are done;
-            # until then they ride along (their outputs are ignored), which costs less than a copy per exit.
-            if len(still) <= _COMPACT_AT * len(active):
-                idx = torch.tensor(still, device=self.device)
-                cache.batch_select_indices(idx)
-                mask, pos = mask[idx], pos[idx]
-                active = [active[b] for b in still]
-                still = list(range(len(active)))
-                padded = padded and not bool(mask.all())
-            live = still
-            next_ids = torch.tensor([[r.out[-1]] for r in active], device=self.device)
-            mask = torch.cat([mask, mask.new_ones(len(active), 1)], dim=1)
-            pos = pos[:, -1:] + 1
-            logits = self._forward(next_ids, mask if padded else None, pos, cache)
+        # Decoding appends all-ones columns: whether any row is padded changes only when rows leave or join.
+        return _Batch(list(rows), logits, mask, pos[:, -1:], cache, padded=not bool(mask.all()))
+
+    def _sample(self, batch: _Batch, live: list[int]) -> list[int]:
+        """Sample the next token of the ``live`` rows; returns the batch positions of those still running."""
+        logits = batch.logits if len(live) == len(batch.rows) else batch.logits[live]
+        rows = [batch.rows[b] for b in live]
+        choices = choose_tokens(
+            logits, [r.params for r in rows], [r.seed for r in rows], [len(r.out) for r in rows]
+        )
+        still = []
+        for b, row, choice in zip(live, rows, choices, strict=True):
+            row.out.append(choice.token)
+            row.lps.append(choice.logprob)
+            row.tops.append(choice.top)
+            done, reason = row.stopper.check(row.out)
+            if done:
+                row.finish, row.stop_reason = FinishReason.STOP, reason
+            elif len(row.out) >= row.budget:
+                row.finish = FinishReason.LENGTH
+            if row.finish is None:
+                still.append(b)
+            elif row.params.keep_prefix:
+                row.handle = self._keep(row, batch.cache, b, batch.mask[b])
+        return still
+
+    def _step(self, batch: _Batch) -> None:
+        """Feed every row's last token (finished rows riding along too): one decode forward."""
+        next_ids = torch.tensor([[r.out[-1]] for r in batch.rows], device=self.device)
+        batch.mask = torch.cat([batch.mask, batch.mask.new_ones(len(batch.rows), 1)], dim=1)
+        batch.pos = batch.pos + 1
+        batch.logits = self._forward(next_ids, batch.mask if batch.padded else None, batch.pos, batch.cache)
 
     def _forward(self, input_ids, mask, pos, cache) -> torch.Tensor:
         """Last-position logits ``[B, V]``; ``cache`` is extended in place.

@@ -151,3 +151,51 @@ def prefix_filled_cache(
                     v[i, :, C - c : C] = entry.values[li][:, :c]
         layer.adopt(k, v, C)
     return cache
+
+
+def _dense_states(layer: PreallocatedLayer) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every position of ``layer`` as ``[B, heads, T, head_dim]``, ``T`` = the batch's sequence length. A
+    :class:`SharedPrefixLayer` writes each group's prefix into its rows (right-aligned in the reserved width,
+    zeros before it: masked, but finite)."""
+    if not isinstance(layer, SharedPrefixLayer):
+        return layer.keys, layer.values
+    prefix, width = layer.prefix, layer.prefix_length
+    B, H, S, D = layer.keys.shape
+    keys = layer.keys.new_zeros((B, H, width + S, D))
+    values = layer.values.new_zeros((B, H, width + S, layer.values.shape[-1]))
+    for pk, pv, rows in zip(prefix.keys, prefix.values, prefix.rows, strict=True):
+        c = pk[layer.layer].shape[-2]
+        keys[rows, :, width - c : width] = pk[layer.layer][None]
+        values[rows, :, width - c : width] = pv[layer.layer][None]
+    keys[:, :, width:] = layer.keys
+    values[:, :, width:] = layer.values
+    return keys, values
+
+
+def concat_batches(
+    parts: list[tuple[DynamicCache, torch.Tensor]], capacity: int
+) -> tuple[DynamicCache, torch.Tensor]:
+    """One pre-allocated cache and ``[B, T]`` mask holding the rows of every ``(cache, mask)`` part in order,
+    each part right-aligned to the longest ``T`` (zeros and mask 0 before it), with room for ``capacity``
+    positions. Continuous batching admits newly prefilled rows into a running batch this way; positions are
+    per row, so they stay valid."""
+    T = max(mask.shape[1] for _, mask in parts)
+    num_layers = len(parts[0][0].layers)
+    cache = preallocated_cache(num_layers, capacity)
+    B = sum(mask.shape[0] for _, mask in parts)
+    for li, layer in enumerate(cache.layers):
+        dense = [_dense_states(part.layers[li]) for part, _ in parts]
+        k0, v0 = dense[0]
+        k = k0.new_empty((B, k0.shape[1], capacity, k0.shape[-1]))
+        v = v0.new_empty((B, v0.shape[1], capacity, v0.shape[-1]))
+        start = 0
+        for (pk, pv), (_, mask) in zip(dense, parts, strict=True):
+            n, t = mask.shape
+            k[start : start + n, :, : T - t] = 0
+            v[start : start + n, :, : T - t] = 0
+            k[start : start + n, :, T - t : T] = pk
+            v[start : start + n, :, T - t : T] = pv
+            start += n
+        layer.adopt(k, v, T)
+    masks = [torch.nn.functional.pad(mask, (T - mask.shape[1], 0)) for _, mask in parts]
+    return cache, torch.cat(masks)
