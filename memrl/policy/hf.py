@@ -189,6 +189,7 @@ class HFPolicy:
         self.max_model_len = min(cfg.max_model_len, _model_max_len(model))
         mode = cfg.shared_prefix_attention
         self.shared_attention = mode if mode != "off" and _enable_shared_attention(model) else "off"
+        self.bool_decode_mask = _attention_implementation(model) in ("sdpa", "memrl_sdpa")
         self.ragged_prefill = cfg.prefill == "ragged" or (cfg.prefill == "auto" and self.device.type == "cpu")
         # "auto": short uncached tails go in one padded forward (see PolicyConfig.prefill).
         self.ragged_min_tokens = cfg.ragged_min_tokens if cfg.prefill == "auto" else 2
@@ -386,7 +387,12 @@ class HFPolicy:
         next_ids = torch.tensor([[r.out[-1]] for r in batch.rows], device=self.device)
         batch.mask = torch.cat([batch.mask, batch.mask.new_ones(len(batch.rows), 1)], dim=1)
         batch.pos = batch.pos + 1
-        batch.logits = self._forward(next_ids, batch.mask if batch.padded else None, batch.pos, batch.cache)
+        mask = None
+        if batch.padded:
+            # One query per row sees every cached position, so its 4-D mask is just the padding mask; handing it
+            # over ready-made skips transformers' per-step mask construction (~1 ms per step, +35 %, on CPU).
+            mask = batch.mask.bool()[:, None, None, :] if self.bool_decode_mask else batch.mask
+        batch.logits = self._forward(next_ids, mask, batch.pos, batch.cache)
 
     def _forward(self, input_ids, mask, pos, cache) -> torch.Tensor:
         """Last-position logits ``[B, V]``; ``cache`` is extended in place.
@@ -559,13 +565,18 @@ class HFPolicy:
         return out
 
 
+def _attention_implementation(model) -> str | None:
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return getattr(base.config, "_attn_implementation", None)
+
+
 def _enable_shared_attention(model) -> bool:
     """Switch an sdpa model to ``memrl_sdpa`` (identical unless a shared prefix is passed); False when the model
     uses another attention implementation (e.g. flash attention on GPU), which then keeps per-row copies."""
     from memrl.policy.shared_attention import IMPLEMENTATION, register
 
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    current = getattr(base.config, "_attn_implementation", None)
+    current = _attention_implementation(model)
     if current == IMPLEMENTATION:
         return True
     if current != "sdpa" or not hasattr(base, "set_attn_implementation"):

@@ -109,6 +109,21 @@ def _piece(tokenizer, token_id: int) -> str:
     return tokenizer.decode([token_id], skip_special_tokens=False)
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _can_end_in(stops: tuple[str, ...], piece: str) -> bool:
+    """Whether some stop string can end inside ``piece`` (the newest token's own text): at a character ``j`` equal
+    to its last one, either ``piece[:j+1]`` ends with the whole stop string, or the stop string ends with
+    ``piece[:j+1]`` (its start then came from earlier tokens). Testing only the last character sent every
+    multi-character token holding a ``>`` (``<extra_id_7>``, ``/>``) to a full window decode."""
+    for stop in stops:
+        for j, ch in enumerate(piece):
+            if ch == stop[-1]:
+                head = piece[: j + 1]
+                if head.endswith(stop) or stop.endswith(head):
+                    return True
+    return False
+
+
 class StopChecker:
     """Decides, after each appended token, whether one sequence is finished.
 
@@ -126,7 +141,7 @@ class StopChecker:
         self.eos_ids = frozenset(int(t) for t in eos_ids)
         longest = max((len(s) for s in self.stop), default=0)
         # A stop string completed by the newest token ends in the text that token adds, so a token whose own text
-        # lacks every stop string's last character cannot finish one. Not safe when a stop string ends in
+        # cannot hold the end of any stop string cannot finish one (see _can_end_in). Not safe when a stop string ends in
         # whitespace (tokenizers may drop a token's leading space when decoding it alone). A token that decodes
         # alone to nothing or to part of a character (U+FFFD) adds no ASCII character, so it is skipped too when
         # every stop string is ASCII, and gets the full check otherwise.
@@ -150,7 +165,7 @@ class StopChecker:
         if self._prefilter:
             piece = _piece(self.tokenizer, int(last))
             partial = not piece or "\ufffd" in piece
-            if self._finals.isdisjoint(piece) and (self._ascii or not partial):
+            if not _can_end_in(self.stop, piece) and (self._ascii or not partial):
                 return False, None
         text = self.tokenizer.decode(list(out_ids[-self._window :]), skip_special_tokens=False)
         hits = [(text.find(s), s) for s in self.stop]

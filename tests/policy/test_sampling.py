@@ -104,3 +104,35 @@ def test_a_rows_samples_depend_on_its_seed_and_step_not_on_its_batch():
     again = choose_tokens(row, params[:1] * 200, list(range(200)), [0] * 200)
     assert [c.token for c in many] == [c.token for c in again]  # reproducible
     assert len({c.token for c in many}) > 10  # and a different stream per seed
+
+
+def test_only_tokens_that_can_hold_a_stop_strings_end_are_decoded_in_context():
+    from memrl.policy.sampling import _can_end_in
+
+    stops = ("</answer>", "</python>")
+    assert _can_end_in(stops, ">") and _can_end_in(stops, "er>") and _can_end_in(stops, "x</answer> and")
+    assert not _can_end_in(stops, "<extra_id_7>")  # a '>' that cannot close either tag
+    assert not _can_end_in(stops, "abc") and not _can_end_in(stops, "")
+
+
+class _PieceTokenizer:
+    """Multi-character tokens (as BPE vocabularies have), counting in-context decodes."""
+
+    pieces = {0: "a ", 1: "</ans", 2: "wer>", 3: "<x_1>", 4: "b"}
+
+    def __init__(self):
+        self.window_decodes = 0
+
+    def decode(self, ids, skip_special_tokens=False):
+        if len(ids) > 1:
+            self.window_decodes += 1
+        return "".join(self.pieces[i] for i in ids)
+
+
+def test_multi_character_tokens_complete_stops_and_near_misses_skip_the_decode():
+    tok = _PieceTokenizer()
+    checker = StopChecker(tok, ["</answer>"], [], [])
+    ids = [0, 3, 4, 3, 0, 1]
+    assert all(checker.check(ids[: i + 1]) == (False, None) for i in range(len(ids)))
+    assert tok.window_decodes == 0  # "<x_1>" holds a '>' but cannot end "</answer>"
+    assert checker.check([*ids, 2]) == (True, "</answer>")
