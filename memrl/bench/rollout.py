@@ -317,7 +317,7 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         default=32,
         help="policy.max_batch_size: rows decoded together (the chain's prompts x leaves fit in one batch at "
-        "prompts*leaves, its strongest setting; the policy default 32 splits it into sequential sub-batches)",
+        "prompts*leaves; at the policy default 32 its rows wait for free slots, continuous batching)",
     )
     p.add_argument("--repeats", type=int, default=2, help="interleaved chain/tree repeats; best wall time")
     p.add_argument("--seeds", type=int, default=4, help="sampling seeds; ratios are means over them")

@@ -412,7 +412,7 @@ class HFPolicy:
         return out.logits[:, -1, :]
 
     def _prefill_inputs(self, rows: list[_Row]):
-        """Inputs for the first forward of a sub-batch.
+        """Inputs for the first forward of a batch of newly started rows.
 
         Returns ``input_ids [B, R]``, ``mask [B, C + R]``, ``position_ids [B, R]`` and the batch cache holding
         each row's reused prefix (``[B, heads, C, head_dim]`` per layer, right-aligned).

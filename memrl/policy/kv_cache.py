@@ -1,8 +1,9 @@
 """A KV-cache layer with pre-allocated capacity: decoding writes in place instead of ``torch.cat``-ing the
 whole cache every step (the copy made decode O(n) per token and dominated small-model decoding).
 
-The HF decode loop knows every sub-batch's final length up front (cached + remaining prompt + max new tokens), so
-it sizes the buffers once. ``keys``/``values`` are views ``[B, heads, length, head_dim]`` of the buffers.
+The HF decode loop knows a batch's final length up front (cached + remaining prompt + max new tokens), so it sizes
+the buffers once (and again when continuous batching merges newly admitted rows in). ``keys``/``values`` are
+views ``[B, heads, length, head_dim]`` of the buffers.
 """
 
 from __future__ import annotations

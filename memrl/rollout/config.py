@@ -32,9 +32,10 @@ class TreeConfig:
       stop in one call; a fork at token ``t`` keeps tokens ``< t`` and samples token ``t`` afresh, continuing
       from the parent's kept state (the backend crops it to the fork point). ``entropy`` ranks a point by the
       normalised top-k entropy of the distribution token ``t`` was drawn from: a fork lands exactly where the
-      model hesitated. Measured in ``memrl bench rollout`` (same run, 16 leaves): not cheaper than ``segment``
-      (random-init model, mean of 4 seeds: 0.49 vs 0.57 tokens per leaf of chain, wall 0.90 vs 0.91; the embedded model forks
-      inside its rambling answers, so its leaves get longer), hence not the default.
+      model hesitated. Measured in ``memrl bench rollout`` (same run, 16 leaves, mean of 4 seeds): cheaper than
+      ``segment`` on the random-init model (0.49 vs 0.57 tokens per leaf of chain, wall 0.62-0.74 vs 0.85, one
+      generate call per round instead of one per segment), but not on the embedded model (0.85 vs 0.79 tokens on
+      its own task: it forks inside its rambling answers, so its leaves get longer), hence not the default.
 
     ``overlap_segments`` (segment forks only; 0 = off, the seed's schedule) starts each expansion round as soon
     as every branch of the previous round has generated that many segments (or ended), instead of when they
