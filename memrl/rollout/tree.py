@@ -85,6 +85,7 @@ class _Link:
     depth: int
     # branch_at=token: normalised entropy of each model token this branch sampled itself, by response position.
     entropies: dict[int, float] = field(default_factory=dict)
+    laid: bool = False  # lazy segment nodes laid out (see _lay_segment_nodes)
 
 
 @dataclass(eq=False)
@@ -105,8 +106,11 @@ class TreeHooks(EngineHooks):
         self.cfg = cfg
         self._engine = engine_ref
         self.by_token = cfg.tree.branch_at == "token"
-        # Segment nodes keep their state only while a later expansion round may fork from them; token forks
-        # continue from the owner branch's own final state instead.
+        # Segment nodes without overlapping rounds are laid out after their branch has run to its stop in one
+        # call (see _lay_segment_nodes), instead of one generate call per segment.
+        self.lazy_segments = not self.by_token and cfg.tree.overlap_segments == 0
+        # Nodes at tool boundaries keep their state while a later expansion round may fork from them; forks at
+        # token points and lazily laid segment points continue from the owner branch's own final state instead.
         self.keep_handles = cfg.tree.expansion_iterations > 0 and not self.by_token
 
     @property
@@ -118,7 +122,7 @@ class TreeHooks(EngineHooks):
         if out.top_logprobs:
             link.node.entropy_sum += normalized_entropy(out.top_logprobs[: self.cfg.tree.entropy_window])
             link.node.entropy_n += 1
-        if self.by_token:
+        if self.by_token or self.lazy_segments:
             for i, top in enumerate(out.top_logprobs):
                 link.entropies[start + i] = normalized_entropy([top])
 
@@ -238,7 +242,7 @@ def _fork_points(tree: Tree, cfg: RolloutConfig) -> list[ForkPoint | TreeNode]:
     return points or [tree.root]
 
 
-def _node_at(engine: Engine, tree: Tree, point: ForkPoint) -> TreeNode:
+def _node_at(engine: Engine, tree: Tree, point: ForkPoint, *, keep: bool = True) -> TreeNode:
     """The node at ``point``: an existing node of its branch there, or a new one splitting the segment that
     spans it. Its state is the owner's newest kept state, which covers the point (the backend crops it)."""
     b, pos = point.branch, point.pos
@@ -266,7 +270,7 @@ def _node_at(engine: Engine, tree: Tree, point: ForkPoint) -> TreeNode:
             new.children.append(child)
         tree.nodes.append(new)
         node = new
-    if node.handle is None:
+    if keep and node.handle is None:
         handle, _ = b.best_handle()
         if handle is not None:
             engine.handles.hold(handle)
@@ -281,6 +285,36 @@ def _turn_start(b: Branch, pos: int) -> int:
     return pos
 
 
+def _segment_points(b: Branch, seg: int) -> list[int]:
+    """Where a segmented run of ``b`` would have stopped and continued: every ``seg`` model tokens from its fork
+    point or from the start of each model turn (a tool result ends a segment), strictly inside the branch."""
+    points, start = [], b.floor
+    for pos in range(b.floor, b.response_len):
+        if b.mask[pos] == 0:
+            start = pos + 1
+        elif pos > start and (pos - start) % seg == 0:
+            points.append(pos)
+    return points
+
+
+def _lay_segment_nodes(engine: Engine, tree: Tree, cfg: RolloutConfig, *, keep: bool) -> None:
+    """Give each finished branch of ``tree`` the segment nodes a segment-by-segment run would have recorded, with
+    the same entropy (the first ``entropy_window`` tokens of the segment after the node). Their state is the
+    owner's final one, cropped by the backend when a fork continues from it; ``keep=False`` (nothing forks any
+    more) lays them for node paths only."""
+    seg, window = cfg.tree.segment_tokens, cfg.tree.entropy_window
+    for b in tree.branches:
+        link: _Link = b.tree
+        if link.laid or b.state is not AgentState.TERMINATED:
+            continue
+        link.laid = True
+        for pos in _segment_points(b, seg):
+            own = [link.entropies[q] for q in range(pos, min(pos + window, pos + seg)) if q in link.entropies]
+            entropy = sum(own) / len(own) if own else 0.0
+            node = _node_at(engine, tree, ForkPoint(b, pos, entropy, 0), keep=keep)
+            node.uid = f"{b.uid}/s{pos}"
+
+
 def _expand(
     engine: Engine, trees: list[Tree], cfg: RolloutConfig, it: int, rng: random.Random
 ) -> list[Branch]:
@@ -288,6 +322,8 @@ def _expand(
     by_token = cfg.tree.branch_at == "token"
     fresh = []
     for tree in trees:
+        if not by_token and cfg.tree.overlap_segments == 0:
+            _lay_segment_nodes(engine, tree, cfg, keep=True)
         candidates = _fork_points(tree, cfg) if by_token else _candidates(tree, cfg)
         for picked in policy(candidates, cfg.tree.nodes_per_expansion, rng):
             node = _node_at(engine, tree, picked) if isinstance(picked, ForkPoint) else picked
@@ -345,7 +381,7 @@ def tree_rollout(
     metrics = RolloutMetrics()
     engine_ref: list[Engine] = []
     hooks = TreeHooks(cfg, engine_ref)
-    segment = None if hooks.by_token else cfg.tree.segment_tokens
+    segment = None if hooks.by_token or hooks.lazy_segments else cfg.tree.segment_tokens
     engine = Engine(policy, tools, cfg, metrics, segment_tokens=segment, hooks=hooks)
     engine_ref.append(engine)
     rng = random.Random(cfg.seed)
@@ -365,6 +401,9 @@ def tree_rollout(
         # Phase 3: expansion rounds, each batched across all trees.
         _grow(engine, hooks, trees, cfg, rng)
         # Phase 4: exactly n leaves per tree.
+        if hooks.lazy_segments:
+            for t in trees:
+                _lay_segment_nodes(engine, t, cfg, keep=False)
         leaves = [_sample_leaves(t, hooks, cfg.n, rng) for t in trees]
     finally:
         for t in trees:

@@ -166,7 +166,8 @@ def test_rollback_inside_trees_and_chains(tok, strategy):
     tree = TreeConfig(
         initial_rollouts=2,
         expansion_iterations=3 if overlap else 1,
-        nodes_per_expansion=2,
+        # Segment forks: expand every node, so some forks certainly sit mid-turn (see the reattach check).
+        nodes_per_expansion=40 if strategy == "tree" else 2,
         beam_size=2,
         segment_tokens=7,
         branch_at="token" if strategy == "tree-token" else "segment",

@@ -87,14 +87,16 @@ def test_one_generate_call_per_iteration_across_requests(tok):
         result = run_rollout(_requests(tok, k), pol, None, _cfg(9, 1, 1, 4, 3, seg=4))
         assert result.metrics["rollout/tree/leaves"] == 9 * k
         calls.append(pol.stats.generate_calls)
-        # The (last) expansion round: 4 requests per tree (one per node, n=2), each run to its stop in one
-        # call, since nothing forks from the new branches.
-        assert pol.stats.batch_sizes[5:] == [4 * k]
-    # Phase 2: 17 tokens in segments of 4 = 5 calls; the expansion round = 1 call, whatever the request count.
-    assert calls == [6, 6]
+        # Phase 2: one chain per tree, run to its stop in one call (its segment nodes are laid afterwards);
+        # the expansion round: 4 requests per tree (one per node, n=2), again one call.
+        assert pol.stats.batch_sizes == [k, 4 * k]
+        # Forks continue from the chain's kept final state (cropped to the node): the prompts are computed once.
+        assert pol.stats.prefill_tokens == sum(len(r.prompt_ids) for r in _requests(tok, k))
+    # One call per phase, whatever the request count.
+    assert calls == [2, 2]
 
 
-def test_overlapped_rounds_decode_together_in_fewer_sequential_calls(tok):
+def test_overlapped_rounds_decode_together(tok):
     def fixed(ctx):  # every leaf is 24 tokens + eos, wherever it forked
         return "x" * (24 - len(ctx.text.split("A:", 1)[1]))
 
@@ -109,9 +111,9 @@ def test_overlapped_rounds_decode_together_in_fewer_sequential_calls(tok):
             assert len({s.meta.node_path for s in leaves}) == 7
         assert pol.live_handles == 0 and pol.stats.handles_created == pol.stats.handles_released
     (seq, _), (ovl, ovl_result) = runs[0], runs[1]
-    # Without overlap: one chain (7 calls of 4 tokens), then 3 rounds one after the other; with it, round r+1
-    # starts one segment into round r, so the rounds run side by side.
-    assert ovl.stats.generate_calls < seq.stats.generate_calls
+    # Without overlap: the chain, then 3 rounds one after the other, each one call to the stop. With it, round
+    # r+1 starts one segment into round r (segment-by-segment calls), so the rounds decode side by side.
+    assert seq.stats.batch_sizes == [2, 2, 2, 2]
     assert max(ovl.stats.batch_sizes) > max(seq.stats.batch_sizes)  # several rounds in one call
     # Later rounds still fork from the previous rounds' (running) branches.
     assert max(s.meta.branch_depth for leaves in ovl_result.leaves for s in leaves) == 3
