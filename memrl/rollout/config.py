@@ -28,21 +28,24 @@ class TreeConfig:
     - ``segment`` (default; the seed's granularity): nodes sit between generation segments of at most
       ``segment_tokens`` model tokens (and after tool results); ``entropy`` ranks a node by the mean entropy of
       the first ``entropy_window`` tokens generated after it. A fork regenerates from a segment boundary.
+      Branches still generate to their stop in one call: the segment nodes are laid out once a branch has
+      finished, and a fork continues from the owner's final state cropped to the node (one generate call and
+      one kept KV state per branch, instead of one per segment).
     - ``token`` (as TreeRL's EPTree): any model token of a finished branch. Branches generate to their
       stop in one call; a fork at token ``t`` keeps tokens ``< t`` and samples token ``t`` afresh, continuing
       from the parent's kept state (the backend crops it to the fork point). ``entropy`` ranks a point by the
       normalised top-k entropy of the distribution token ``t`` was drawn from: a fork lands exactly where the
-      model hesitated. Measured in ``memrl bench rollout`` (same run, 16 leaves, mean of 4 seeds): cheaper than
-      ``segment`` on the random-init model (0.49 vs 0.57 tokens per leaf of chain, wall 0.62-0.74 vs 0.85, one
-      generate call per round instead of one per segment), but not on the embedded model (0.85 vs 0.79 tokens on
-      its own task: it forks inside its rambling answers, so its leaves get longer), hence not the default.
+      model hesitated. Measured in ``memrl bench rollout`` (same run, 16 leaves, mean of 4 seeds): fewer tokens
+      than ``segment`` on the random-init model (0.49 vs 0.56 per leaf of chain), but not on the embedded model
+      (0.85 vs 0.79 on its own task: it forks inside its rambling answers, so its leaves get longer), hence not
+      the default.
 
-    ``overlap_segments`` (segment forks only; 0 = off, the seed's schedule) starts each expansion round as soon
-    as every branch of the previous round has generated that many segments (or ended), instead of when they
-    have all finished: the rounds then decode together, one generate call per step for all of them, so the
-    tree takes about ``iterations * overlap_segments`` + one chain's segments in sequential steps instead of
-    ``iterations + 1`` chains' worth. Candidates are the nodes that exist when a round starts, so forks land
-    earlier in the chains than without overlap (more tokens per fork).
+    ``overlap_segments`` (segment forks only; 0 = off, the seed's schedule) generates segment by segment (one
+    call per segment for every live branch) and starts each expansion round as soon as every branch of the
+    previous round has generated that many segments (or ended), instead of when they have all finished: the
+    rounds then decode side by side, so the tree's sequential decode steps drop from ``iterations + 1`` chains'
+    worth to about one chain plus ``iterations * overlap_segments`` segments. Candidates are the nodes that exist
+    when a round starts, so forks land earlier in the chains than without overlap (more tokens per fork).
 
     ``expansion_policy`` is ``random`` or ``entropy`` (branch where entropy is high) or a dotted path.
     ``expand_root`` lets the root (the bare prompt) be picked like any node; by default only response

@@ -7,11 +7,13 @@ through its prefix handle (the shared prefix is never recomputed). Phase 4 sampl
 (duplicating, flagged, only when the tree has fewer).
 
 Where a tree may branch is ``cfg.tree.branch_at``. ``segment``: a node is a point between two generation segments
-of a branch (a segment is at most ``segment_tokens`` model tokens, or ends at a tool call) and keeps the prefix
-handle of the state it ends at. ``token``: branches run to their stop in one call and every model token they
-sampled is a candidate fork point (its entropy is that of the distribution it was drawn from); a chosen point
-becomes a node by splitting its branch's segment there, and forks continue from the owner's final state, which
-the backend crops to the fork point (one token is recomputed, to get the logits there).
+of a branch (a segment is at most ``segment_tokens`` model tokens, or ends at a tool call). Branches run to their
+stop in one call and their segment nodes are laid out afterwards (:func:`_lay_segment_nodes`), each holding the
+owner's final state; with ``overlap_segments`` the engine instead generates segment by segment and each node keeps
+the state it ends at. ``token``: branches run to their stop in one call and every model token they sampled is a
+candidate fork point (its entropy is that of the distribution it was drawn from); a chosen point becomes a node by
+splitting its branch's segment there. Forks from a final state continue from it cropped to the fork point by the
+backend (one token is recomputed, to get the logits there).
 """
 
 from __future__ import annotations
