@@ -23,14 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from transformers.cache_utils import DynamicCache
 
 from memrl.policy.base import GenerationRequest, SamplingParams
+from memrl.policy.batching import COMPACT_AT, DecodeBatch, admissible
 from memrl.policy.config import PolicyConfig
 from memrl.policy.errors import PolicyError
 from memrl.policy.kv_cache import (
     SharedPrefixCache,
-    concat_batches,
     preallocated_cache,
     prefix_filled_cache,
     shared_prefix_cache,
@@ -41,8 +40,6 @@ from memrl.types import FinishReason, GenerationOutput
 
 logger = logging.getLogger(__name__)
 
-# Finished rows leave the decode batch once at most this share of it is still running (see _decode).
-_COMPACT_AT = 0.75
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -79,48 +76,6 @@ class _Row:
             cached_tokens=self.cached if self.reported_cached is None else self.reported_cached,
             prefix_handle=self.handle,
         )
-
-
-@dataclass(eq=False)
-class _Batch:
-    """Rows decoding together: ``rows[b]`` is batch position ``b``; ``logits [B, V]`` predict each row's next
-    token; ``mask [B, T]`` and the cache (``T`` positions) hold what was fed; ``pos [B, 1]`` is each row's last
-    fed position. ``padded``: some row has masked positions (else attention runs its causal kernel)."""
-
-    rows: list[_Row]
-    logits: torch.Tensor
-    mask: torch.Tensor
-    pos: torch.Tensor
-    cache: DynamicCache
-    padded: bool
-
-    def select(self, keep: list[int]) -> None:
-        """Keep batch positions ``keep`` (in order); copies the cache."""
-        if len(keep) == len(self.rows):
-            return
-        idx = torch.tensor(keep, dtype=torch.long, device=self.mask.device)
-        self.cache.batch_select_indices(idx)
-        self.rows = [self.rows[b] for b in keep]
-        self.logits, self.mask, self.pos = self.logits[idx], self.mask[idx], self.pos[idx]
-        self.padded = self.padded and not bool(self.mask.all())
-
-    def merge(self, new: _Batch) -> _Batch:
-        """This batch's rows followed by ``new``'s, in one cache with room for every row's remaining budget."""
-        rows = self.rows + new.rows
-        T = max(self.mask.shape[1], new.mask.shape[1])
-        capacity = T + max(r.budget - len(r.out) for r in rows)
-        cache, mask = concat_batches([(self.cache, self.mask), (new.cache, new.mask)], capacity)
-        logits = torch.cat([self.logits, new.logits])
-        return _Batch(rows, logits, mask, torch.cat([self.pos, new.pos]), cache, padded=not bool(mask.all()))
-
-
-def _admissible(limit: int, running: int, waiting: int) -> int:
-    """How many waiting rows join a batch of ``running`` rows now: all that fit once a quarter of the batch is
-    free (or all that wait, if fewer), since every admission copies the running cache."""
-    free = min(limit - running, waiting)
-    if free <= 0:
-        return 0
-    return free if free == waiting or free >= max(1, round(limit * (1 - _COMPACT_AT))) else 0
 
 
 def _needs_padding(rows: Sequence[_Row], min_tail: int = 2) -> bool:
@@ -327,12 +282,12 @@ class HFPolicy:
         live = list(range(len(batch.rows)))  # batch positions of unfinished rows
         while True:
             still = self._sample(batch, live)
-            admit = _admissible(limit, len(still), len(waiting))
+            admit = admissible(limit, len(still), len(waiting))
             if not still and not admit:
                 return
             # Dropping finished rows copies the whole cache, so it waits until a quarter of the rows are done
             # (or new rows join, which copies it anyway); until then they ride along, outputs ignored.
-            if admit or len(still) <= _COMPACT_AT * len(batch.rows):
+            if admit or len(still) <= COMPACT_AT * len(batch.rows):
                 batch.select(still)
                 still = list(range(len(still)))
             live = still
@@ -343,7 +298,7 @@ class HFPolicy:
                 batch = batch.merge(new) if batch.rows else new
                 live = list(range(len(batch.rows)))
 
-    def _start(self, rows: list[_Row]) -> _Batch:
+    def _start(self, rows: list[_Row]) -> DecodeBatch:
         """Prefill ``rows``: a batch whose logits predict each row's first new token."""
         # Rows continuing from shared kept states (tree branches of a node) keep the shared-prefix path, where each
         # state is read once per step; otherwise padded prefill is wasted work (see PolicyConfig.prefill).
@@ -357,9 +312,9 @@ class HFPolicy:
             input_ids, mask, pos, cache = self._prefill_inputs(rows)
             logits = self._forward(input_ids, None if bool(mask.all()) else mask, pos, cache)
         # Decoding appends all-ones columns: whether any row is padded changes only when rows leave or join.
-        return _Batch(list(rows), logits, mask, pos[:, -1:], cache, padded=not bool(mask.all()))
+        return DecodeBatch(list(rows), logits, mask, pos[:, -1:], cache, padded=not bool(mask.all()))
 
-    def _sample(self, batch: _Batch, live: list[int]) -> list[int]:
+    def _sample(self, batch: DecodeBatch, live: list[int]) -> list[int]:
         """Sample the next token of the ``live`` rows; returns the batch positions of those still running."""
         logits = batch.logits if len(live) == len(batch.rows) else batch.logits[live]
         rows = [batch.rows[b] for b in live]
@@ -382,7 +337,7 @@ class HFPolicy:
                 row.handle = self._keep(row, batch.cache, b, batch.mask[b])
         return still
 
-    def _step(self, batch: _Batch) -> None:
+    def _step(self, batch: DecodeBatch) -> None:
         """Feed every row's last token (finished rows riding along too): one decode forward."""
         next_ids = torch.tensor([[r.out[-1]] for r in batch.rows], device=self.device)
         batch.mask = torch.cat([batch.mask, batch.mask.new_ones(len(batch.rows), 1)], dim=1)

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from memrl.policy.base import GenerationRequest, SamplingParams
+from memrl.policy.batching import admissible
 from memrl.policy.config import PolicyConfig
-from memrl.policy.hf import HFPolicy, _admissible
+from memrl.policy.hf import HFPolicy
 from memrl.policy.kv_cache import concat_batches, preallocated_cache
 from memrl.policy.tiny_arch import random_tiny_llama
 
@@ -42,11 +43,11 @@ def enc(policy, text: str) -> tuple[int, ...]:
 
 
 def test_admission_waits_for_a_quarter_of_the_batch_or_the_whole_queue():
-    assert _admissible(32, 30, 10) == 0  # 2 free slots of 32: not worth a cache copy yet
-    assert _admissible(32, 24, 10) == 8  # a quarter free: fill it
-    assert _admissible(32, 30, 2) == 2  # room for everything that waits
-    assert _admissible(32, 32, 5) == 0 and _admissible(32, 10, 0) == 0
-    assert _admissible(2, 1, 3) == 1  # tiny batches admit one at a time
+    assert admissible(32, 30, 10) == 0  # 2 free slots of 32: not worth a cache copy yet
+    assert admissible(32, 24, 10) == 8  # a quarter free: fill it
+    assert admissible(32, 30, 2) == 2  # room for everything that waits
+    assert admissible(32, 32, 5) == 0 and admissible(32, 10, 0) == 0
+    assert admissible(2, 1, 3) == 1  # tiny batches admit one at a time
 
 
 def test_finished_rows_slots_go_to_waiting_rows(model_tok):
