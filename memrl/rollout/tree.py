@@ -85,7 +85,8 @@ class _Link:
     tree: Tree
     node: TreeNode  # the node the branch's current segment started from
     depth: int
-    # branch_at=token: normalised entropy of each model token this branch sampled itself, by response position.
+    # Token forks and lazily laid segment nodes: normalised entropy of each model token this branch sampled itself,
+    # by response position.
     entropies: dict[int, float] = field(default_factory=dict)
     laid: bool = False  # lazy segment nodes laid out (see _lay_segment_nodes)
 
