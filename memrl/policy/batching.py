@@ -39,16 +39,17 @@ class DecodeBatch:
         self.logits, self.mask, self.pos = self.logits[idx], self.mask[idx], self.pos[idx]
         self.padded = self.padded and not bool(self.mask.all())
 
-    def merge(self, new: DecodeBatch) -> DecodeBatch:
-        """This batch's rows followed by ``new``'s, in one cache with room for every row's remaining budget."""
-        rows = self.rows + new.rows
+    def merge(self, keep: list[int], new: DecodeBatch) -> DecodeBatch:
+        """This batch's rows at positions ``keep`` followed by ``new``'s, in one cache with room for every row's
+        remaining budget (finished rows are dropped by the same copy, not by a :meth:`select` first)."""
+        idx = torch.tensor(keep, dtype=torch.long, device=self.mask.device)
+        rows = [self.rows[b] for b in keep] + new.rows
         T = max(self.mask.shape[1], new.mask.shape[1])
         capacity = T + max(r.budget - len(r.out) for r in rows)
-        cache, mask = concat_batches([(self.cache, self.mask), (new.cache, new.mask)], capacity)
-        logits = torch.cat([self.logits, new.logits])
-        return DecodeBatch(
-            rows, logits, mask, torch.cat([self.pos, new.pos]), cache, padded=not bool(mask.all())
-        )
+        cache, mask = concat_batches([(self.cache, self.mask, idx), (new.cache, new.mask, None)], capacity)
+        logits = torch.cat([self.logits[idx], new.logits])
+        pos = torch.cat([self.pos[idx], new.pos])
+        return DecodeBatch(rows, logits, mask, pos, cache, padded=not bool(mask.all()))
 
 
 def admissible(limit: int, running: int, waiting: int) -> int:

@@ -285,17 +285,17 @@ class HFPolicy:
             admit = admissible(limit, len(still), len(waiting))
             if not still and not admit:
                 return
-            # Dropping finished rows copies the whole cache, so it waits until a quarter of the rows are done
-            # (or new rows join, which copies it anyway); until then they ride along, outputs ignored.
-            if admit or len(still) <= COMPACT_AT * len(batch.rows):
+            # Dropping finished rows copies the whole cache, so it waits until a quarter of the rows are done (or
+            # new rows join: the merge drops them in its own copy); until then they ride along, outputs ignored.
+            if still and not admit and len(still) <= COMPACT_AT * len(batch.rows):
                 batch.select(still)
                 still = list(range(len(still)))
-            live = still
-            if live:
+            if still:
                 self._step(batch)
+            live = still
             if admit:
                 new, waiting = self._start(waiting[:admit]), waiting[admit:]
-                batch = batch.merge(new) if batch.rows else new
+                batch = batch.merge(still, new) if still else new
                 live = list(range(len(batch.rows)))
 
     def _start(self, rows: list[_Row]) -> DecodeBatch:

@@ -174,29 +174,32 @@ def _dense_states(layer: PreallocatedLayer) -> tuple[torch.Tensor, torch.Tensor]
 
 
 def concat_batches(
-    parts: list[tuple[DynamicCache, torch.Tensor]], capacity: int
+    parts: list[tuple[DynamicCache, torch.Tensor, torch.Tensor | None]], capacity: int
 ) -> tuple[DynamicCache, torch.Tensor]:
-    """One pre-allocated cache and ``[B, T]`` mask holding the rows of every ``(cache, mask)`` part in order,
-    each part right-aligned to the longest ``T`` (zeros and mask 0 before it), with room for ``capacity``
-    positions. Continuous batching admits newly prefilled rows into a running batch this way; positions are
-    per row, so they stay valid."""
-    T = max(mask.shape[1] for _, mask in parts)
-    num_layers = len(parts[0][0].layers)
-    cache = preallocated_cache(num_layers, capacity)
-    B = sum(mask.shape[0] for _, mask in parts)
+    """One pre-allocated cache and ``[B, T]`` mask holding, in order, the rows ``keep`` (all when ``None``) of
+    every ``(cache, mask, keep)`` part, each part right-aligned to the longest ``T`` (zeros and mask 0 before
+    it), with room for ``capacity`` positions. Continuous batching admits newly prefilled rows into a running
+    batch this way, dropping its finished rows in the same copy; positions are per row, so they stay valid."""
+    parts = [
+        (c, m, torch.arange(m.shape[0], device=m.device) if keep is None else keep) for c, m, keep in parts
+    ]
+    T = max(mask.shape[1] for _, mask, _ in parts)
+    cache = preallocated_cache(len(parts[0][0].layers), capacity)
+    B = sum(len(keep) for _, _, keep in parts)
     for li, layer in enumerate(cache.layers):
-        dense = [_dense_states(part.layers[li]) for part, _ in parts]
-        k0, v0 = dense[0]
-        k = k0.new_empty((B, k0.shape[1], capacity, k0.shape[-1]))
-        v = v0.new_empty((B, v0.shape[1], capacity, v0.shape[-1]))
+        k = v = None
         start = 0
-        for (pk, pv), (_, mask) in zip(dense, parts, strict=True):
-            n, t = mask.shape
+        for part, mask, keep in parts:
+            pk, pv = _dense_states(part.layers[li])
+            if k is None:
+                k = pk.new_empty((B, pk.shape[1], capacity, pk.shape[-1]))
+                v = pv.new_empty((B, pv.shape[1], capacity, pv.shape[-1]))
+            n, t = len(keep), mask.shape[1]
             k[start : start + n, :, : T - t] = 0
             v[start : start + n, :, : T - t] = 0
-            k[start : start + n, :, T - t : T] = pk
-            v[start : start + n, :, T - t : T] = pv
+            k[start : start + n, :, T - t : T] = pk[keep]
+            v[start : start + n, :, T - t : T] = pv[keep]
             start += n
         layer.adopt(k, v, T)
-    masks = [torch.nn.functional.pad(mask, (T - mask.shape[1], 0)) for _, mask in parts]
+    masks = [torch.nn.functional.pad(mask[keep], (T - mask.shape[1], 0)) for _, mask, keep in parts]
     return cache, torch.cat(masks)

@@ -245,7 +245,7 @@ def _fork_points(tree: Tree, cfg: RolloutConfig) -> list[ForkPoint | TreeNode]:
     return points or [tree.root]
 
 
-def _node_at(engine: Engine, tree: Tree, point: ForkPoint, *, keep: bool = True) -> TreeNode:
+def _node_at(engine: Engine, tree: Tree, point: ForkPoint, *, keep: bool = True, tag: str = "t") -> TreeNode:
     """The node at ``point``: an existing node of its branch there, or a new one splitting the segment that
     spans it. Its state is the owner's newest kept state, which covers the point (the backend crops it)."""
     b, pos = point.branch, point.pos
@@ -255,7 +255,7 @@ def _node_at(engine: Engine, tree: Tree, point: ForkPoint, *, keep: bool = True)
         child, node = node, node.parent
     if node.response_len < pos:
         new = TreeNode(
-            uid=f"{b.uid}/t{pos}",
+            uid=f"{b.uid}/{tag}{pos}",
             parent=node,
             owner=b,
             response_len=pos,
@@ -312,22 +312,20 @@ def _lay_segment_nodes(engine: Engine, tree: Tree, cfg: RolloutConfig, *, keep: 
             continue
         link.laid = True
         for pos in _segment_points(b, seg):
-            own = [link.entropies[q] for q in range(pos, min(pos + window, pos + seg)) if q in link.entropies]
+            own = [link.entropies[q] for q in range(pos, pos + min(window, seg)) if q in link.entropies]
             entropy = sum(own) / len(own) if own else 0.0
-            node = _node_at(engine, tree, ForkPoint(b, pos, entropy, 0), keep=keep)
-            node.uid = f"{b.uid}/s{pos}"
+            _node_at(engine, tree, ForkPoint(b, pos, entropy, 0), keep=keep, tag="s")
 
 
 def _expand(
-    engine: Engine, trees: list[Tree], cfg: RolloutConfig, it: int, rng: random.Random
+    engine: Engine, hooks: TreeHooks, trees: list[Tree], cfg: RolloutConfig, it: int, rng: random.Random
 ) -> list[Branch]:
     policy = EXPANSION_POLICIES.get(cfg.tree.expansion_policy)
-    by_token = cfg.tree.branch_at == "token"
     fresh = []
     for tree in trees:
-        if not by_token and cfg.tree.overlap_segments == 0:
+        if hooks.lazy_segments:
             _lay_segment_nodes(engine, tree, cfg, keep=True)
-        candidates = _fork_points(tree, cfg) if by_token else _candidates(tree, cfg)
+        candidates = _fork_points(tree, cfg) if hooks.by_token else _candidates(tree, cfg)
         for picked in policy(candidates, cfg.tree.nodes_per_expansion, rng):
             node = _node_at(engine, tree, picked) if isinstance(picked, ForkPoint) else picked
             node.expansions += 1
@@ -430,7 +428,7 @@ def _grow(
         if it < cfg.tree.expansion_iterations and all(
             b.state is AgentState.TERMINATED or (k > 0 and b.segments >= k) for b in last
         ):
-            last = _expand(engine, trees, cfg, it, rng)
+            last = _expand(engine, hooks, trees, cfg, it, rng)
             if it == cfg.tree.expansion_iterations - 1:
                 _last_round(engine, hooks, trees)
             live += last

@@ -135,7 +135,7 @@ def filled(rows: int, length: int, value: float):
 def test_concat_batches_right_aligns_each_part_and_pads_its_mask():
     a, b = filled(1, 3, 1.0), filled(2, 5, 2.0)
     cache, mask = concat_batches(
-        [(a, torch.ones(1, 3, dtype=torch.long)), (b, torch.ones(2, 5, dtype=torch.long))], 9
+        [(a, torch.ones(1, 3, dtype=torch.long), None), (b, torch.ones(2, 5, dtype=torch.long), None)], 9
     )
     layer = cache.layers[0]
     assert layer.keys.shape == (3, 2, 5, 4) and layer.capacity == 9
@@ -145,3 +145,9 @@ def test_concat_batches_right_aligns_each_part_and_pads_its_mask():
     assert torch.equal(layer.values[1:], torch.full((2, 2, 5, 4), 102.0))
     layer.update(torch.zeros(3, 2, 1, 4), torch.zeros(3, 2, 1, 4))  # decoding continues in place
     assert layer.keys.shape[2] == 6
+    # A running batch's finished rows are dropped by the same copy: only the kept rows arrive.
+    c = filled(3, 4, 0.0)
+    for r in range(3):
+        c.layers[0].keys[r] += r
+    kept, kmask = concat_batches([(c, torch.ones(3, 4, dtype=torch.long), torch.tensor([2, 0]))], 6)
+    assert kept.layers[0].keys[:, 0, 0, 0].tolist() == [2.0, 0.0] and kmask.shape == (2, 4)
