@@ -71,7 +71,8 @@ def _measure(policy, requests, tools, cfg: RolloutConfig) -> dict:
         "wall_s_per_leaf": wall / leaves,
         "prefix_hit_rate": m["rollout/prefix_hit_rate"],
         "prefix_misses": m.get("rollout/prefix_misses", 0.0),
-        "generate_calls": m["rollout/generate_calls"],
+        "generate_calls": m.get("rollout/generate_calls", 0.0),
+        "stream_waits": m.get("rollout/stream_waits", 0.0),
         "mean_response_tokens": sum(len(s.response_ids) for x in result.leaves for s in x) / leaves,
     }
 
@@ -114,6 +115,7 @@ def _tree_cfg(args, branch_at: str) -> TreeConfig:
         expansion_policy=args.expansion_policy,
         branch_at=branch_at,
         overlap_segments=args.overlap_segments if branch_at == "segment" else 0,
+        schedule="rounds" if args.overlap_segments and branch_at == "segment" else args.schedule,
     )
 
 
@@ -332,6 +334,12 @@ def parser() -> argparse.ArgumentParser:
         type=int,
         default=0,
         help="rollout.tree.overlap_segments for segment forks (0: each round waits for the previous one)",
+    )
+    p.add_argument(
+        "--schedule",
+        default="per_tree",
+        choices=["per_tree", "rounds"],
+        help="rollout.tree.schedule (overlap_segments > 0 runs rounds)",
     )
     p.add_argument(
         "--branch-at", default="segment", choices=["token", "segment"], help="headline tree granularity"

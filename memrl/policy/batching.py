@@ -3,13 +3,14 @@ how it sheds finished rows and merges newly prefilled ones, and when waiting row
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from transformers.cache_utils import DynamicCache
 
-from memrl.policy.kv_cache import concat_batches
+from memrl.policy.kv_cache import PreallocatedLayer, concat_batches, first_used
 
 # Finished rows leave a decode batch once at most this share of it is still running: each exit copies the KV
 # cache, so finished rows ride along (outputs ignored) until a quarter of the batch is done.
@@ -37,6 +38,12 @@ class DecodeBatch:
         self.cache.batch_select_indices(idx)
         self.rows = [self.rows[b] for b in keep]
         self.logits, self.mask, self.pos = self.logits[idx], self.mask[idx], self.pos[idx]
+        lead = first_used(self.mask)
+        if lead and all(type(layer) is PreallocatedLayer for layer in self.cache.layers):
+            # The rows that left were the only ones using these columns (see concat_batches).
+            for layer in self.cache.layers:
+                layer.drop_leading(lead)
+            self.mask = self.mask[:, lead:]
         self.padded = self.padded and not bool(self.mask.all())
 
     def merge(self, keep: list[int], new: DecodeBatch) -> DecodeBatch:
@@ -59,3 +66,78 @@ def admissible(limit: int, running: int, waiting: int) -> int:
     if free <= 0:
         return 0
     return free if free == waiting or free >= max(1, round(limit * (1 - COMPACT_AT))) else 0
+
+
+class DecodeBackend(Protocol):
+    """The three model-facing operations a :class:`DecodeLoop` schedules (:class:`memrl.policy.hf.HFPolicy`)."""
+
+    def _start(self, rows: list[Any]) -> DecodeBatch: ...  # prefill: logits predict each row's first token
+
+    def _sample(self, batch: DecodeBatch, live: list[int]) -> list[int]: ...  # returns rows still running
+
+    def _step(self, batch: DecodeBatch) -> None: ...  # one decode forward of every row
+
+
+class DecodeLoop:
+    """Continuous batching over a queue that may grow while it runs (see :class:`memrl.policy.stream`).
+
+    At most ``limit`` rows decode together; once enough have finished, waiting rows are prefilled and merged
+    into the running batch, as vLLM schedules, instead of a fixed sub-batch idling while its longest row
+    finishes. Between :meth:`run` calls the running batch is kept with fresh logits, so rows :meth:`add`-ed
+    meanwhile join it at the next admission."""
+
+    def __init__(self, backend: DecodeBackend, limit: int) -> None:
+        self.backend = backend
+        self.limit = limit
+        self.batch: DecodeBatch | None = None
+        self.live: list[int] = []  # batch positions of unfinished rows
+        self.waiting: list[Any] = []
+
+    def add(self, rows: Sequence[Any]) -> None:
+        self.waiting.extend(rows)
+
+    @property
+    def busy(self) -> bool:
+        return self.batch is not None or bool(self.waiting)
+
+    def run(self, pause: Callable[[list[Any]], bool] | None = None) -> list[Any]:
+        """Decode until every row has finished, or until a step finishes rows and ``pause(those rows)`` says to
+        stop there (the batch then waits, with fresh logits, for the next call). Returns the rows that finished
+        during this call."""
+        finished: list[Any] = []
+        while self.busy:
+            if self.batch is None:
+                self.batch = self.backend._start(self.waiting[: self.limit])
+                self.waiting = self.waiting[self.limit :]
+                self.live = list(range(len(self.batch.rows)))
+            done = self._advance()
+            finished += done
+            if done and pause is not None and pause(done):
+                break
+        return finished
+
+    def _advance(self) -> list[Any]:
+        """Sample one token for every live row, shed or admit rows, feed the next step; the rows that ended."""
+        batch = self.batch
+        assert batch is not None
+        still = self.backend._sample(batch, self.live)
+        kept = set(still)
+        done = [batch.rows[b] for b in self.live if b not in kept]
+        admit = admissible(self.limit, len(still), len(self.waiting))
+        if not still and not admit:  # nothing runs and nothing waits (admissible admits into a free batch)
+            self.batch, self.live = None, []
+            return done
+        # Dropping finished rows copies the whole cache, so it waits until a quarter of the rows are done (or new
+        # rows join: the merge drops them in its own copy); until then they ride along, outputs ignored.
+        if still and not admit and len(still) <= COMPACT_AT * len(batch.rows):
+            batch.select(still)
+            still = list(range(len(still)))
+        if still:
+            self.backend._step(batch)
+        self.live = still
+        if admit:
+            new = self.backend._start(self.waiting[:admit])
+            self.waiting = self.waiting[admit:]
+            self.batch = batch.merge(still, new) if still else new
+            self.live = list(range(len(self.batch.rows)))
+        return done

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from memrl.policy.base import GenerationRequest, SamplingParams
-from memrl.policy.batching import COMPACT_AT, DecodeBatch, admissible
+from memrl.policy.batching import DecodeBatch, DecodeLoop
 from memrl.policy.config import PolicyConfig
 from memrl.policy.errors import PolicyError
 from memrl.policy.kv_cache import (
@@ -198,6 +198,13 @@ class HFPolicy:
         finally:
             self.prefix_cache.release(list(internal))
 
+    def stream(self):
+        """A :class:`~memrl.policy.stream.GenerationStream`: requests join the running decode batch and each
+        comes back as soon as its samples have finished."""
+        from memrl.policy.hf_stream import HFStream
+
+        return HFStream(self)
+
     def _share_prompts(
         self, requests: Sequence[GenerationRequest]
     ) -> tuple[list[GenerationRequest], set[str]]:
@@ -274,29 +281,10 @@ class HFPolicy:
 
     @torch.inference_mode()
     def _decode(self, queue: list[_Row]) -> None:
-        """Decode every row of ``queue``, at most ``max_batch_size`` at a time, by continuous batching: once
-        enough rows have finished, waiting rows are prefilled and join the running batch (caches merged), as
-        vLLM schedules, instead of each fixed sub-batch idling while its longest row finishes."""
-        limit = self.cfg.max_batch_size
-        batch, waiting = self._start(queue[:limit]), queue[limit:]
-        live = list(range(len(batch.rows)))  # batch positions of unfinished rows
-        while True:
-            still = self._sample(batch, live)
-            admit = admissible(limit, len(still), len(waiting))
-            if not still and not admit:
-                return
-            # Dropping finished rows copies the whole cache, so it waits until a quarter of the rows are done (or
-            # new rows join: the merge drops them in its own copy); until then they ride along, outputs ignored.
-            if still and not admit and len(still) <= COMPACT_AT * len(batch.rows):
-                batch.select(still)
-                still = list(range(len(still)))
-            if still:
-                self._step(batch)
-            live = still
-            if admit:
-                new, waiting = self._start(waiting[:admit]), waiting[admit:]
-                batch = batch.merge(still, new) if still else new
-                live = list(range(len(batch.rows)))
+        """Decode every row of ``queue``, at most ``max_batch_size`` at a time, by continuous batching."""
+        loop = DecodeLoop(self, self.cfg.max_batch_size)
+        loop.add(queue)
+        loop.run()
 
     def _start(self, rows: list[_Row]) -> DecodeBatch:
         """Prefill ``rows``: a batch whose logits predict each row's first new token."""

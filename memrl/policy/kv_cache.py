@@ -62,6 +62,13 @@ class PreallocatedLayer(DynamicLayer):
         """Row ``b``'s states at the positions where ``real`` (``[seq_length]`` bool) is set, as new tensors."""
         return self.keys[b][:, real].clone(), self.values[b][:, real].clone()
 
+    def drop_leading(self, n: int) -> None:
+        """Forget the first ``n`` positions (columns no row attends to); a view, no copy."""
+        self._k, self._v = self._k[:, :, n:], self._v[:, :, n:]
+        self.capacity -= n
+        self.length -= n
+        self._views()
+
 
 class SharedPrefixLayer(PreallocatedLayer):
     """A layer whose rows continue from shared prefixes (groups of rows, one prefix each): the prefix states
@@ -184,22 +191,36 @@ def concat_batches(
         (c, m, torch.arange(m.shape[0], device=m.device) if keep is None else keep) for c, m, keep in parts
     ]
     T = max(mask.shape[1] for _, mask, _ in parts)
-    cache = preallocated_cache(len(parts[0][0].layers), capacity)
+    # Columns no kept row uses (left padding common to all of them) are dropped: attention cost grows with the
+    # width, and a long-running batch that keeps admitting rows would otherwise only ever get wider.
+    lead = min(T - m.shape[1] + first_used(m[keep]) for _, m, keep in parts)
+    width = T - lead
+    skips = [max(0, lead - (T - m.shape[1])) for _, m, _ in parts]  # each part's own columns left out
+    cache = preallocated_cache(len(parts[0][0].layers), capacity - lead)
     B = sum(len(keep) for _, _, keep in parts)
     for li, layer in enumerate(cache.layers):
         k = v = None
         start = 0
-        for part, mask, keep in parts:
+        for (part, mask, keep), skip in zip(parts, skips, strict=True):
             pk, pv = _dense_states(part.layers[li])
             if k is None:
-                k = pk.new_empty((B, pk.shape[1], capacity, pk.shape[-1]))
-                v = pv.new_empty((B, pv.shape[1], capacity, pv.shape[-1]))
-            n, t = len(keep), mask.shape[1]
-            k[start : start + n, :, : T - t] = 0
-            v[start : start + n, :, : T - t] = 0
-            k[start : start + n, :, T - t : T] = pk[keep]
-            v[start : start + n, :, T - t : T] = pv[keep]
+                k = pk.new_empty((B, pk.shape[1], capacity - lead, pk.shape[-1]))
+                v = pv.new_empty((B, pv.shape[1], capacity - lead, pv.shape[-1]))
+            n, pad = len(keep), width - (mask.shape[1] - skip)
+            k[start : start + n, :, :pad] = 0
+            v[start : start + n, :, :pad] = 0
+            k[start : start + n, :, pad:width] = pk[keep, :, skip:]
+            v[start : start + n, :, pad:width] = pv[keep, :, skip:]
             start += n
-        layer.adopt(k, v, T)
-    masks = [torch.nn.functional.pad(mask[keep], (T - mask.shape[1], 0)) for _, mask, keep in parts]
+        layer.adopt(k, v, width)
+    masks = [
+        torch.nn.functional.pad(mask[keep][:, skip:], (width - (mask.shape[1] - skip), 0))
+        for (_, mask, keep), skip in zip(parts, skips, strict=True)
+    ]
     return cache, torch.cat(masks)
+
+
+def first_used(mask: torch.Tensor) -> int:
+    """The first column of ``mask [B, T]`` that some row uses (``T`` when none does)."""
+    used = mask.bool().any(0)
+    return int(used.long().argmax()) if bool(used.any()) else mask.shape[1]

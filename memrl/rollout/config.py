@@ -47,6 +47,14 @@ class TreeConfig:
     worth to about one chain plus ``iterations * overlap_segments`` segments. Candidates are the nodes that exist
     when a round starts, so forks land earlier in the chains than without overlap (more tokens per fork).
 
+    ``schedule`` says when a round starts. ``per_tree`` (default): each tree starts its next round as soon as its
+    own branches have all ended, and the new forks join the rows still decoding (one generation stream,
+    :mod:`memrl.policy.stream`), so no tree waits for another tree's slowest branch. ``rounds``: the seed's
+    synchronous schedule, every tree's round k in one batch once every branch of round k-1 has ended (needed
+    by ``overlap_segments``). A tree's forks depend only on its own branches (each tree draws from its own
+    random stream), so both schedules grow the same trees; ``per_tree`` takes fewer sequential decode steps.
+    Backends without a stream (vLLM, OpenAI) run ``per_tree`` as rounds.
+
     ``expansion_policy`` is ``random`` or ``entropy`` (branch where entropy is high) or a dotted path.
     ``expand_root`` lets the root (the bare prompt) be picked like any node; by default only response
     positions are branch points (the root is used only when a tree has no other candidate).
@@ -62,8 +70,16 @@ class TreeConfig:
     expand_root: bool = False
     branch_at: str = "segment"
     overlap_segments: int = 0
+    schedule: str = "per_tree"
 
     def __post_init__(self) -> None:
+        if self.schedule not in ("per_tree", "rounds"):
+            raise ValueError(f"rollout.tree.schedule must be 'per_tree' or 'rounds', got {self.schedule!r}")
+        if self.overlap_segments and self.schedule != "rounds":
+            raise ValueError(
+                "rollout.tree.overlap_segments overlaps the synchronous rounds: it needs schedule='rounds', got "
+                f"schedule={self.schedule!r} with overlap_segments={self.overlap_segments}"
+            )
         if self.branch_at not in ("token", "segment"):
             raise ValueError(f"rollout.tree.branch_at must be 'token' or 'segment', got {self.branch_at!r}")
         if self.overlap_segments and self.branch_at == "token":

@@ -16,11 +16,12 @@ from __future__ import annotations
 import logging
 import zlib
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from memrl.formats import ANSWER_STOP_STRINGS, TOOL_STOP_STRINGS, format_result
 from memrl.policy.base import GenerationRequest, PolicyClient, SamplingParams
+from memrl.policy.stream import open_stream
 from memrl.rollout.base import AgentState, ToolRunner
 from memrl.rollout.branch import Branch, OpenRollback
 from memrl.rollout.config import RolloutConfig
@@ -31,6 +32,9 @@ from memrl.tools.base import ToolResult
 from memrl.types import ContractError, FinishReason, GenerationOutput, ToolCallRecord
 
 logger = logging.getLogger(__name__)
+
+
+_READY = (AgentState.PENDING, AgentState.GENERATING)
 
 
 class EngineHooks:
@@ -107,8 +111,47 @@ class Engine:
         while any(b.state is not AgentState.TERMINATED for b in branches):
             self.step(branches)
 
+    def run_streaming(
+        self, branches: Sequence[Branch], refill: Callable[[list[Branch]], list[Branch]]
+    ) -> None:
+        """Drive ``branches`` to TERMINATED through one generation stream (:mod:`memrl.policy.stream`): a
+        request's outputs are applied as soon as its samples finish, its tool calls run right away, and
+        ``refill(branches that just ended)`` may return new branches (a tree's next round), which join the rows
+        still decoding instead of waiting for the slowest row of a synchronous round."""
+        stream = open_stream(self.policy)
+        inflight: dict[int, tuple[GenerationRequest, list[Branch]]] = {}
+        todo = list(branches)
+        try:
+            while True:
+                waiting = [b for b in todo if b.state is AgentState.PROCESSING_TOOLS]
+                if waiting:
+                    self._run_tools(waiting)
+                batch = self._requests([b for b in todo if b.state in _READY])
+                if batch:
+                    inflight.update(zip(stream.add([req for req, _ in batch]), batch, strict=True))
+                ended = [b for b in todo if b.state is AgentState.TERMINATED]
+                todo = refill(ended) if ended else []
+                if todo:
+                    continue
+                if not inflight:
+                    return
+                done = stream.wait()
+                if not done:
+                    raise ContractError(
+                        f"generation stream returned nothing with {len(inflight)} requests queued"
+                    )
+                self.metrics.add("rollout/stream_waits", 1)
+                for rid, outs in done:
+                    req, members = inflight.pop(rid)
+                    self._apply_request(req, members, outs)
+                    todo += members
+                self.handles.flush()
+        finally:
+            stream.close()
+            self.handles.flush()
+
     def step(self, branches: Sequence[Branch]) -> None:
-        ready = [b for b in branches if b.state in (AgentState.PENDING, AgentState.GENERATING)]
+        ready = [b for b in branches if b.state in _READY]
         if ready:
             self._generate(ready)
         waiting = [b for b in branches if b.state is AgentState.PROCESSING_TOOLS]
@@ -136,6 +179,19 @@ class Engine:
         return zlib.crc32(f"{self.cfg.seed}/{key}/{segment}".encode()) & 0x7FFFFFFF
 
     def _generate(self, ready: list[Branch]) -> None:
+        batch = self._requests(ready)
+        if not batch:
+            return
+        outputs = self.policy.generate([req for req, _ in batch])
+        if len(outputs) != len(batch):
+            raise ContractError(f"policy.generate returned {len(outputs)} results for {len(batch)} requests")
+        self.metrics.add("rollout/generate_calls", 1)
+        for (req, members), outs in zip(batch, outputs, strict=True):
+            self._apply_request(req, members, outs)
+
+    def _requests(self, ready: list[Branch]) -> list[tuple[GenerationRequest, list[Branch]]]:
+        """One request per group of ``ready`` branches that start from the same state (their ``n`` samples
+        share it), else one per branch; branches out of budget terminate instead."""
         groups: dict[str, list[Branch]] = {}
         for b in ready:
             if self._budget(b) < 1:
@@ -143,9 +199,7 @@ class Engine:
                 continue
             key = b.spawn_key if b.state is AgentState.PENDING and b.spawn_key else b.uid
             groups.setdefault(key, []).append(b)
-        if not groups:
-            return
-        requests = []
+        out = []
         for key, members in groups.items():
             head = members[0]
             handle, _ = head.best_handle()
@@ -159,22 +213,21 @@ class Engine:
                 top_logprobs=self.cfg.top_logprobs,
                 keep_prefix=True,
             )
-            requests.append(GenerationRequest(tuple(head.tokens), params, handle))
-            head.state = AgentState.GENERATING
-        outputs = self.policy.generate(requests)
-        if len(outputs) != len(requests):
-            raise ContractError(
-                f"policy.generate returned {len(outputs)} results for {len(requests)} requests"
-            )
-        self.metrics.add("rollout/generate_calls", 1)
-        self.metrics.add("rollout/requests", len(requests))
-        for req, members, outs in zip(requests, groups.values(), outputs, strict=True):
-            if len(outs) != len(members):
-                raise ContractError(f"policy.generate returned {len(outs)} samples for n={len(members)}")
-            self.metrics.count_request(len(req.prompt_ids), outs, req.prefix_handle is not None)
-            for b, out in zip(members, outs, strict=True):
-                b.spawn_key = None
-                self._apply_output(b, out)
+            out.append((GenerationRequest(tuple(head.tokens), params, handle), members))
+            for b in members:
+                b.state = AgentState.GENERATING
+        return out
+
+    def _apply_request(
+        self, req: GenerationRequest, members: list[Branch], outs: Sequence[GenerationOutput]
+    ) -> None:
+        if len(outs) != len(members):
+            raise ContractError(f"policy.generate returned {len(outs)} samples for n={len(members)}")
+        self.metrics.add("rollout/requests", 1)
+        self.metrics.count_request(len(req.prompt_ids), outs, req.prefix_handle is not None)
+        for b, out in zip(members, outs, strict=True):
+            b.spawn_key = None
+            self._apply_output(b, out)
 
     def _apply_output(self, b: Branch, out: GenerationOutput) -> None:
         b.state = AgentState.GENERATING

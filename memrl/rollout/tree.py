@@ -78,6 +78,11 @@ class Tree:
     root: TreeNode
     nodes: list[TreeNode] = field(default_factory=list)
     branches: list[Branch] = field(default_factory=list)
+    # Its own expansion draws (tie-breaks, the random policy), so its shape does not depend on when other trees
+    # expand: both schedules grow the same trees.
+    rng: random.Random = field(default_factory=random.Random)
+    rounds: int = 0  # expansion rounds started
+    final: bool = False  # its last round has started: nothing forks from its nodes any more
 
 
 @dataclass(eq=False)
@@ -131,7 +136,8 @@ class TreeHooks(EngineHooks):
 
     def on_boundary(self, branch: Branch) -> None:
         link: _Link = branch.tree
-        handle, covered = branch.best_handle() if self.keep_handles else (None, 0)
+        keep = self.keep_handles and not link.tree.final
+        handle, covered = branch.best_handle() if keep else (None, 0)
         node = TreeNode(
             uid=f"{branch.uid}/s{branch.segments}",
             parent=link.node,
@@ -317,24 +323,33 @@ def _lay_segment_nodes(engine: Engine, tree: Tree, cfg: RolloutConfig, *, keep: 
             _node_at(engine, tree, ForkPoint(b, pos, entropy, 0), keep=keep, tag="s")
 
 
-def _expand(
-    engine: Engine, hooks: TreeHooks, trees: list[Tree], cfg: RolloutConfig, it: int, rng: random.Random
-) -> list[Branch]:
+def _expand(engine: Engine, hooks: TreeHooks, trees: list[Tree], cfg: RolloutConfig) -> list[Branch]:
+    """One expansion round of every tree (the ``rounds`` schedule)."""
+    return [b for tree in trees for b in _expand_tree(engine, hooks, tree, cfg)]
+
+
+def _expand_tree(engine: Engine, hooks: TreeHooks, tree: Tree, cfg: RolloutConfig) -> list[Branch]:
+    """Round ``tree.rounds`` of ``tree``: pick nodes with the expansion policy, fork ``beam_size - 1`` branches
+    from each. After the last round its nodes' kept states are dropped (nothing forks from them any more)."""
     policy = EXPANSION_POLICIES.get(cfg.tree.expansion_policy)
+    it = tree.rounds
+    tree.rounds += 1
+    if hooks.lazy_segments:
+        _lay_segment_nodes(engine, tree, cfg, keep=True)
+    candidates = _fork_points(tree, cfg) if hooks.by_token else _candidates(tree, cfg)
     fresh = []
-    for tree in trees:
-        if hooks.lazy_segments:
-            _lay_segment_nodes(engine, tree, cfg, keep=True)
-        candidates = _fork_points(tree, cfg) if hooks.by_token else _candidates(tree, cfg)
-        for picked in policy(candidates, cfg.tree.nodes_per_expansion, rng):
-            node = _node_at(engine, tree, picked) if isinstance(picked, ForkPoint) else picked
-            node.expansions += 1
-            key = f"{node.uid}/x{it}.{node.expansions}"
-            for _ in range(cfg.tree.beam_size - 1):
-                b = _fork(engine, tree, node, f"{tree.tree_id}/x{it}.{len(tree.branches)}", key)
-                tree.branches.append(b)
-                fresh.append(b)
-    engine.metrics.add("rollout/tree/expanded_nodes", len(fresh) // max(1, cfg.tree.beam_size - 1))
+    for picked in policy(candidates, cfg.tree.nodes_per_expansion, tree.rng):
+        node = _node_at(engine, tree, picked) if isinstance(picked, ForkPoint) else picked
+        node.expansions += 1
+        key = f"{node.uid}/x{it}.{node.expansions}"
+        for _ in range(cfg.tree.beam_size - 1):
+            b = _fork(engine, tree, node, f"{tree.tree_id}/x{it}.{len(tree.branches)}", key)
+            tree.branches.append(b)
+            fresh.append(b)
+        engine.metrics.add("rollout/tree/expanded_nodes", 1)
+    if tree.rounds == cfg.tree.expansion_iterations:
+        tree.final = True
+        _drop_node_handles(engine, [tree])
     return fresh
 
 
@@ -391,7 +406,9 @@ def tree_rollout(
     for k, req in enumerate(requests):
         tree_id = f"{req.request_id}/tree"
         root = TreeNode(uid=f"{tree_id}/root", parent=None, owner=None, response_len=0, turn_start=0)
-        tree = Tree(tree_id=tree_id, index=k, request=req, root=root)
+        tree = Tree(
+            tree_id=tree_id, index=k, request=req, root=root, rng=random.Random(f"{cfg.seed}/{tree_id}")
+        )
         tree.branches = [
             _new_branch(tree, f"{tree_id}/c{i}", f"{root.uid}/init") for i in range(cfg.tree.initial_rollouts)
         ]
@@ -399,8 +416,11 @@ def tree_rollout(
     try:
         if cfg.tree.expansion_iterations == 0:
             _last_round(engine, hooks, trees)
-        # Phase 3: expansion rounds, each batched across all trees.
-        _grow(engine, hooks, trees, cfg, rng)
+        # Phase 3: expansion rounds, per tree or batched across all trees.
+        if cfg.tree.schedule == "per_tree":
+            _grow_per_tree(engine, hooks, trees, cfg)
+        else:
+            _grow(engine, hooks, trees, cfg)
         # Phase 4: exactly n leaves per tree.
         if hooks.lazy_segments:
             for t in trees:
@@ -416,11 +436,10 @@ def tree_rollout(
     return RolloutResult(leaves=leaves, metrics=metrics.summary())
 
 
-def _grow(
-    engine: Engine, hooks: TreeHooks, trees: list[Tree], cfg: RolloutConfig, rng: random.Random
-) -> None:
-    """Step every live branch of every round together; a round starts when each branch of the previous one has
-    ended, or (``overlap_segments`` = k > 0) is k segments in (a branch counts its own segments from its fork)."""
+def _grow(engine: Engine, hooks: TreeHooks, trees: list[Tree], cfg: RolloutConfig) -> None:
+    """The ``rounds`` schedule: step every live branch of every tree together; a round starts when each branch
+    of the previous one has ended, or (``overlap_segments`` = k > 0) is k segments in (a branch counts its own
+    segments from its fork)."""
     k = cfg.tree.overlap_segments
     live = [b for t in trees for b in t.branches]
     last, it = list(live), 0
@@ -428,7 +447,7 @@ def _grow(
         if it < cfg.tree.expansion_iterations and all(
             b.state is AgentState.TERMINATED or (k > 0 and b.segments >= k) for b in last
         ):
-            last = _expand(engine, hooks, trees, cfg, it, rng)
+            last = _expand(engine, hooks, trees, cfg)
             if it == cfg.tree.expansion_iterations - 1:
                 _last_round(engine, hooks, trees)
             live += last
@@ -438,6 +457,24 @@ def _grow(
         if not live:
             return
         engine.step(live)
+
+
+def _grow_per_tree(engine: Engine, hooks: TreeHooks, trees: list[Tree], cfg: RolloutConfig) -> None:
+    """The ``per_tree`` schedule: one generation stream for every branch of every tree; a tree starts its next
+    round as soon as its own branches have all ended, and the new branches join the rows still decoding. A
+    round's forks and their candidates are the same as in ``rounds`` (a tree's choices depend only on its own
+    branches), but no tree waits for the slowest branch of another."""
+
+    def refill(ended: list[Branch]) -> list[Branch]:
+        fresh: list[Branch] = []
+        for tree in {id(b.tree.tree): b.tree.tree for b in ended}.values():
+            if tree.rounds < cfg.tree.expansion_iterations and all(
+                b.state is AgentState.TERMINATED for b in tree.branches
+            ):
+                fresh += _expand_tree(engine, hooks, tree, cfg)
+        return fresh
+
+    engine.run_streaming([b for t in trees for b in t.branches], refill)
 
 
 def _last_round(engine: Engine, hooks: TreeHooks, trees: list[Tree]) -> None:

@@ -125,8 +125,8 @@ def test_rows_join_a_batch_decoding_from_a_shared_prefix(model_tok):
         assert torch.allclose(torch.tensor(out.logprobs), torch.tensor(alone.logprobs), atol=1e-4)
 
 
-def filled(rows: int, length: int, value: float):
-    cache = preallocated_cache(1, length)
+def filled(rows: int, length: int, value: float, capacity: int | None = None):
+    cache = preallocated_cache(1, capacity or length)
     k = torch.full((rows, 2, length, 4), value)
     cache.layers[0].update(k, k + 100)
     return cache
@@ -151,3 +151,34 @@ def test_concat_batches_right_aligns_each_part_and_pads_its_mask():
         c.layers[0].keys[r] += r
     kept, kmask = concat_batches([(c, torch.ones(3, 4, dtype=torch.long), torch.tensor([2, 0]))], 6)
     assert kept.layers[0].keys[:, 0, 0, 0].tolist() == [2.0, 0.0] and kmask.shape == (2, 4)
+
+
+def test_concat_batches_drops_columns_no_kept_row_uses():
+    # Part a: its one row starts at column 2 of 5; part b's kept row (index 1) starts at column 3 of 6. After
+    # right-alignment to 6 columns the first 3 are padding for every kept row, so the merged width is 3.
+    a, b = filled(1, 5, 1.0), filled(2, 6, 2.0)
+    ma = torch.tensor([[0, 0, 1, 1, 1]])
+    mb = torch.tensor([[1] * 6, [0, 0, 0, 1, 1, 1]])
+    cache, mask = concat_batches([(a, ma, None), (b, mb, torch.tensor([1]))], 10)
+    layer = cache.layers[0]
+    assert mask.tolist() == [[1, 1, 1], [1, 1, 1]]
+    assert layer.keys.shape == (2, 2, 3, 4) and layer.capacity == 10 - 3  # the room to decode stays the same
+    assert torch.equal(layer.keys[0], torch.ones(2, 3, 4)) and torch.equal(
+        layer.values[1], torch.full((2, 3, 4), 102.0)
+    )
+
+
+def test_shedding_rows_drops_the_columns_only_they_used(model_tok):
+    from memrl.policy.batching import DecodeBatch
+
+    cache = filled(3, 5, 0.0, capacity=8)
+    for r in range(3):
+        cache.layers[0].keys[r] += r
+    mask = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1], [0, 0, 0, 1, 1]])
+    batch = DecodeBatch(["r0", "r1", "r2"], torch.zeros(3, 7), mask, torch.zeros(3, 1), cache, padded=True)
+    batch.select([1, 2])  # row 0 was the only one reading columns 0-1
+    assert batch.rows == ["r1", "r2"] and batch.mask.tolist() == [[1, 1, 1], [0, 1, 1]]
+    layer = cache.layers[0]
+    assert layer.keys.shape == (2, 2, 3, 4) and layer.keys[:, 0, 0, 0].tolist() == [1.0, 2.0]
+    layer.update(torch.zeros(2, 2, 1, 4), torch.zeros(2, 2, 1, 4))  # decoding continues in place
+    assert layer.keys.shape[2] == 4 and layer.capacity == 6 and batch.padded

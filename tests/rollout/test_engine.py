@@ -174,6 +174,7 @@ def test_rollback_inside_trees_and_chains(tok, strategy):
         # Rounds start while their parents still generate, so forks are taken mid-turn before the owner's
         # call fails and rolls back past them.
         overlap_segments=1 if overlap else 0,
+        schedule="rounds" if overlap else "per_tree",
     )
     strategy = strategy.removesuffix("-token").removesuffix("-overlap")
     result, _, _ = _run(tok, fixing_script(calls=2), n=4, rollback=rb, strategy=strategy, tree=tree)

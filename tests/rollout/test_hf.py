@@ -55,3 +55,46 @@ def test_tree_forwards_fewer_tokens_than_chains(tiny_hf_policy, requests):
     ).metrics
     assert treem["rollout/leaves"] == chain["rollout/leaves"] == 16
     assert treem["rollout/forwarded_tokens"] < chain["rollout/forwarded_tokens"]
+
+
+@pytest.mark.parametrize("branch_at", ["segment", "token"])
+def test_per_tree_schedule_grows_the_same_trees_in_fewer_decode_steps(branch_at):
+    from memrl.policy.config import PolicyConfig
+    from memrl.policy.hf import HFPolicy
+    from memrl.policy.tiny_arch import random_tiny_llama
+
+    model, tok = random_tiny_llama(seed=0)
+    policy = HFPolicy.from_model(model, tok, PolicyConfig(model="random-tiny", seed=0, max_batch_size=64))
+    policy.eos_ids = []  # every branch runs to the length limit: how long a round takes depends on its forks
+    requests = [
+        RolloutRequest(tok.encode(f"Q{i}: where did Mel go?\nA:", add_special_tokens=False), f"q{i}")
+        for i in range(4)
+    ]
+    steps, leaves = {}, {}
+    original = policy._step
+
+    def counted(batch):
+        steps[schedule] += 1
+        original(batch)
+
+    policy._step = counted
+    for schedule in ("rounds", "per_tree"):
+        tree = TreeConfig(
+            initial_rollouts=1,
+            expansion_iterations=3,
+            nodes_per_expansion=1,
+            beam_size=3,
+            segment_tokens=4,
+            branch_at=branch_at,
+            schedule=schedule,
+        )
+        cfg = RolloutConfig(strategy="tree", n=7, tree=tree, max_response_tokens=24, seed=3)
+        steps[schedule] = 0
+        result = run_rollout(requests, policy, None, cfg)
+        leaves[schedule] = [(s.response_ids, s.meta.node_path, s.logprobs) for x in result.leaves for s in x]
+        assert result.metrics["rollout/tree/leaves"] == 28 and len(policy.prefix_cache) == 0
+    # Each tree forks from its own branches only, so the trees are the same; per tree, a round no longer waits
+    # for the slowest branch of the other trees.
+    for (ids, path, lps), (ids2, path2, lps2) in zip(leaves["rounds"], leaves["per_tree"], strict=True):
+        assert ids == ids2 and path == path2 and lps == pytest.approx(lps2, abs=1e-4)
+    assert steps["per_tree"] < steps["rounds"]

