@@ -328,7 +328,12 @@ def parser() -> argparse.ArgumentParser:
         help="policy.max_batch_size: rows decoded together (the chain's prompts x leaves fit in one batch at "
         "prompts*leaves; at the policy default 32 its rows wait for free slots, continuous batching)",
     )
-    p.add_argument("--repeats", type=int, default=2, help="interleaved chain/tree repeats; best wall time")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=3,
+        help="interleaved chain/tree repeats; best wall time (noisy machines)",
+    )
     p.add_argument("--seeds", type=int, default=4, help="sampling seeds; ratios are means over them")
     p.add_argument("--initial-rollouts", type=int, default=1)
     p.add_argument("--expansion-iterations", type=int, default=3)
