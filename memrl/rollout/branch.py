@@ -133,8 +133,10 @@ class Branch:
         node_path: tuple[int, ...] = (),
         branch_depth: int = 0,
         is_duplicate: bool = False,
+        extra: dict[str, Any] | None = None,
     ) -> StepTrajectory:
-        """The leaf as a trainable step; ``StepMeta.extra`` says how it finished (eos/answer/length/...)."""
+        """The leaf as a trainable step; ``StepMeta.extra`` says how it finished (eos/answer/length/...), plus
+        ``extra``."""
         meta = StepMeta(
             turn_id=self.request.turn_id,
             tree_id=tree_id,
@@ -143,7 +145,7 @@ class Branch:
             is_duplicate=is_duplicate,
             tool_calls=tuple(self.tool_calls),
             rollbacks=tuple(self.rollbacks),
-            extra={"finish": self.finish, "branch_uid": self.uid},
+            extra={"finish": self.finish, "branch_uid": self.uid, **(extra or {})},
         )
         return StepTrajectory(
             step_id=step_id,

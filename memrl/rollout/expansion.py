@@ -23,20 +23,24 @@ def normalized_entropy(top_logprobs: Sequence[Mapping[int, float]]) -> float:
 
     ``top_logprobs[t]`` maps the k most likely token ids at position t to log-probs; the result is in [0, 1]
     (0 = certain, 1 = uniform over the k alternatives). Positions with k < 2 count as 0."""
-    values = []
-    for top in top_logprobs:
-        k = len(top)
-        if k < 2:
-            values.append(0.0)
-            continue
-        probs = [math.exp(lp) for lp in top.values()]
-        total = sum(probs)
-        if total <= 0:
-            values.append(0.0)
-            continue
-        h = -sum((p / total) * math.log(p / total) for p in probs if p > 0)
-        values.append(h / math.log(k))
-    return sum(values) / len(values) if values else 0.0
+    if not top_logprobs:
+        return 0.0
+    return sum(map(token_entropy, top_logprobs)) / len(top_logprobs)
+
+
+def token_entropy(top: Mapping[int, float]) -> float:
+    """:func:`normalized_entropy` of one position (tree search calls it for every sampled token)."""
+    k = len(top)
+    if k < 2:
+        return 0.0
+    lps = list(top.values())
+    probs = [math.exp(lp) for lp in lps]
+    total = sum(probs)
+    if total <= 0:
+        return 0.0
+    # H = -sum (p/Z) log(p/Z) = log Z - sum(p log p) / Z: one log instead of k.
+    h = math.log(total) - sum(p * lp for p, lp in zip(probs, lps, strict=True) if p > 0) / total
+    return max(0.0, h) / math.log(k)
 
 
 def _fill(chosen: list[Any], ranked: Sequence[Any], k: int) -> list[Any]:

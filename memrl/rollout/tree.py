@@ -18,7 +18,6 @@ backend (one token is recomputed, to get the logits there).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import random
 from collections.abc import Sequence
@@ -29,7 +28,7 @@ from memrl.rollout.base import STRATEGIES, AgentState, RolloutRequest, RolloutRe
 from memrl.rollout.branch import Branch
 from memrl.rollout.config import RolloutConfig
 from memrl.rollout.engine import Engine, EngineHooks
-from memrl.rollout.expansion import EXPANSION_POLICIES, normalized_entropy
+from memrl.rollout.expansion import EXPANSION_POLICIES, normalized_entropy, token_entropy
 from memrl.rollout.metrics import RolloutMetrics
 from memrl.types import GenerationOutput, StepTrajectory
 
@@ -132,7 +131,7 @@ class TreeHooks(EngineHooks):
             link.node.entropy_n += 1
         if self.by_token or self.lazy_segments:
             for i, top in enumerate(out.top_logprobs):
-                link.entropies[start + i] = normalized_entropy([top])
+                link.entropies[start + i] = token_entropy(top)
 
     def on_boundary(self, branch: Branch) -> None:
         link: _Link = branch.tree
@@ -366,13 +365,14 @@ def _sample_leaves(tree: Tree, hooks: TreeHooks, n: int, rng: random.Random) -> 
             node_path=leaf.path(),
             branch_depth=leaf.branch_depth,
             is_duplicate=dup,
+            extra={"tree_path": _tree_path(leaf)},
         )
-        out.append(_with_tree_path(step, leaf))
+        out.append(step)
     return out
 
 
-def _with_tree_path(step: StepTrajectory, leaf: TreeNode) -> StepTrajectory:
-    """Record the leaf's root-to-leaf nodes in ``extra["tree_path"]`` so inspectors can redraw the tree
+def _tree_path(leaf: TreeNode) -> list[dict]:
+    """The leaf's root-to-leaf nodes, for ``StepMeta.extra["tree_path"]`` so inspectors can redraw the tree
     (``memrl inspect``): node uid, response position, entropy after the node and its number of children."""
     path = []
     node: TreeNode | None = leaf
@@ -386,8 +386,7 @@ def _with_tree_path(step: StepTrajectory, leaf: TreeNode) -> StepTrajectory:
             }
         )
         node = node.parent
-    meta = dataclasses.replace(step.meta, extra={**step.meta.extra, "tree_path": path[::-1]})
-    return dataclasses.replace(step, meta=meta)
+    return path[::-1]
 
 
 @STRATEGIES.register("tree")
