@@ -25,12 +25,14 @@ def test_tree_vs_chain_reports_both_granularities_in_one_run():
     from memrl.bench.rollout import _tree_vs_chain
 
     out = _tree_vs_chain(_args())
-    assert out["chain"]["leaves"] == out["tree"]["leaves"] == out["tree_token"]["leaves"] == 12
+    assert out["chain"]["leaves"] == out["tree"]["leaves"] == out["tree_segment"]["leaves"] == 12
     # Random model, eos off: every leaf is 24 tokens. The tree's 5 forks continue from their fork point, so it
     # forwards fewer tokens per leaf than 6 independent chains (whose prompt is computed once too).
     assert out["chain"]["mean_response_tokens"] == out["tree"]["mean_response_tokens"] == 24
     assert 0 < out["token_ratio"] < 1 and 0 < out["alt_token_ratio"] < 1
-    assert out["prefix_hit_rate"] > 0 and out["config"]["tree"]["branch_at"] == "segment"
+    assert out["prefix_hit_rate"] > 0 and out["config"]["tree"]["branch_at"] == "token"
+    assert out["config"]["tree"]["schedule"] == "per_tree" and out["alt_branch_at"] == "segment"
+    assert out["tree"]["stream_waits"] > 0 and out["tree"]["generate_calls"] == 0  # the tree ran on a stream
 
 
 def test_synthetic_workload_runs_tool_turns():
