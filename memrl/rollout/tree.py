@@ -477,11 +477,12 @@ def _grow_per_tree(engine: Engine, hooks: TreeHooks, trees: list[Tree], cfg: Rol
 
 
 def _last_round(engine: Engine, hooks: TreeHooks, trees: list[Tree]) -> None:
-    """Nothing forks after this round: node states are no longer needed (the new branches hold their fork
-    states), and branches generate to their next stop in one call instead of segment by segment, which saves
-    one batch re-assembly and one sequential generate call per segment."""
+    """Nothing forks after this round (every tree's last one, whose expansion already dropped its node states):
+    no new node keeps a state, and branches generate to their next stop in one call instead of segment by
+    segment, which saves one batch re-assembly and one sequential generate call per segment."""
     hooks.keep_handles = False
-    _drop_node_handles(engine, trees)
+    for t in trees:
+        t.final = True
     engine.segment_tokens = None
 
 
