@@ -35,10 +35,10 @@ class TreeConfig:
       stop in one call; a fork at token ``t`` keeps tokens ``< t`` and samples token ``t`` afresh, continuing
       from the parent's kept state (the backend crops it to the fork point). ``entropy`` ranks a point by the
       normalised top-k entropy of the distribution token ``t`` was drawn from: a fork lands exactly where the
-      model hesitated. Measured in ``memrl bench rollout`` (same run, 16 leaves, mean of 4 seeds): fewer tokens
-      than ``segment`` on the random-init model (0.49 vs 0.56 per leaf of chain), but not on the embedded model
-      (0.85 vs 0.79 on its own task: it forks inside its rambling answers, so its leaves get longer), hence not
-      the default.
+      model hesitated. Measured in ``memrl bench rollout`` (same run, 32 prompts, 16 leaves, mean of 4 seeds): fewer
+      tokens than ``segment`` on the random-init model (0.47 vs 0.52 per leaf of chain) and on the embedded
+      model's LoCoMo-style prompt (0.78 vs 0.83), but more on its own task (0.85 vs 0.83), hence not the
+      default.
 
     ``overlap_segments`` (segment forks only; 0 = off, the seed's schedule) generates segment by segment (one
     call per segment for every live branch) and starts each expansion round as soon as every branch of the
