@@ -4,7 +4,10 @@ Phase 1 builds one tree per request (a root node = the prompt). Phase 2 grows ``
 tree. Phase 3 runs ``expansion_iterations`` rounds: each picks ``nodes_per_expansion`` nodes per tree with the
 expansion policy and forks ``beam_size - 1`` new branches from each, which continue from the node's token state
 through its prefix handle (the shared prefix is never recomputed). Phase 4 samples exactly ``n`` leaves per tree
-(duplicating, flagged, only when the tree has fewer).
+(duplicating, flagged, only when the tree has fewer). ``cfg.tree.schedule``: ``per_tree`` (default) runs all
+branches on one generation stream and starts a tree's next round when its own branches have ended; ``rounds``
+steps every tree's round together. A tree's choices depend only on its own branches and its own random stream,
+so both grow the same trees.
 
 Where a tree may branch is ``cfg.tree.branch_at``. ``segment``: a node is a point between two generation segments
 of a branch (a segment is at most ``segment_tokens`` model tokens, or ends at a tool call). Branches run to their
