@@ -100,21 +100,17 @@ class DecodeLoop:
     def busy(self) -> bool:
         return self.batch is not None or bool(self.waiting)
 
-    def run(self, pause: Callable[[list[Any]], bool] | None = None) -> list[Any]:
+    def run(self, pause: Callable[[list[Any]], bool] | None = None) -> None:
         """Decode until every row has finished, or until a step finishes rows and ``pause(those rows)`` says to
-        stop there (the batch then waits, with fresh logits, for the next call). Returns the rows that finished
-        during this call."""
-        finished: list[Any] = []
+        stop there (the batch then waits, with fresh logits, for the next call)."""
         while self.busy:
             if self.batch is None:
                 self.batch = self.backend._start(self.waiting[: self.limit])
                 self.waiting = self.waiting[self.limit :]
                 self.live = list(range(len(self.batch.rows)))
             done = self._advance()
-            finished += done
             if done and pause is not None and pause(done):
-                break
-        return finished
+                return
 
     def _advance(self) -> list[Any]:
         """Sample one token for every live row, shed or admit rows, feed the next step; the rows that ended."""
