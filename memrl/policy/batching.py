@@ -1,5 +1,6 @@
-"""Continuous batching state for the HF decode loop (:meth:`memrl.policy.hf.HFPolicy._decode`): the running batch,
-how it sheds finished rows and merges newly prefilled ones, and when waiting rows are admitted."""
+"""Continuous batching for the HF backend (:class:`DecodeLoop`, behind ``HFPolicy.generate`` and
+``HFPolicy.stream``): the running batch, how it sheds finished rows and merges newly prefilled ones, and when
+waiting rows are admitted."""
 
 from __future__ import annotations
 

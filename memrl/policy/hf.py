@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from memrl.policy.base import GenerationRequest, SamplingParams
-from memrl.policy.batching import DecodeBatch, DecodeLoop
+from memrl.policy.batching import DecodeBatch
 from memrl.policy.config import PolicyConfig
 from memrl.policy.errors import PolicyError
 from memrl.policy.kv_cache import (
@@ -192,11 +192,19 @@ class HFPolicy:
     # ------------------------------------------------------------------ generation
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[list[GenerationOutput]]:
-        shared, internal = self._share_prompts(requests)
+        """One batched call: the requests run on a fresh :meth:`stream` until every one has finished."""
+        stream = self.stream()
         try:
-            return self._generate(shared, internal)
+            ids = stream.add(requests)
+            done: dict[int, list[GenerationOutput]] = {}
+            while len(done) < len(ids):
+                finished = stream.wait()
+                if not finished:
+                    raise PolicyError(f"generate: {len(ids) - len(done)} requests never finished")
+                done.update(finished)
+            return [done[i] for i in ids]
         finally:
-            self.prefix_cache.release(list(internal))
+            stream.close()
 
     def stream(self):
         """A :class:`~memrl.policy.stream.GenerationStream`: requests join the running decode batch and each
@@ -220,31 +228,13 @@ class HFPolicy:
         if not todo:
             return list(requests), set()
         once = SamplingParams(temperature=0.0, max_tokens=1, keep_prefix=True)
-        warm = self._generate([GenerationRequest(requests[i].prompt_ids[:-1], once) for i in todo])
+        warm = self.generate([GenerationRequest(requests[i].prompt_ids[:-1], once) for i in todo])
         out, handles = list(requests), set()
         for i, [w] in zip(todo, warm, strict=True):
             if w.prefix_handle is not None:
                 out[i] = dataclasses.replace(requests[i], prefix_handle=w.prefix_handle)
                 handles.add(w.prefix_handle)
         return out, handles
-
-    def _generate(
-        self, requests: Sequence[GenerationRequest], internal: frozenset[str] | set[str] = frozenset()
-    ) -> list[list[GenerationOutput]]:
-        rows = [row for i, req in enumerate(requests) for row in self._rows_for(i, req)]
-        for row in rows:
-            if requests[row.req].prefix_handle in internal:
-                row.reported_cached = 0  # computed in this call: not a cache hit
-        runnable = [r for r in rows if r.finish is None]
-        # Longest budget first (a long row admitted last would decode alone at the end), then similar remaining
-        # prompt lengths together (less padding per prefill).
-        runnable.sort(key=lambda r: (-r.budget, len(r.prompt) - r.cached))
-        if runnable:
-            self._decode(runnable)
-        grouped: list[list[GenerationOutput]] = [[] for _ in requests]
-        for r in sorted(rows, key=lambda r: (r.req, r.sample)):
-            grouped[r.req].append(r.to_output())
-        return grouped
 
     def _rows_for(self, index: int, req: GenerationRequest) -> list[_Row]:
         p = req.params
@@ -278,13 +268,6 @@ class HFPolicy:
                 row.finish, row.cached = FinishReason.ABORT, 0
             rows.append(row)
         return rows
-
-    @torch.inference_mode()
-    def _decode(self, queue: list[_Row]) -> None:
-        """Decode every row of ``queue``, at most ``max_batch_size`` at a time, by continuous batching."""
-        loop = DecodeLoop(self, self.cfg.max_batch_size)
-        loop.add(queue)
-        loop.run()
 
     def _start(self, rows: list[_Row]) -> DecodeBatch:
         """Prefill ``rows``: a batch whose logits predict each row's first new token."""

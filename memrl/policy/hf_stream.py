@@ -1,4 +1,5 @@
-"""The HF backend's :class:`~memrl.policy.stream.GenerationStream`: one :class:`DecodeLoop` kept across calls."""
+"""The HF backend's :class:`~memrl.policy.stream.GenerationStream`: one :class:`DecodeLoop` kept across calls.
+``HFPolicy.generate`` is a stream run until every request has finished."""
 
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ class HFStream:
     """Requests become rows of one continuous-batching loop; :meth:`wait` decodes until a request's rows have
     all finished and hands it back while the other rows stay in the batch (``HFPolicy.stream()``).
 
-    Rows sample exactly as in ``generate`` (per-row counter streams), so a request's outputs do not depend on
-    which other requests shared its batch or when it joined."""
+    Rows sample from per-row counter streams, so a request's outputs do not depend on which other requests
+    shared its batch or when it joined."""
 
     def __init__(self, policy: HFPolicy) -> None:
         self.policy = policy
@@ -49,7 +50,8 @@ class HFStream:
             if not pending:
                 self._ready.append(rid)
             queue += pending
-        # As in generate: longest budget first, then similar remaining prompt lengths together.
+        # Longest budget first (a long row admitted last would decode alone at the end), then similar remaining
+        # prompt lengths together (less padding per prefill).
         queue.sort(key=lambda r: (-r.budget, len(r.prompt) - r.cached))
         self.loop.add(queue)
         return ids
@@ -76,7 +78,7 @@ class HFStream:
         return bool(self._ready)
 
     def _outputs(self, rid: int) -> list[GenerationOutput]:
-        rows = sorted(self._rows.pop(rid), key=lambda r: r.sample)
+        rows = self._rows.pop(rid)  # in sample order (HFPolicy._rows_for)
         del self._left[rid]
         internal = self._internal.pop(rid, None)
         if internal is not None:

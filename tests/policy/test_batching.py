@@ -1,5 +1,5 @@
 """Continuous batching in the HF decode loop: rows beyond ``max_batch_size`` wait and join the running batch as
-rows finish (see ``HFPolicy._decode``)."""
+rows finish (see ``memrl.policy.batching.DecodeLoop``)."""
 
 from __future__ import annotations
 
