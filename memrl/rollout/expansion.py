@@ -6,10 +6,13 @@ A policy is ``policy(candidates, k, rng) -> list of k nodes`` (a node may repeat
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+import numpy as np
 
 from memrl.registry import Registry
 
@@ -25,22 +28,34 @@ def normalized_entropy(top_logprobs: Sequence[Mapping[int, float]]) -> float:
     (0 = certain, 1 = uniform over the k alternatives). Positions with k < 2 count as 0."""
     if not top_logprobs:
         return 0.0
-    return sum(map(token_entropy, top_logprobs)) / len(top_logprobs)
+    return sum(token_entropies(top_logprobs)) / len(top_logprobs)
 
 
 def token_entropy(top: Mapping[int, float]) -> float:
-    """:func:`normalized_entropy` of one position (tree search calls it for every sampled token)."""
-    k = len(top)
-    if k < 2:
-        return 0.0
-    lps = list(top.values())
-    probs = [math.exp(lp) for lp in lps]
-    total = sum(probs)
-    if total <= 0:
-        return 0.0
-    # H = -sum (p/Z) log(p/Z) = log Z - sum(p log p) / Z: one log instead of k.
-    h = math.log(total) - sum(p * lp for p, lp in zip(probs, lps, strict=True) if p > 0) / total
-    return max(0.0, h) / math.log(k)
+    """:func:`normalized_entropy` of one position."""
+    return token_entropies([top])[0]
+
+
+def token_entropies(tops: Sequence[Mapping[int, float]]) -> list[float]:
+    """:func:`token_entropy` of every position, vectorised: token-level tree search needs it for every sampled
+    token, and one Python pass per token cost ~6 % of a tree rollout's wall time on the tiny model."""
+    out = [0.0] * len(tops)
+    by_k: dict[int, list[int]] = {}
+    for i, top in enumerate(tops):
+        by_k.setdefault(len(top), []).append(i)
+    for k, idx in by_k.items():
+        if k < 2:
+            continue
+        lps = np.array([list(tops[i].values()) for i in idx], dtype=np.float64)  # [n, k]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            probs = np.exp(lps)
+            total = probs.sum(axis=1)
+            # H = -sum (p/Z) log(p/Z) = log Z - sum(p log p) / Z; a zero-probability term contributes 0.
+            plogp = np.where(probs > 0, probs * lps, 0.0).sum(axis=1)
+            h = np.where(total > 0, np.log(total) - plogp / total, 0.0)
+        for i, v in zip(idx, (np.maximum(h, 0.0) / math.log(k)).tolist(), strict=True):
+            out[i] = v
+    return out
 
 
 def _fill(chosen: list[Any], ranked: Sequence[Any], k: int) -> list[Any]:
@@ -64,5 +79,8 @@ def entropy_expansion(candidates: Sequence[Any], k: int, rng: random.Random) -> 
     """The ``k`` nodes with the highest entropy after them, discounted by how often each was already
     expanded (``entropy / (1 + expansions)``) so one uncertain spot does not take every branch; ties random."""
     keyed = [(node.entropy / (1 + node.expansions), rng.random(), node) for node in candidates]
-    ranked = [node for _, _, node in sorted(keyed, key=lambda x: (-x[0], x[1]))]
+    order = lambda x: (-x[0], x[1])  # noqa: E731
+    if len(keyed) >= k:  # token forks rank every sampled token: a partial sort, same k as sorted()[:k]
+        return [node for _, _, node in heapq.nsmallest(k, keyed, key=order)]
+    ranked = [node for _, _, node in sorted(keyed, key=order)]
     return _fill(ranked[:k], ranked, k)

@@ -31,7 +31,7 @@ from memrl.rollout.base import STRATEGIES, AgentState, RolloutRequest, RolloutRe
 from memrl.rollout.branch import Branch
 from memrl.rollout.config import RolloutConfig
 from memrl.rollout.engine import Engine, EngineHooks
-from memrl.rollout.expansion import EXPANSION_POLICIES, normalized_entropy, token_entropy
+from memrl.rollout.expansion import EXPANSION_POLICIES, token_entropies
 from memrl.rollout.metrics import RolloutMetrics
 from memrl.types import GenerationOutput, StepTrajectory
 
@@ -129,12 +129,15 @@ class TreeHooks(EngineHooks):
 
     def on_output(self, branch: Branch, out: GenerationOutput, start: int) -> None:
         link: _Link = branch.tree
-        if out.top_logprobs:
-            link.node.entropy_sum += normalized_entropy(out.top_logprobs[: self.cfg.tree.entropy_window])
-            link.node.entropy_n += 1
-        if self.by_token or self.lazy_segments:
-            for i, top in enumerate(out.top_logprobs):
-                link.entropies[start + i] = token_entropy(top)
+        if not out.top_logprobs:
+            return
+        window = self.cfg.tree.entropy_window
+        every = self.by_token or self.lazy_segments
+        hs = token_entropies(out.top_logprobs if every else out.top_logprobs[:window])
+        link.node.entropy_sum += sum(hs[:window]) / len(hs[:window])
+        link.node.entropy_n += 1
+        if every:
+            link.entropies.update(enumerate(hs, start))
 
     def on_boundary(self, branch: Branch) -> None:
         link: _Link = branch.tree

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from memrl.rollout.expansion import EXPANSION_POLICIES, normalized_entropy
+from memrl.rollout.expansion import EXPANSION_POLICIES, normalized_entropy, token_entropies
 
 
 def test_normalized_entropy_bounds():
@@ -37,3 +37,27 @@ def test_policies_return_k_nodes_even_from_few_candidates():
         assert len(got) == 5 and {n.name for n in got} == {0, 1}
     got = EXPANSION_POLICIES.get("random")(_nodes([0] * 10), 4, random.Random(2))
     assert len({n.name for n in got}) == 4  # without replacement when there are enough
+
+
+def _entropy_reference(top):
+    """The plain per-position definition: entropy of the renormalised top-k distribution / log k."""
+    if len(top) < 2:
+        return 0.0
+    probs = [math.exp(v) for v in top.values()]
+    z = sum(probs)
+    return -sum((p / z) * math.log(p / z) for p in probs if p > 0) / math.log(len(top))
+
+
+def test_token_entropies_match_the_definition_per_position():
+    rng = random.Random(3)
+    tops = []
+    for _ in range(200):
+        k = rng.choice([1, 2, 3, 5])
+        raw = [rng.random() ** 3 for _ in range(k)]
+        tops.append({i: math.log(r / sum(raw)) for i, r in enumerate(raw)})
+    tops.append({0: 0.0, 1: float("-inf")})  # a zero-probability alternative contributes nothing
+    got = token_entropies(tops)
+    assert len(got) == len(tops)
+    for top, h in zip(tops, got, strict=True):
+        assert h == pytest.approx(_entropy_reference(top), abs=1e-9)
+    assert got[-1] == 0.0 and token_entropies([]) == []
