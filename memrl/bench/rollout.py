@@ -4,6 +4,8 @@ Part 1 (tiny HF model, real forward passes): the same prompts through ``chain`` 
 chain baseline computes each prompt once too (its ``n`` samples share one request), so only the tree's shared
 *response* prefixes count as savings. Reported per leaf: forwarded tokens (prefill + decode, as the backend
 reports them) and wall time; plus the tree's prefix-cache hit rate and how many of its leaves are distinct.
+When the arms' leaves differ in length (a model with eos: tree forks may land where text runs on),
+``token_ratio_per_response_token`` / ``wall_ratio_per_response_token`` give the same ratios per response token.
 The tree runs with ``--branch-at`` (headline keys) and, in the same run, with the other granularity
 (``tree_<other>`` and ``alt_token_ratio`` / ``alt_wall_ratio``).
 
@@ -153,6 +155,8 @@ def _tree_vs_chain(args) -> dict:
         # understates the saving per generated response token.
         "token_ratio_per_response_token": (t["forwarded_tokens_per_leaf"] / t["mean_response_tokens"])
         / (c["forwarded_tokens_per_leaf"] / c["mean_response_tokens"]),
+        "wall_ratio_per_response_token": (t["wall_s_per_leaf"] / t["mean_response_tokens"])
+        / (c["wall_s_per_leaf"] / c["mean_response_tokens"]),
         "prefix_hit_rate": t["prefix_hit_rate"],
         "distinct_leaves": t["distinct_leaves_per_prompt"],
         "alt_branch_at": other,

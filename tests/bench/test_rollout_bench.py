@@ -22,6 +22,8 @@ def _args(*argv: str):
 
 
 def test_tree_vs_chain_reports_both_granularities_in_one_run():
+    import pytest
+
     from memrl.bench.rollout import _tree_vs_chain
 
     out = _tree_vs_chain(_args())
@@ -30,6 +32,8 @@ def test_tree_vs_chain_reports_both_granularities_in_one_run():
     # forwards fewer tokens per leaf than 6 independent chains (whose prompt is computed once too).
     assert out["chain"]["mean_response_tokens"] == out["tree"]["mean_response_tokens"] == 24
     assert 0 < out["token_ratio"] < 1 and 0 < out["alt_token_ratio"] < 1
+    # Equal leaf lengths: per response token is the same ratio as per leaf.
+    assert out["wall_ratio_per_response_token"] == pytest.approx(out["wall_ratio"])
     assert out["prefix_hit_rate"] > 0 and out["config"]["tree"]["branch_at"] == "token"
     assert out["config"]["tree"]["schedule"] == "per_tree" and out["alt_branch_at"] == "segment"
     assert out["tree"]["stream_waits"] > 0 and out["tree"]["generate_calls"] == 0  # the tree ran on a stream
