@@ -73,7 +73,9 @@ class TrainConfig:
     (ordinary samples, as verl would see them). ``filter_groups`` (DAPO's dynamic-sampling filter, without its
     re-sampling) leaves groups whose rewards are all equal out of the policy-gradient batch: their GRPO advantages
     are 0, so with ``token-mean`` they only dilute the gradient of the groups that carry signal; they still go to
-    the replay buffer, and ``rollout/mixed_groups`` reports the share kept.
+    the replay buffer, and ``rollout/mixed_groups`` reports the share kept. ``tree_local_weight`` > 0 adds
+    tree-local token advantages to tree leaves (node values from the tree's own leaves, see
+    :mod:`memrl.train.tree_advantages`); 0 trains every token of a leaf on its sequence advantage alone.
     """
 
     advantage: str = "grpo"
@@ -89,6 +91,7 @@ class TrainConfig:
     entropy_coef: float = 0.0
     duplicates: str = "drop"
     filter_groups: bool = False
+    tree_local_weight: float = 0.0
     ppo_epochs: int = 1
     ppo_mini_batches: int = 1
     micro_batch_size: int = 8
@@ -122,6 +125,8 @@ class TrainConfig:
             )
         if self.kl_coef < 0:
             raise ValueError(f"train.kl_coef must be >= 0, got {self.kl_coef}")
+        if self.tree_local_weight < 0:
+            raise ValueError(f"train.tree_local_weight must be >= 0 (0 = off), got {self.tree_local_weight}")
         if self.duplicates not in ("drop", "keep"):
             raise ValueError(f"train.duplicates must be 'drop' or 'keep', got {self.duplicates!r}")
         if self.layout not in ("packed", "padded", "shared_prefix"):

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 import torch
 
 from memrl.train.advantages import compute_advantages, sample_weights
+from memrl.train.tree_advantages import tree_local_advantages
 from memrl.train.config import TrainConfig
 from memrl.train.lora import trainable_parameters
 from memrl.train.losses import LOSS_AGGREGATIONS, clipped_policy_loss, kl_to_reference, masked_mean
@@ -63,6 +64,7 @@ class PolicyUpdater:
         scores = torch.as_tensor(batch.rewards, dtype=torch.float32).flatten()
         adv = compute_advantages(self.cfg.advantage, scores, batch.group_ids, weights)
         records = unpack(batch, adv, weights)
+        local_abs = self._add_tree_local(batch, scores, weights, records)
         n_updates = self.cfg.ppo_epochs * self.cfg.ppo_mini_batches
         if n_updates > 1:
             self._recompute_old_logp(records)
@@ -80,12 +82,31 @@ class PolicyUpdater:
                 "train/adv_abs_mean": float((adv.abs() * weights).sum() / weights.sum().clamp(min=1)),
                 "train/reward_mean": float(scores.mean()) if len(scores) else 0.0,
                 "train/duplicates": float((weights == 0).sum()),
+                "train/tree_local_abs_mean": local_abs,
                 "train/sequences": float(len(records)),
             }
         )
         return metrics
 
     # ------------------------------------------------------------------ internals
+    def _add_tree_local(self, batch: PackedBatch, scores, weights, records: list[SeqRecord]) -> float:
+        """Add ``tree_local_weight`` × the tree-local advantage to each tree leaf's response tokens; returns
+        the mean |local advantage| over counted response tokens (0 when off or without tree leaves)."""
+        w = self.cfg.tree_local_weight
+        if w <= 0:
+            return 0.0
+        lengths = [len(r.ids) - r.prompt_len for r in records]
+        local = tree_local_advantages(batch.step_meta, scores, batch.group_ids, weights, lengths)
+        total, count = 0.0, 0.0
+        for rec, extra in zip(records, local, strict=True):
+            if extra is None:
+                continue
+            rec.adv[rec.prompt_len :] += w * extra
+            mask = rec.loss_mask[rec.prompt_len :]
+            total += float((extra.abs() * mask).sum())
+            count += float(mask.sum())
+        return total / count if count else 0.0
+
     def _mini_batches(self, records: Sequence[SeqRecord]) -> list[list[SeqRecord]]:
         n = self.cfg.ppo_mini_batches
         size = -(-len(records) // n)
