@@ -51,7 +51,7 @@ def _check(scores: torch.Tensor, group_ids: Sequence[str], weights: torch.Tensor
         )
 
 
-def _group_stats(scores: torch.Tensor, group_ids: Sequence[str], weights: torch.Tensor):
+def group_stats(scores: torch.Tensor, group_ids: Sequence[str], weights: torch.Tensor):
     """Per-row group mean, unbiased std and counted size, each ``[B]`` (float64 for exact agreement)."""
     s = scores.double()
     mean = torch.zeros_like(s)
@@ -72,7 +72,7 @@ def grpo(
 ) -> torch.Tensor:
     """GRPO: ``(r - mean_g) / (std_g + eps)`` with the unbiased group std. ``[B] → [B]``."""
     _check(scores, group_ids, weights)
-    s, mean, std, _ = _group_stats(scores, group_ids, weights)
+    s, mean, std, _ = group_stats(scores, group_ids, weights)
     return ((s - mean) / (std + eps)).to(scores.dtype)
 
 
@@ -82,7 +82,7 @@ def drgrpo(
 ) -> torch.Tensor:
     """Dr. GRPO: ``r - mean_g`` (no std division, so low-variance groups are not amplified). ``[B] → [B]``."""
     _check(scores, group_ids, weights)
-    s, mean, _, _ = _group_stats(scores, group_ids, weights)
+    s, mean, _, _ = group_stats(scores, group_ids, weights)
     return (s - mean).to(scores.dtype)
 
 
@@ -92,7 +92,7 @@ def rloo(
 ) -> torch.Tensor:
     """RLOO: ``r_i - mean_{j != i} r_j = n/(n-1) · (r_i - mean_g)`` for groups of n > 1. ``[B] → [B]``."""
     _check(scores, group_ids, weights)
-    s, mean, _, size = _group_stats(scores, group_ids, weights)
+    s, mean, _, size = group_stats(scores, group_ids, weights)
     scale = torch.where(size > 1, size / (size - 1).clamp(min=1), torch.ones_like(size))
     return (scale * (s - mean)).to(scores.dtype)
 

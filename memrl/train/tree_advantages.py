@@ -17,10 +17,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from itertools import pairwise
 
 import torch
 
-from memrl.train.advantages import _group_stats
+from memrl.train.advantages import group_stats
 from memrl.types import StepMeta
 
 
@@ -62,14 +63,14 @@ def tree_local_advantages(
     no tree leaf. ``scores``/``weights`` are ``[B]`` as for :mod:`memrl.train.advantages`."""
     paths = [_path(m, i) for i, m in enumerate(step_meta)]
     values = node_values(paths, scores, weights)
-    _, _, std, _ = _group_stats(scores, group_ids, weights)
+    _, _, std, _ = group_stats(scores, group_ids, weights)
     out: list[torch.Tensor | None] = []
     for i, path in enumerate(paths):
         if path is None:
             out.append(None)
             continue
         R = int(response_lengths[i])
-        if any(b[1] < a[1] for a, b in zip(path, path[1:])) or path[-1][1] > R:
+        if any(b[1] < a[1] for a, b in pairwise(path)) or path[-1][1] > R:
             raise ValueError(
                 f"tree advantage: row {i}: tree_path positions must rise within the response "
                 f"(length {R}), got {[pos for _, pos in path]}"
@@ -81,7 +82,7 @@ def tree_local_advantages(
         ]
         points = [(pos, values.get(uid, float(scores[i]))) for pos, uid in firsts] + [(R, float(scores[i]))]
         local = torch.zeros(R, dtype=torch.float32)
-        for (start, before), (end, after) in zip(points, points[1:]):
+        for (start, before), (end, after) in pairwise(points):
             local[start:end] = (after - before) / (float(std[i]) + eps)
         out.append(local)
     return out

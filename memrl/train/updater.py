@@ -23,7 +23,6 @@ from collections.abc import Sequence
 import torch
 
 from memrl.train.advantages import compute_advantages, sample_weights
-from memrl.train.tree_advantages import tree_local_advantages
 from memrl.train.config import TrainConfig
 from memrl.train.lora import trainable_parameters
 from memrl.train.losses import LOSS_AGGREGATIONS, clipped_policy_loss, kl_to_reference, masked_mean
@@ -36,6 +35,7 @@ from memrl.train.microbatch import (
     token_logprobs,
     unpack,
 )
+from memrl.train.tree_advantages import tree_local_advantages
 from memrl.types import PackedBatch
 
 
