@@ -45,3 +45,17 @@ def test_yaml_dump_round_trips(tmp_path):
     path = tmp_path / "dump.yaml"
     path.write_text(to_yaml(cfg))
     assert load_config(path) == cfg
+
+
+def test_committed_configs_load_and_the_training_pair_differs_only_in_the_rollout():
+    import dataclasses
+    from pathlib import Path
+
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    loaded = {p.stem: load_config(p) for p in sorted(configs.glob("*.yaml"))}
+    assert {"tiny_synthetic", "tiny_synthetic_tree", "tiny_synthetic_chain", "locomo"} <= set(loaded)
+    tree, chain = loaded["tiny_synthetic_tree"], loaded["tiny_synthetic_chain"]
+    assert (tree.rollout.strategy, chain.rollout.strategy) == ("tree", "chain")
+    assert dataclasses.replace(chain.rollout, strategy="tree", tree=tree.rollout.tree) == tree.rollout
+    same = dataclasses.replace(chain, output_dir=tree.output_dir, rollout=tree.rollout)
+    assert same == tree  # the learning comparison (README) changes nothing else
