@@ -82,7 +82,9 @@ def test_training_curves_notebook(executed):
 @pytest.mark.slow
 def test_notebooks_run_on_their_embedded_defaults(tmp_path):
     """No env vars: the notebooks make their own demo run and tiny training run (minutes on CPU)."""
-    env = {"MEMRL_RUN_DIR": "", "MEMRL_TRAIN_DIR": "", "HF_HUB_OFFLINE": "1"}
+    # The notebooks make their demo runs in tempfile.mkdtemp() dirs and keep them (a reader may want to look);
+    # the kernels inherit TMPDIR, so here those land in pytest's tmp_path instead of staying behind in /tmp.
+    env = {"MEMRL_RUN_DIR": "", "MEMRL_TRAIN_DIR": "", "HF_HUB_OFFLINE": "1", "TMPDIR": str(tmp_path)}
     inspect_nb, train_nb = _execute(["inspect_episode.ipynb", "training_curves.ipynb"], tmp_path, env)
     _ran_all(inspect_nb)
     assert len(_outputs(inspect_nb, "image/png")) == 4
