@@ -31,14 +31,10 @@ def normalized_entropy(top_logprobs: Sequence[Mapping[int, float]]) -> float:
     return sum(token_entropies(top_logprobs)) / len(top_logprobs)
 
 
-def token_entropy(top: Mapping[int, float]) -> float:
-    """:func:`normalized_entropy` of one position."""
-    return token_entropies([top])[0]
-
-
 def token_entropies(tops: Sequence[Mapping[int, float]]) -> list[float]:
-    """:func:`token_entropy` of every position, vectorised: token-level tree search needs it for every sampled
-    token, and one Python pass per token cost ~6 % of a tree rollout's wall time on the tiny model."""
+    """The normalised entropy of every position (:func:`normalized_entropy` is their mean), vectorised:
+    token-level tree search needs it for every sampled token, and one Python pass per token cost ~6 % of a tree
+    rollout's wall time on the tiny model."""
     out = [0.0] * len(tops)
     by_k: dict[int, list[int]] = {}
     for i, top in enumerate(tops):

@@ -16,7 +16,7 @@ history steps) get no local term. Duplicated leaves (weight 0) count in no value
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from itertools import pairwise
 
 import torch
@@ -26,7 +26,7 @@ from memrl.types import StepMeta
 
 
 def _path(meta: StepMeta, row: int) -> list[tuple[str, int]] | None:
-    path = meta.extra.get("tree_path") if isinstance(meta.extra, Mapping) else None
+    path = meta.extra.get("tree_path")
     if not path:
         return None
     try:

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
 from memrl.bench.rollout import _rollback_workload
 
 
@@ -22,8 +24,6 @@ def _args(*argv: str):
 
 
 def test_tree_vs_chain_reports_both_granularities_in_one_run():
-    import pytest
-
     from memrl.bench.rollout import _tree_vs_chain
 
     out = _tree_vs_chain(_args())
@@ -40,8 +40,6 @@ def test_tree_vs_chain_reports_both_granularities_in_one_run():
 
 
 def test_synthetic_workload_runs_tool_turns():
-    import pytest
-
     from memrl.bench.rollout import _workload
     from memrl.policy.tiny_arch import byte_tokenizer
     from memrl.tools.base import ToolCall
