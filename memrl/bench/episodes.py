@@ -69,11 +69,20 @@ def _phase_times(runner: Any) -> dict[str, float]:
 
 
 def _timed_run(runner: Any, batches: Sequence[Sequence[Any]]) -> tuple[float, dict[str, float]]:
+    """Wall time and phase times; the phases also carry the policy's forward counters over the run
+    (``forward_calls``, ``forward_s``; zero for backends that do not count)."""
     runner.metrics.clear()
+    stats = getattr(runner.policy, "forward_stats", None)
+    before = dict(stats) if stats is not None else {}
     t0 = time.perf_counter()
     for batch in batches:
         runner.run_batch(list(batch))
-    return time.perf_counter() - t0, _phase_times(runner)
+    wall = time.perf_counter() - t0
+    out = _phase_times(runner)
+    after = dict(stats) if stats is not None else {}
+    out["forward_calls"] = float(after.get("calls", 0) - before.get("calls", 0))
+    out["forward_s"] = float(after.get("seconds", 0.0) - before.get("seconds", 0.0))
+    return wall, out
 
 
 def _encode_ratio(runner: Any, inputs: Sequence[Any], repeats: int = 2) -> float:
@@ -101,6 +110,24 @@ def _encode_ratio(runner: Any, inputs: Sequence[Any], repeats: int = 2) -> float
         for m in mgrs:
             mem.release(m.episode_id)
     return bare / ingest if ingest > 0 else 0.0
+
+
+def _forward_split(ph_b: dict[str, float], ph_s: dict[str, float]) -> dict[str, float]:
+    """Split the generation speed-up: ``generation_forward_ratio`` = sequential / batched forward count (the
+    speed-up if a forward cost the same at every batch size, as on an accelerator far from saturation: the
+    ceiling this workload's step counts set), ``forward_cost_ratio`` = mean batched / mean sequential forward
+    time (what batching costs per forward on this machine), and each mode's share of generation time (tools
+    excluded) spent inside model forwards."""
+    calls_b, calls_s = ph_b["forward_calls"], ph_s["forward_calls"]
+    if not calls_b or not calls_s:
+        return {}
+    gen_b, gen_s = ph_b["generate"] - ph_b["tools"], ph_s["generate"] - ph_s["tools"]
+    return {
+        "generation_forward_ratio": calls_s / calls_b,
+        "forward_cost_ratio": (ph_b["forward_s"] / calls_b) / (ph_s["forward_s"] / calls_s),
+        "forward_share_generation_batched": ph_b["forward_s"] / gen_b if gen_b > 0 else 0.0,
+        "forward_share_generation_sequential": ph_s["forward_s"] / gen_s if gen_s > 0 else 0.0,
+    }
 
 
 @BENCHES.register("episodes")
@@ -154,6 +181,7 @@ def bench_episodes(argv: list[str]) -> dict:
     return {
         "batched_speedup": t_seq / t_batch,
         "generation_batched_speedup": gen_s / gen_b if gen_b > 0 else 0.0,
+        **_forward_split(ph_b, ph_s),
         "share_memory": memory_b / total_b,
         "share_generation": gen_b / total_b,
         "share_tools": ph_b["tools"] / total_b,

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -148,6 +150,9 @@ class HFPolicy:
         self.ragged_prefill = cfg.prefill == "ragged" or (cfg.prefill == "auto" and self.device.type == "cpu")
         # "auto": short uncached tails go in one padded forward (see PolicyConfig.prefill).
         self.ragged_min_tokens = cfg.ragged_min_tokens if cfg.prefill == "auto" else 2
+        # Model forwards: calls, rows (sum of batch sizes), tokens fed, seconds (host time: exact on CPU, launch
+        # time on an asynchronous device). Benchmarks split a speed-up into fewer forwards vs cheaper ones with it.
+        self.forward_stats: Counter[str] = Counter()
 
     @classmethod
     def from_model(cls, model, tokenizer, cfg: PolicyConfig | None = None) -> HFPolicy:
@@ -326,6 +331,7 @@ class HFPolicy:
         ``mask`` is ``None`` when no row is padded (e.g. branches of one node), so attention runs its causal
         kernel instead of materialising and applying a ``[B, 1, q, k]`` mask."""
         extra = {"memrl_shared_prefix": cache.prefix} if isinstance(cache, SharedPrefixCache) else {}
+        t0 = time.perf_counter()
         out = self.model(
             input_ids=input_ids,
             attention_mask=mask,
@@ -335,6 +341,11 @@ class HFPolicy:
             logits_to_keep=1,
             **extra,
         )
+        stats = self.forward_stats
+        stats["calls"] += 1
+        stats["rows"] += input_ids.shape[0]
+        stats["tokens"] += input_ids.numel()
+        stats["seconds"] += time.perf_counter() - t0
         return out.logits[:, -1, :]
 
     def _prefill_inputs(self, rows: list[_Row]):

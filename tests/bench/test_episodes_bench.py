@@ -15,3 +15,12 @@ def test_bench_episodes_reports_speedups_and_shares_with_overrides():
     shares = out["share_memory"] + out["share_generation"] + out["share_tools"]
     assert out["share_tools"] == 0.0 and 0.5 < shares <= 1.0 + 1e-9
     assert out["memory_encode_ratio"] > 0
+    # Forward accounting: one episode at a time needs at least as many model forwards as the batch does.
+    calls_b, calls_s = out["phase_s_batched"]["forward_calls"], out["phase_s_sequential"]["forward_calls"]
+    assert 0 < calls_b <= calls_s
+    assert out["generation_forward_ratio"] == calls_s / calls_b
+    assert out["forward_cost_ratio"] > 0
+    assert (
+        0 < out["forward_share_generation_batched"] <= 1
+        and 0 < out["forward_share_generation_sequential"] <= 1
+    )

@@ -302,3 +302,20 @@ def test_registry_and_chat_template(tiny_hf_policy):
     msgs = [{"role": "system", "content": "facts"}, {"role": "user", "content": "Q?"}]
     ids = tiny_hf_policy.tokenizer.apply_chat_template(msgs, add_generation_prompt=True)["input_ids"]
     assert tiny_hf_policy.tokenizer.decode(ids).endswith("<|user|>\nQ?\n<|assistant|>\n")
+
+
+def test_forward_stats_count_every_model_forward(peaked_policy):
+    """One padded prefill then one decode forward per further token, all rows in each (every row runs to the
+    length limit, so none leaves the batch early)."""
+    policy = HFPolicy.from_model(
+        peaked_policy.model, peaked_policy.tokenizer, PolicyConfig(model="random-peaked", prefill="batched")
+    )
+    prompts = [enc(policy, p) for p in PROMPTS]
+    outs = policy.generate([GenerationRequest(p, greedy(6)) for p in prompts])
+    assert all(o.finish_reason is FinishReason.LENGTH for [o] in outs)
+    stats = policy.forward_stats
+    longest = max(len(p) for p in prompts)
+    assert stats["calls"] == 1 + 5
+    assert stats["rows"] == 3 * 6
+    assert stats["tokens"] == 3 * longest + 3 * 5
+    assert stats["seconds"] > 0
