@@ -14,4 +14,7 @@ PY=${PYTHON:-python3}
 "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec || true
 "$VENV/bin/pip" install -q -e ".[dev]"
 "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
-"$VENV/bin/python" -m pytest -q -m vllm tests/policy/test_vllm.py
+# The engine's temp files (sockets, compile caches) go to a temp dir removed on exit (see the test's fixture).
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+TMPDIR="$tmp" "$VENV/bin/python" -m pytest -q -p no:cacheprovider -m vllm tests/policy/test_vllm.py

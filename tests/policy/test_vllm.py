@@ -5,6 +5,8 @@ Runs only with ``-m vllm`` in the vllm environment (``.ci/vllm.sh``); engine sta
 
 from __future__ import annotations
 
+import tempfile
+
 import pytest
 import torch
 
@@ -33,10 +35,18 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def pair(model_dir):
-    cfg = PolicyConfig(backend="vllm", model=str(model_dir), max_model_len=1024, vllm_kv_cache_gb=1)
-    vllm_policy = make_policy(cfg)
-    hf_policy = HFPolicy(PolicyConfig(model=str(model_dir)))
-    return hf_policy, vllm_policy
+    # vLLM's engine leaves ZMQ IPC sockets in VLLM_RPC_BASE_PATH (default: the temp dir), its compile cache in
+    # ~/.cache/vllm and inductor's in /tmp/torchinductor_<user> (GBs over many runs): all go into a directory
+    # this fixture deletes, so the tests leave nothing behind.
+    with tempfile.TemporaryDirectory(prefix="memrl-vllm-") as tmp, pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_RPC_BASE_PATH", tmp)
+        mp.setenv("VLLM_CACHE_ROOT", f"{tmp}/vllm-cache")
+        mp.setenv("TORCHINDUCTOR_CACHE_DIR", f"{tmp}/inductor")
+        mp.setenv("TMPDIR", tmp)  # the engine process's own temp files (e.g. inductor's precompiled headers)
+        cfg = PolicyConfig(backend="vllm", model=str(model_dir), max_model_len=1024, vllm_kv_cache_gb=1)
+        vllm_policy = make_policy(cfg)
+        hf_policy = HFPolicy(PolicyConfig(model=str(model_dir)))
+        yield hf_policy, vllm_policy
 
 
 def enc(policy, text):
