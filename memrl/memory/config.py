@@ -4,6 +4,7 @@ from dataclasses import dataclass
 
 _INDEXES = ("flat", "hnsw", "ivf")
 _GRANULARITIES = ("turn", "sentence")
+EMBEDDER_DTYPES = ("float32", "bfloat16", "float16", "auto")
 
 
 @dataclass
@@ -21,6 +22,10 @@ class MemoryConfig:
     embedder_model: str | None = None
     device: str = "cpu"
     embed_batch_size: int = 64
+    # Encoder weights: float32, bfloat16, float16, or auto = bfloat16 on CPUs with native bf16 matmuls (AVX512-BF16
+    # / AMX), float16 on CUDA, float32 otherwise. MiniLM in bfloat16 on the 2-core AVX512-BF16 build machine:
+    # LoCoMo ingest 1.9x faster (20 s vs 39 s), recall@10 0.795 vs 0.796, cosine >= 0.998 to float32 vectors.
+    embedder_dtype: str = "auto"
     # --- fact store ---
     store: str = "faiss"
     index: str = "flat"  # flat (exact IndexFlatIP) | hnsw | ivf
@@ -65,6 +70,10 @@ class MemoryConfig:
     smooth_weight: float = 0.0
 
     def __post_init__(self) -> None:
+        if self.embedder_dtype not in EMBEDDER_DTYPES:
+            raise ValueError(
+                f"memory.embedder_dtype={self.embedder_dtype!r}: expected one of {EMBEDDER_DTYPES}"
+            )
         if self.index not in _INDEXES:
             raise ValueError(f"memory.index={self.index!r}: expected one of {_INDEXES}")
         if self.rule_granularity not in _GRANULARITIES:

@@ -67,7 +67,7 @@ def normalise(vectors: np.ndarray) -> np.ndarray:
 class SentenceTransformerEmbedder:
     """Any sentence-transformers model (local path or hub id); batched, normalised."""
 
-    def __init__(self, model: str, device: str = "cpu", batch_size: int = 64) -> None:
+    def __init__(self, model: str, device: str = "cpu", batch_size: int = 64, dtype: str = "float32") -> None:
         from sentence_transformers import SentenceTransformer
 
         if os.path.isdir(model):
@@ -79,6 +79,11 @@ class SentenceTransformerEmbedder:
             raise EmbedderError(f"cannot load sentence-transformers model {model!r}: {exc}") from exc
         self.name = model
         self.batch_size = batch_size
+        self.dtype = resolve_dtype(dtype, device)
+        if self.dtype != "float32":
+            import torch
+
+            self.model.to(getattr(torch, self.dtype))
         get_dim = (
             getattr(self.model, "get_embedding_dimension", None)
             or self.model.get_sentence_embedding_dimension
@@ -100,6 +105,8 @@ class SentenceTransformerEmbedder:
         )
         if vecs.shape != (len(texts), self.dim):
             raise EmbedderError(f"{self.name}: expected vectors {(len(texts), self.dim)}, got {vecs.shape}")
+        if self.dtype != "float32":  # normalised in half precision: unit length again in float32
+            return normalise(vecs)
         return np.ascontiguousarray(vecs, dtype=np.float32)
 
     def count_tokens(self, texts: Sequence[str]) -> list[int]:
@@ -107,11 +114,31 @@ class SentenceTransformerEmbedder:
         return [len(ids) for ids in tok(list(texts), add_special_tokens=False)["input_ids"]]
 
 
+def resolve_dtype(dtype: str, device: str) -> str:
+    """``memory.embedder_dtype`` as a torch dtype name; ``auto`` picks bfloat16 on a CPU with native bf16
+    matmuls (otherwise bf16 is emulated and slower than float32), float16 on CUDA, float32 elsewhere."""
+    if dtype != "auto":
+        return dtype
+    import torch
+
+    if device.startswith("cuda"):
+        return "float16"
+    if device == "cpu":
+        native = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
+        amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
+        return "bfloat16" if native or amx else "float32"
+    return "float32"
+
+
+def _st_embedder(model: str, cfg: MemoryConfig) -> SentenceTransformerEmbedder:
+    return SentenceTransformerEmbedder(
+        model, device=cfg.device, batch_size=cfg.embed_batch_size, dtype=cfg.embedder_dtype
+    )
+
+
 @EMBEDDERS.register("minilm")
 def _minilm(cfg: MemoryConfig) -> Embedder:
-    return SentenceTransformerEmbedder(
-        cfg.embedder_model or bundled_minilm_path(), device=cfg.device, batch_size=cfg.embed_batch_size
-    )
+    return _st_embedder(cfg.embedder_model or bundled_minilm_path(), cfg)
 
 
 @EMBEDDERS.register("sentence-transformers")
@@ -120,19 +147,22 @@ def _sentence_transformers(cfg: MemoryConfig) -> Embedder:
         raise EmbedderError(
             "memory.embedder=sentence-transformers needs memory.embedder_model (a path or id)"
         )
-    return SentenceTransformerEmbedder(cfg.embedder_model, device=cfg.device, batch_size=cfg.embed_batch_size)
+    return _st_embedder(cfg.embedder_model, cfg)
 
 
-_CACHE: dict[tuple[str, str | None, str, int], Embedder] = {}
+_CACHE: dict[tuple[str, str | None, str, int, str], Embedder] = {}
 
 
 def build_embedder(cfg: MemoryConfig, *, cache: bool = True) -> Embedder:
-    """The configured embedder. Cached per (name, model, device, batch) so tests and benches load it once."""
-    key = (cfg.embedder, cfg.embedder_model, cfg.device, cfg.embed_batch_size)
+    """The configured embedder. Cached per (name, model, device, batch, dtype) so tests and benches load it
+    once."""
+    key = (cfg.embedder, cfg.embedder_model, cfg.device, cfg.embed_batch_size, cfg.embedder_dtype)
     if cache and key in _CACHE:
         return _CACHE[key]
     emb = EMBEDDERS.get(cfg.embedder)(cfg)
     if cache:
         _CACHE[key] = emb
-    logger.info("memory embedder %s ready (dim=%d)", cfg.embedder, emb.dim)
+    logger.info(
+        "memory embedder %s ready (dim=%d, %s)", cfg.embedder, emb.dim, getattr(emb, "dtype", "float32")
+    )
     return emb

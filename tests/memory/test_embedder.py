@@ -2,9 +2,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from memrl.memory.config import MemoryConfig
-from memrl.memory.embedder import EMBEDDERS, EmbedderError, build_embedder, bundled_minilm_path, normalise
+from memrl.memory.embedder import (
+    EMBEDDERS,
+    EmbedderError,
+    build_embedder,
+    bundled_minilm_path,
+    normalise,
+    resolve_dtype,
+)
 from memrl.registry import RegistryError
 
 
@@ -51,3 +59,36 @@ def test_bad_model_path_is_a_clear_error(tmp_path):
         build_embedder(cfg, cache=False)
     with pytest.raises(EmbedderError, match="needs memory.embedder_model"):
         build_embedder(MemoryConfig(embedder="sentence-transformers"), cache=False)
+
+
+def test_bfloat16_encoder_keeps_unit_vectors_and_neighbours():
+    """Half-precision weights: float32 unit vectors close to the float32 encoder's, same nearest neighbours."""
+    bf16 = build_embedder(MemoryConfig(embedder_dtype="bfloat16"))
+    fp32 = build_embedder(MemoryConfig(embedder_dtype="float32"))
+    assert fp32.dtype == "float32"
+    assert bf16.dtype == "bfloat16" and next(bf16.model.parameters()).dtype == torch.bfloat16
+    texts = [
+        "I adopted a puppy last week.",
+        "We got a new dog.",
+        "The stock market fell sharply.",
+        "Shares dropped on Monday.",
+        "Ann moved to Lisbon in May.",
+        "She relocated to Portugal in spring.",
+    ]
+    lo, hi = bf16.encode(texts), fp32.encode(texts)
+    assert lo.dtype == np.float32 and lo.shape == hi.shape
+    np.testing.assert_allclose(np.linalg.norm(lo, axis=1), 1.0, atol=1e-5)
+    assert (lo * hi).sum(1).min() > 0.99
+    assert not np.array_equal(lo, hi)  # the weights really are bfloat16
+    nearest = lambda v: np.argsort(-(v @ v.T), axis=1)[:, 1]  # noqa: E731
+    np.testing.assert_array_equal(nearest(lo), nearest(hi))
+    np.testing.assert_array_equal(nearest(hi), [1, 0, 3, 2, 5, 4])
+
+
+def test_embedder_dtype_is_validated_and_auto_resolves():
+    with pytest.raises(ValueError, match="embedder_dtype='half'.*bfloat16"):
+        MemoryConfig(embedder_dtype="half")
+    assert resolve_dtype("float16", "cpu") == "float16"
+    assert resolve_dtype("auto", "cuda:0") == "float16"
+    assert resolve_dtype("auto", "mps") == "float32"
+    assert resolve_dtype("auto", "cpu") in ("bfloat16", "float32")
