@@ -172,6 +172,8 @@ def bench_episodes(argv: list[str]) -> dict:
             t_batch, ph_b = _timed_run(runner, [work])
             t_seq, ph_s = _timed_run(runner, [[bi] for bi in work])
             encode_ratio = _encode_ratio(runner, work)
+            embedder = runner.memory.embedder
+            embedder_dtype = getattr(getattr(embedder, "inner", embedder), "dtype", "float32")
         finally:
             if runner.tools is not None:
                 runner.tools.close()
@@ -189,6 +191,7 @@ def bench_episodes(argv: list[str]) -> dict:
         "episodes": len(work),
         "leaves_per_episode": cfg.rollout.n,  # overrides win over --n
         "model": model_desc,
+        "embedder_dtype": embedder_dtype,
         "batched_s": t_batch,
         "sequential_s": t_seq,
         "batched_episodes_per_s": len(work) / t_batch,

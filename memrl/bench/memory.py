@@ -256,6 +256,7 @@ def bench_memory(argv: list[str]) -> dict:
         "bare_encode_cpu_seconds": round(cpu_b, 3),
         "ingest_ratio": cpu_b / cpu_i,
         "ingest_ratio_wall": wall_b / wall_i,
+        "embedder_dtype": getattr(embedder, "dtype", "float32"),  # as resolved (the config may say auto)
         "config": dataclasses.asdict(cfg),
         **evaluate(system, convs, to_gold),
     }

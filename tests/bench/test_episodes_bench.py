@@ -15,6 +15,7 @@ def test_bench_episodes_reports_speedups_and_shares_with_overrides():
     shares = out["share_memory"] + out["share_generation"] + out["share_tools"]
     assert out["share_tools"] == 0.0 and 0.5 < shares <= 1.0 + 1e-9
     assert out["memory_encode_ratio"] > 0
+    assert out["embedder_dtype"] in ("float32", "bfloat16")  # resolved from memory.embedder_dtype=auto
     # Forward accounting: one episode at a time needs at least as many model forwards as the batch does.
     calls_b, calls_s = out["phase_s_batched"]["forward_calls"], out["phase_s_sequential"]["forward_calls"]
     assert 0 < calls_b <= calls_s

@@ -44,6 +44,17 @@ def test_bench_on_locomo_fixture():
     result = BENCHES.get("memory")(["--dataset", "locomo", "--path", str(FIXTURES / "locomo_mini.json")])
     check(result)
     assert result["conversations"] == 1 and result["facts"] == 35
+    assert result["config"]["embedder_dtype"] == "auto" and result["embedder_dtype"] in (
+        "float32",
+        "bfloat16",
+    )
+
+
+def test_bench_memory_takes_the_embedder_dtype_override():
+    result = BENCHES.get("memory")(
+        ["--path", str(FIXTURES / "locomo_mini.json"), "--no-baselines", "embedder_dtype=float32"]
+    )
+    assert result["embedder_dtype"] == "float32" and result["facts"] == 35
 
 
 def test_bench_rejects_unknown_override():
