@@ -80,11 +80,15 @@ class EpisodeRunner:
         return self.metrics
 
     def snapshot_metrics(self) -> dict[str, float]:
-        """Runner metrics plus the tool executor's per-tool counters (``tools/<tool>/calls`` ...)."""
+        """Runner metrics plus the tool executor's per-tool counters (``tools/<tool>/calls`` ...) and, for
+        backends that count them, the policy's model forwards over its lifetime (``policy/forward_calls``,
+        ``_rows``, ``_tokens``, ``_seconds``)."""
         out = {k: float(v) for k, v in self.metrics.items()}
         inner = getattr(self.tools, "inner", None)
         if inner is not None and hasattr(inner, "metrics"):
             out.update(inner.metrics())
+        stats = getattr(self.policy, "forward_stats", None) or {}
+        out.update({f"policy/forward_{k}": float(v) for k, v in stats.items()})
         return out
 
     # ------------------------------------------------------------------------------------------------

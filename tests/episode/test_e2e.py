@@ -126,6 +126,14 @@ def test_run_writes_parquet_that_round_trips_and_resumes(policy_and_cfg, tmp_pat
     assert all("RETRIEVE" in types for types in tgt.memory_op_types)
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["run/episodes"] == len(manifests) and metrics["run/peak_rss_mb"] > 0
+    # The HF policy's forward counters: every forward feeds at least one row, every row at least one token.
+    assert (
+        0
+        < metrics["policy/forward_calls"]
+        <= metrics["policy/forward_rows"]
+        <= metrics["policy/forward_tokens"]
+    )
+    assert metrics["policy/forward_seconds"] > 0
 
     datasets = pytest.importorskip("datasets")
     ds = datasets.load_dataset("parquet", data_files=str(out / "trajectories" / "*.parquet"), split="train")
