@@ -61,28 +61,26 @@ def _model(choice: str, tmp: str) -> tuple[str, str]:
     return choice, choice
 
 
-def _phase_times(runner: Any) -> dict[str, float]:
-    m = runner.metrics
-    out = {p: float(m.get(f"episode/time_{p}_s", 0.0)) for p in PHASES}
-    out["tools"] = float(m.get("episode/time_tools_s", 0.0))
-    return out
-
-
 def _timed_run(runner: Any, batches: Sequence[Sequence[Any]]) -> tuple[float, dict[str, float]]:
-    """Wall time and phase times; the phases also carry the policy's forward counters over the run
-    (``forward_calls``, ``forward_s``; zero for backends that do not count)."""
+    """Wall time and phase times over the run, read from the runner's metrics like a ``metrics.json``; the
+    policy's forward counters are lifetime totals, so their change over the run (``forward_calls``,
+    ``forward_s``; zero for backends that do not count)."""
     runner.metrics.clear()
-    stats = getattr(runner.policy, "forward_stats", None)
-    before = dict(stats) if stats is not None else {}
+    before = runner.snapshot_metrics()
     t0 = time.perf_counter()
     for batch in batches:
         runner.run_batch(list(batch))
     wall = time.perf_counter() - t0
-    out = _phase_times(runner)
-    after = dict(stats) if stats is not None else {}
-    out["forward_calls"] = float(after.get("calls", 0) - before.get("calls", 0))
-    out["forward_s"] = float(after.get("seconds", 0.0) - before.get("seconds", 0.0))
+    after = runner.snapshot_metrics()
+    out = {p: after.get(f"episode/time_{p}_s", 0.0) for p in (*PHASES, "tools")}
+    for name, key in (("forward_calls", "policy/forward_calls"), ("forward_s", "policy/forward_seconds")):
+        out[name] = after.get(key, 0.0) - before.get(key, 0.0)
     return wall, out
+
+
+def _bare_embedder(runner: Any) -> Any:
+    """The runner's embedder without the cache wrapper (the bench times real encodes)."""
+    return getattr(runner.memory.embedder, "inner", runner.memory.embedder)
 
 
 def _encode_ratio(runner: Any, inputs: Sequence[Any], repeats: int = 2) -> float:
@@ -95,7 +93,7 @@ def _encode_ratio(runner: Any, inputs: Sequence[Any], repeats: int = 2) -> float
 
     mem = runner.memory
     texts = [t for bi in inputs for turn in bi.history for t in rule_fact_texts(turn)]
-    inner = getattr(mem.embedder, "inner", mem.embedder)
+    inner = _bare_embedder(runner)
     bare, ingest = float("inf"), float("inf")
     for r in range(repeats):
         t0 = time.perf_counter()
@@ -172,8 +170,7 @@ def bench_episodes(argv: list[str]) -> dict:
             t_batch, ph_b = _timed_run(runner, [work])
             t_seq, ph_s = _timed_run(runner, [[bi] for bi in work])
             encode_ratio = _encode_ratio(runner, work)
-            embedder = runner.memory.embedder
-            embedder_dtype = getattr(getattr(embedder, "inner", embedder), "dtype", "float32")
+            embedder_dtype = getattr(_bare_embedder(runner), "dtype", "float32")
         finally:
             if runner.tools is not None:
                 runner.tools.close()

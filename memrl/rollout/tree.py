@@ -134,7 +134,8 @@ class TreeHooks(EngineHooks):
         window = self.cfg.tree.entropy_window
         every = self.by_token or self.lazy_segments
         hs = token_entropies(out.top_logprobs if every else out.top_logprobs[:window])
-        link.node.entropy_sum += sum(hs[:window]) / len(hs[:window])
+        head = hs[:window]
+        link.node.entropy_sum += sum(head) / len(head)
         link.node.entropy_n += 1
         if every:
             link.entropies.update(enumerate(hs, start))
