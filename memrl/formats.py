@@ -1,10 +1,10 @@
-"""The text conventions shared by the tiny model's SFT data, the tools layer, the rollout and the rewards.
+"""The text conventions shared by the prompt template, the tools layer, the rollout and the rewards.
 
 A target-turn response is: zero or more tool calls, each answered by injected result text, then the answer::
 
     <python>print(41 + 1)</python> <result>42</result><answer>42</answer><eos>
 
-Tool-call tags (seed 000): ``<python>code</python>`` and ``<search>query</search>``; the injected observation is
+Tool-call tags: ``<python>code</python>`` and ``<search>query</search>``; the injected observation is
 `` <result>…</result>`` (mask 0 in training). The final answer sits in ``<answer>…</answer>``.
 """
 
@@ -26,12 +26,26 @@ _TOOL_SEGMENT_RE = re.compile(
 )
 
 
-def extract_answer(text: str) -> str:
-    """The last ``<answer>…</answer>`` if present, else the text with tool segments removed (stripped)."""
+def tagged_answer(text: str) -> str | None:
+    """The last complete ``<answer>…</answer>`` (stripped), or ``None`` when the response has none."""
     found = _ANSWER_RE.findall(text)
-    if found:
-        return found[-1].strip()
-    return _TOOL_SEGMENT_RE.sub("", text).replace(ANSWER_OPEN, "").strip()
+    return found[-1].strip() if found else None
+
+
+def strip_tool_segments(text: str) -> str:
+    """The response without its tool calls and injected results: what the model said in its own words."""
+    return _TOOL_SEGMENT_RE.sub("", text).strip()
+
+
+def extract_answer(text: str) -> str:
+    """The last ``<answer>…</answer>`` if present, else the text with tool segments removed (stripped).
+
+    The fallback lets content scores (token F1, lenient match) credit an instruct model that answers in
+    prose; strict exact match ignores it (see :func:`tagged_answer`)."""
+    found = tagged_answer(text)
+    if found is not None:
+        return found
+    return strip_tool_segments(text).replace(ANSWER_OPEN, "").strip()
 
 
 def format_answer(answer: str) -> str:

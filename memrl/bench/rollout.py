@@ -1,6 +1,6 @@
 """``memrl bench rollout``: tree search vs independent chains at 16 leaves per prompt, and tool rollback.
 
-Part 1 (tiny HF model, real forward passes): the same prompts through ``chain`` and ``tree`` in one run. The
+Part 1 (HF model, real forward passes): the same prompts through ``chain`` and ``tree`` in one run. The
 chain baseline computes each prompt once too (its ``n`` samples share one request), so only the tree's shared
 *response* prefixes count as savings. Reported per leaf: forwarded tokens (prefill + decode, as the backend
 reports them) and wall time; plus the tree's prefix-cache hit rate and how many of its leaves are distinct.
@@ -9,9 +9,11 @@ When the arms' leaves differ in length (a model with eos: tree forks may land wh
 The tree runs with ``--branch-at`` (headline keys) and, in the same run, with the other granularity
 (``tree_<other>`` and ``alt_token_ratio`` / ``alt_wall_ratio``).
 
-Workloads: ``locomo`` (one LoCoMo-style prompt per request, no tools) or ``synthetic`` (the embedded tiny
-model's own task: held-out synthetic target-turn prompts with their gold facts, ``<python>`` calls answered by
-the build's safe arithmetic evaluator, so tool turns are real but cost no sandbox process).
+Models: ``smollm2-135m`` (the default; any model alias or HF path works) or ``random``, a random-init tiny
+Llama from :mod:`memrl.testing` that measures the machinery in seconds. Workloads: ``locomo`` (one
+LoCoMo-style prompt per request, no tools) or ``synthetic`` (test-split synthetic episodes, each prompt built by
+the episode pipeline's :class:`~memrl.episode.prompt.PromptBuilder` from its gold facts and latest turns,
+``<python>`` calls answered by a safe arithmetic evaluator, so tool turns are real but cost no sandbox process).
 
 Part 2 (scripted policy and scripted tools): an error-prone workload where every call is first written wrong;
 response tokens with rollback vs. keeping the failed attempts in context.
@@ -20,7 +22,9 @@ response tokens with rollback vs. keeping the failed attempts in context.
 from __future__ import annotations
 
 import argparse
+import ast
 import logging
+import operator
 import re
 import time
 
@@ -50,7 +54,7 @@ def _policy(model: str, cache_tokens: int, max_batch_size: int = 32):
         max_batch_size=max_batch_size,
     )
     if model == "random":
-        from memrl.policy.tiny_arch import random_tiny_llama
+        from memrl.testing import random_tiny_llama
 
         net, tok = random_tiny_llama(seed=0)
         return HFPolicy.from_model(net, tok, cfg), "random-init tiny Llama"
@@ -79,16 +83,68 @@ def _measure(policy, requests, tools, cfg: RolloutConfig) -> dict:
     }
 
 
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv}
+
+
+def arithmetic_tool(code: str) -> str:
+    """Runs ``print(<integer arithmetic>)`` and nothing else, by evaluating its AST (no code is executed): the
+    synthetic task's programs are one such line, and the bench times generation, not the sandbox."""
+
+    def ev(node):
+        if isinstance(node, ast.Constant) and isinstance(node.value, int):
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+            return _OPS[type(node.op)](ev(node.left), ev(node.right))
+        raise ValueError("unsupported")
+
+    try:
+        tree = ast.parse(code.strip(), mode="eval").body
+        if not (
+            isinstance(tree, ast.Call) and getattr(tree.func, "id", None) == "print" and len(tree.args) == 1
+        ):
+            raise ValueError("not a print call")
+        return str(ev(tree.args[0]))
+    except (SyntaxError, ValueError, ZeroDivisionError) as exc:
+        return f"Error: {exc}"
+
+
 class ArithmeticTools:
-    """``<python>`` calls answered by the tiny build's safe arithmetic evaluator (no code is executed)."""
+    """``<python>`` calls answered by :func:`arithmetic_tool`."""
 
     def record_retry(self, tool: str) -> None:
         pass
 
     def execute(self, calls):
-        from memrl.policy.tiny import arithmetic_tool
-
         return [ToolResult(text=arithmetic_tool(call.arguments), status="ok") for call, _ in calls]
+
+
+def synthetic_prompts(tok, n: int, facts_per_prompt: int = 4) -> list[tuple[int, ...]]:
+    """Target-turn prompt ids of ``n`` test-split synthetic episodes, built as the episode runner builds them
+    (:class:`~memrl.episode.prompt.PromptBuilder`, default episode config, ``python`` tool). The facts stand in
+    for retrieval without running the memory: the gold evidence turns plus the latest other turns up to
+    ``facts_per_prompt``, rule-extractor text, oldest first."""
+    from memrl.data.adapters import run_adapter
+    from memrl.episode.config import EpisodeConfig
+    from memrl.episode.prompt import PromptBuilder, order_facts
+    from memrl.memory.extract import rule_fact_texts
+
+    episodes, _ = run_adapter("synthetic", None, split="test", options={"num_episodes": n, "seed": 0})
+    cfg = EpisodeConfig()
+    builder = PromptBuilder(cfg, tok)
+    prompts = []
+    for ep in episodes:
+        gold = set(ep.metadata.get("evidence_turn_ids", ()))
+        history = list(enumerate(ep.history))
+        picked = [(i, t) for i, t in history if t.turn_id in gold]
+        others = [(i, t) for i, t in reversed(history) if t.turn_id not in gold]
+        picked += others[: max(0, facts_per_prompt - len(picked))]
+        facts = [
+            {"id": i, "text": text, "timestamp": t.timestamp, "speaker": t.speaker, "source_ids": [t.turn_id]}
+            for i, t in picked
+            for text in rule_fact_texts(t)[:1]
+        ]
+        prompts.append(builder.build(ep.final_query, order_facts(facts, cfg.fact_order), "", ["python"]).ids)
+    return prompts
 
 
 def _workload(name: str, tok, prompts: int) -> tuple[list[RolloutRequest], object]:
@@ -100,10 +156,7 @@ def _workload(name: str, tok, prompts: int) -> tuple[list[RolloutRequest], objec
         return reqs, None
     if name != "synthetic":
         raise ValueError(f"memrl bench rollout --workload: unknown {name!r}; valid: locomo, synthetic")
-    from memrl.policy.tiny import TinyRecipe, held_out_prompts
-
-    _, prompts_ids = held_out_prompts(tok, TinyRecipe(), prompts)
-    reqs = [RolloutRequest(ids, f"q{i}") for i, ids in enumerate(prompts_ids)]
+    reqs = [RolloutRequest(ids, f"q{i}") for i, ids in enumerate(synthetic_prompts(tok, prompts))]
     return reqs, ArithmeticTools()
 
 
@@ -313,7 +366,9 @@ def bench_rollout(argv: list[str]) -> dict:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="memrl bench rollout", description=__doc__.splitlines()[0])
     p.add_argument(
-        "--model", default="random", help="'random' (random-init tiny Llama), 'tiny', or an HF path"
+        "--model",
+        default="smollm2-135m",
+        help="a model alias (smollm2-135m) or HF path, or 'random' (random-init tiny Llama, seconds)",
     )
     p.add_argument(
         "--prompts",

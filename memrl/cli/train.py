@@ -1,4 +1,4 @@
-"""``memrl train --config configs/tiny_synthetic_tree.yaml [key=value ...]``: LoRA GRPO training.
+"""``memrl train --config configs/synthetic_tree.yaml [key=value ...]``: LoRA GRPO training.
 
 Resumes automatically from the newest complete checkpoint in ``<output_dir>/checkpoints`` (``--fresh`` refuses
 to start over an existing run instead of silently mixing two). Prints ``summary.json`` at the end.
@@ -14,7 +14,7 @@ from pathlib import Path
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="LoRA GRPO training with checkpoints and resume")
-    p.add_argument("--config", help="YAML config (see configs/tiny_synthetic_*.yaml)")
+    p.add_argument("--config", help="YAML config (see configs/synthetic_*.yaml)")
     p.add_argument("--name", help="run name: output_dir becomes runs/<name>")
     p.add_argument("--fresh", action="store_true", help="fail if output_dir already holds checkpoints")
     p.set_defaults(func=run, accepts_extra=True)

@@ -64,6 +64,7 @@ def _target_meta(st: EpisodeState, leaf: StepTrajectory, leaf_index: int, respon
             "prompt_tokens": len(leaf.prompt_ids),
             "summary_cut": bool(prompt.summary_cut),
             "included_fact_ids": list(prompt.included_fact_ids),
+            **st.metrics,  # recent_history: turns / tokens of the history the prompt carries vs the whole
         }
     )
     meta = dataclasses.replace(
@@ -153,6 +154,7 @@ def assemble_episode(st: EpisodeState, cfg: EpisodeConfig, tokenizer: Any) -> li
                     "episode/facts_retrieved": float(len(st.retrieved)),
                     "episode/facts_cut": float(len(st.prompt.cut_fact_ids)),
                     "episode/history_turns": float(len(inp.history)),
+                    **{f"episode/{k}": v for k, v in st.metrics.items()},
                 },
                 step_rewards_ext=tuple(ext),
             )

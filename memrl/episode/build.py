@@ -80,16 +80,16 @@ def rollout_config_for(cfg: Any) -> Any:
 
 
 def build_runner(
-    cfg: Any, *, policy: Any = None, use_memory: bool | None = None, cache_embeddings: bool = True
+    cfg: Any, *, policy: Any = None, context: str | None = None, cache_embeddings: bool = True
 ) -> EpisodeRunner:
-    """An EpisodeRunner for the root config ``cfg``; ``use_memory`` overrides ``episode.use_memory``."""
+    """An EpisodeRunner for the root config ``cfg``; ``context`` overrides ``episode.context``."""
     if policy is None:
         from memrl.policy import make_policy
 
         policy = make_policy(cfg.policy)
     episode_cfg = cfg.episode
-    if use_memory is not None and use_memory != episode_cfg.use_memory:
-        episode_cfg = dataclasses.replace(episode_cfg, use_memory=use_memory)
+    if context is not None and context != episode_cfg.context:
+        episode_cfg = dataclasses.replace(episode_cfg, context=context)
     tools, tool_names = build_tools(cfg)
     reward = make_reward(episode_cfg.reward, episode_cfg.reward_options, RewardContext(policy=policy))
     return EpisodeRunner(

@@ -31,6 +31,9 @@ class WorkerConfig:
 
 
 FACT_ORDERS = ("time", "score")
+# What the target-turn prompt carries besides the question: ``memory`` = retrieved facts + summary, ``none`` =
+# nothing, ``recent_history`` = the latest raw history turns that fit the policy's context window.
+CONTEXTS = ("memory", "none", "recent_history")
 
 
 @dataclass
@@ -42,14 +45,20 @@ class EpisodeConfig:
     recorded in ``StepMeta.cut_fact_ids``), never the question. ``retrieve_k`` = ``None`` uses ``memory.top_k``.
     ``fact_order``: ``time`` renders retrieved facts oldest first (the latest value of an attribute comes last;
     what a capable LLM reasons over best), ``score`` most relevant first (a small model copies from the top).
-    ``use_memory`` = ``False`` is the no-memory ablation: the prompt carries neither facts nor summary.
+    ``context`` is what the target-turn prompt carries: ``memory`` (retrieved facts + summary), ``none`` (the
+    question alone: the no-memory ablation) or ``recent_history`` (the most recent raw history turns, rendered
+    like facts, oldest first, as many as fit ``policy.max_model_len`` minus ``rollout.max_response_tokens`` and a
+    reserve for the question: the "full context" baseline cut to the model's window; the slice does not depend on
+    the question, so every question about one history gets the same system message and the HF backend prefills
+    it once per batch). ``none`` and ``recent_history`` build no memory, so no tool can read it either.
     ``batch_size`` is how many episodes advance together through the state machine (memory ops and
     generation are batched across them). ``ingest_chunk_turns`` history turns per episode go into one batched
     extraction call (0 = the whole history at once; use 1 with the ``llm`` extractor so each turn is decided
     against the memory the previous turns built). ``history_steps``: ``turn`` = one untrainable step per
     history turn carrying its memory ops (for step-wise memory rewards), ``none`` = target steps only (long
     histories such as LoCoMo: ~600 turns per episode). ``eval_metrics`` are scored by ``memrl eval`` besides
-    ``reward``; ``eval_ablations`` lists the variants it runs (``memory``, ``no_memory``).
+    ``reward``; ``eval_ablations`` lists the variants it runs (``memory``, ``no_memory``,
+    ``full_context``: ``context`` = ``memory``, ``none``, ``recent_history``).
     """
 
     reward: str = "exact_match"
@@ -58,7 +67,7 @@ class EpisodeConfig:
     prompt_token_budget: int = 1536
     retrieve_k: int | None = None
     fact_order: str = "time"
-    use_memory: bool = True
+    context: str = "memory"
     use_summary: bool = True
     update_memory_after_answer: bool = True
     batch_size: int = 16
@@ -76,6 +85,8 @@ class EpisodeConfig:
             )
         if self.retrieve_k is not None and self.retrieve_k < 0:
             raise ValueError(f"episode.retrieve_k must be >= 0 or null, got {self.retrieve_k}")
+        if self.context not in CONTEXTS:
+            raise ValueError(f"episode.context={self.context!r}; valid: {', '.join(CONTEXTS)}")
         if self.fact_order not in FACT_ORDERS:
             raise ValueError(f"episode.fact_order={self.fact_order!r}; valid: {', '.join(FACT_ORDERS)}")
         if self.history_steps not in ("turn", "none"):

@@ -1,9 +1,11 @@
 """``memrl eval``: benchmark scores per category / question type, with and without memory in the same run.
 
-For each ablation (``memory``: retrieved facts + summary in the prompt; ``no_memory``: the question alone) the
-dataset's episodes are run once (greedy is the configs' choice) and every leaf-0 answer is scored with
-``episode.reward`` plus ``episode.eval_metrics``. Token accounting: mean prompt tokens actually sent vs the
-tokens the whole raw history would take in the same chat format (what a memory-less long-context agent pays).
+For each ablation (``memory``: retrieved facts + summary in the prompt; ``no_memory``: the question alone;
+``full_context``: the most recent raw history turns that fit the model's window) the dataset's episodes are run
+once (greedy is the configs' choice) and every leaf-0 answer is scored with ``episode.reward`` plus
+``episode.eval_metrics``. Token accounting, per ablation: mean prompt tokens actually sent vs the tokens the whole
+raw history would take in the same chat format (what a memory-less long-context agent pays); ``full_context``
+also reports how many history turns and tokens its prompts carried vs the whole history.
 """
 
 from __future__ import annotations
@@ -19,13 +21,18 @@ from typing import Any
 from memrl.episode.output import write_json
 from memrl.episode.pipeline import load_inputs, peak_rss_mb, run_episodes
 from memrl.episode.prompt import encode_chat
+from memrl.episode.recent import turn_line
+from memrl.policy.models import describe_policy
 from memrl.rewards.base import RewardContext, RewardInput, make_reward
 from memrl.rewards.benchmarks import LOCOMO_CATEGORY_NAMES
 from memrl.types import BatchInput, EpisodeTrajectory
 
 logger = logging.getLogger(__name__)
 
-ABLATIONS = {"memory": True, "no_memory": False}
+# Ablation name (directory under the output dir, key of the report) → episode.context.
+ABLATIONS = {"memory": "memory", "no_memory": "none", "full_context": "recent_history"}
+# Per-episode coverage of the recent_history context (target step extra, see memrl.episode.recent).
+_COVERAGE_KEYS = ("context_turns", "context_turns_total", "context_tokens", "context_tokens_total")
 
 
 def group_key(metadata: Mapping[str, Any]) -> str:
@@ -40,7 +47,7 @@ def group_key(metadata: Mapping[str, Any]) -> str:
 
 def full_history_tokens(tokenizer: Any, bi: BatchInput) -> int:
     """Prompt tokens if the whole raw history were pasted in (same chat format as the real prompt)."""
-    lines = [f"[{t.timestamp or 'undated'}] {t.speaker}: {t.text}" for t in bi.history]
+    lines = [turn_line(t) for t in bi.history]
     messages = [{"role": "system", "content": "\n".join(lines)}, {"role": "user", "content": bi.final_query}]
     return len(encode_chat(tokenizer, messages))
 
@@ -82,10 +89,23 @@ def score_ablation(
             out[f"{name}_by_{by}"] = _group_means(vals, groups)
     out["group_sizes"] = {g: len(idx) for g, idx in sorted(breakdowns["group"].items())}
     out["prompt_tokens_mean"] = sum(r[3] for r in rows) / len(rows) if rows else 0.0
+    out.update(_coverage([leaves[bi.episode_id][0] for bi in inputs if leaves.get(bi.episode_id)]))
     n_leaves = max((len(v) for v in leaves.values()), default=0)
     if n_leaves > 1:
         out["leaves_per_input"] = n_leaves
         out.update(_sampled_scores(inputs, leaves, metric_fns, n_leaves, breakdowns))
+    return out
+
+
+def _coverage(trajs: Sequence[EpisodeTrajectory]) -> dict[str, float]:
+    """Means of the recent_history coverage over the episodes that report it (``<key>_mean``) and the share of
+    the history's tokens the prompts carried; empty for the other contexts."""
+    extras = [t.steps[-1].meta.extra for t in trajs if t.steps and "context_turns" in t.steps[-1].meta.extra]
+    if not extras:
+        return {}
+    out = {f"{k}_mean": sum(float(e[k]) for e in extras) / len(extras) for k in _COVERAGE_KEYS}
+    total = sum(float(e["context_tokens_total"]) for e in extras)
+    out["context_token_share"] = sum(float(e["context_tokens"]) for e in extras) / total if total else 1.0
     return out
 
 
@@ -157,14 +177,17 @@ def evaluate(
     metric_fns = {
         n: make_reward(n, cfg.episode.reward_options if n == cfg.episode.reward else {}, ctx) for n in names
     }
-    report: dict[str, Any] = {"dataset": cfg.data.adapter, "reward": cfg.episode.reward, "ablations": {}}
+    report: dict[str, Any] = {
+        "dataset": cfg.data.adapter,
+        "reward": cfg.episode.reward,
+        "policy": describe_policy(cfg.policy),
+        "ablations": {},
+    }
     t0 = time.perf_counter()
     for ablation in cfg.episode.eval_ablations:
         if ablation not in ABLATIONS:
             raise ValueError(f"episode.eval_ablations: unknown {ablation!r}; valid: {sorted(ABLATIONS)}")
-        sub = dataclasses.replace(
-            cfg, episode=dataclasses.replace(cfg.episode, use_memory=ABLATIONS[ablation])
-        )
+        sub = dataclasses.replace(cfg, episode=dataclasses.replace(cfg.episode, context=ABLATIONS[ablation]))
         if sub.episode.worker.use_ray:  # actors build their own policy and memory from the ablation's config
             worker = RayRolloutWorker(sub)
         else:
@@ -179,10 +202,13 @@ def evaluate(
         worker.close()
     hist = [full_history_tokens(policy.tokenizer, bi) for bi in inputs]
     report["full_history_tokens_mean"] = sum(hist) / len(hist) if hist else 0.0
-    if "memory" in report["ablations"] and report["full_history_tokens_mean"]:
-        report["prompt_to_history_token_ratio"] = (
-            report["ablations"]["memory"]["prompt_tokens_mean"] / report["full_history_tokens_mean"]
-        )
+    full = report["full_history_tokens_mean"]
+    if full:
+        for scores in report["ablations"].values():
+            scores["prompt_to_history_token_ratio"] = scores["prompt_tokens_mean"] / full
+    memory = report["ablations"].get("memory", {})
+    if "prompt_to_history_token_ratio" in memory:  # the headline: what memory saves over pasting the history
+        report["prompt_to_history_token_ratio"] = memory["prompt_to_history_token_ratio"]
     report["wall_time_s"] = time.perf_counter() - t0
     report["peak_rss_mb"] = peak_rss_mb()
     write_json(out / "eval.json", report)

@@ -172,11 +172,11 @@ class TrajectoryWriter:
 
 def job_identity(cfg: Any) -> dict[str, Any]:
     """What must not change between a run and its resumption: the config (minus where results go and how work is
-    spread over workers, which leave results unchanged) and the policy weights actually resolved (``tiny`` names
-    a recipe digest, so a new embedded model is a new identity)."""
+    spread over workers, which leave results unchanged) and the policy weights actually resolved (an alias names
+    the converted directory, versioned by its package, so a new embedded model is a new identity)."""
     import dataclasses
 
-    from memrl.policy.hf import resolve_model_path
+    from memrl.policy.models import resolve_model_path
 
     ident = dataclasses.asdict(cfg)
     for key in ("output_dir", "train"):
@@ -216,8 +216,10 @@ def clear_results(out_dir: str | Path) -> None:
     """Remove what ``memrl run`` / ``memrl eval`` wrote under ``out_dir`` (and nothing else)."""
     import shutil
 
+    from memrl.episode.evaluate import ABLATIONS  # evaluate imports this module
+
     out = Path(out_dir)
-    for sub in [out, *(out / a for a in ("memory", "no_memory"))]:
+    for sub in [out, *(out / a for a in ABLATIONS)]:
         for d in ("trajectories", "manifests"):
             shutil.rmtree(sub / d, ignore_errors=True)
         for f in ("metrics.json", "eval.json", "job.json"):

@@ -19,6 +19,7 @@ from tqdm import tqdm
 
 from memrl.episode.output import TrajectoryWriter, check_job_identity, job_identity, write_json
 from memrl.episode.worker import CustomRolloutWorker
+from memrl.policy.models import describe_policy
 from memrl.types import BatchInput, EpisodeTrajectory
 
 logger = logging.getLogger(__name__)
@@ -90,12 +91,13 @@ def run_episodes(
             bar.update(min(chunk, len(todo) - start))
             bar.set_postfix(failed=sum(t.status.value == "failed" for t in trajs))
             metrics = _metrics(writer, worker, t0, len(todo[: start + chunk]))
-            write_json(out / "metrics.json", metrics)
+            write_json(out / "metrics.json", {**metrics, "policy": describe_policy(cfg.policy)})
     finally:
         bar.close()
         if own_worker:
             worker.close()
     metrics = _metrics(writer, worker, t0, len(todo))
+    metrics["policy"] = describe_policy(cfg.policy)
     write_json(out / "metrics.json", metrics)
     return metrics
 

@@ -1,9 +1,10 @@
 """Target-turn prompts: retrieved facts + short-term summary + tool list → chat messages → token ids.
 
-The embedded tiny model is trained on exactly what :meth:`PromptBuilder.build` produces, so its output format
-is a contract: system message = ``prompts/target_turn.j2`` rendered with ``facts`` (oldest first), ``summary``
-and ``tools``; messages ``[system, user=question]``; ids from ``tokenizer.apply_chat_template(...,
-add_generation_prompt=True)``. A tokenizer without a chat template gets :data:`PLAIN_CHAT_FORMAT`.
+Training and evaluation both prompt the policy with exactly what :meth:`PromptBuilder.build` produces, so its
+output format is a contract: system message = ``prompts/target_turn.j2`` rendered with ``facts`` (oldest
+first), ``summary`` and ``tools``; messages ``[system, user=question]``; ids from
+``tokenizer.apply_chat_template(..., add_generation_prompt=True)``. A tokenizer without a chat template gets
+:data:`PLAIN_CHAT_FORMAT`.
 
 The budget is never met by silent truncation: facts are cut lowest score first (ties: oldest first) and the cut
 ids are returned; if the prompt still does not fit, the summary is dropped; if even that does not fit,

@@ -47,7 +47,9 @@ class EpisodeState:
     rewards: list[float] = field(default_factory=list)
     status: EpisodeStatus = EpisodeStatus.PENDING
     failure_reason: str | None = None
-    metrics: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, float] = field(
+        default_factory=dict
+    )  # into the target step's extra and trajectory metrics
 
     @property
     def episode_id(self) -> str:

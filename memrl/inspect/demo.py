@@ -87,7 +87,7 @@ def make_demo_run(out_dir: str | Path, num_episodes: int = 3, extra: list[str] |
     from memrl.config import load_config
     from memrl.episode.pipeline import run_episodes
     from memrl.policy.scripted import ScriptedPolicy
-    from memrl.policy.tiny_arch import byte_tokenizer
+    from memrl.testing import byte_tokenizer
 
     cfg = load_config(None, demo_overrides(out_dir, num_episodes) + list(extra or []))
     policy: Any = ScriptedPolicy(byte_tokenizer(), demo_script, continue_plans=False)

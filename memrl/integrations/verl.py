@@ -21,7 +21,7 @@ Recipe (verl ≥ 0.5; ``pip install 'memrl[verl]'``)::
     from memrl.config import load_config
     from memrl.integrations.verl import MemrlRollout, verl_dataset_rows
 
-    cfg = load_config("configs/tiny_synthetic_tree.yaml")
+    cfg = load_config("configs/synthetic_tree.yaml")
     pd.DataFrame(verl_dataset_rows(train_inputs)).to_parquet("train.parquet")   # data.train_files
     trainer = RayPPOTrainer(config=verl_cfg, ...)        # algorithm.adv_estimator=grpo, rollout.n = cfg.rollout.n
     trainer.init_workers()

@@ -14,6 +14,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from memrl.memory.config import MemoryConfig
+from memrl.precision import resolve_dtype
 from memrl.registry import Registry
 
 logger = logging.getLogger(__name__)
@@ -112,22 +113,6 @@ class SentenceTransformerEmbedder:
     def count_tokens(self, texts: Sequence[str]) -> list[int]:
         tok = self.model.tokenizer
         return [len(ids) for ids in tok(list(texts), add_special_tokens=False)["input_ids"]]
-
-
-def resolve_dtype(dtype: str, device: str) -> str:
-    """``memory.embedder_dtype`` as a torch dtype name; ``auto`` picks bfloat16 on a CPU with native bf16
-    matmuls (otherwise bf16 is emulated and slower than float32), float16 on CUDA, float32 elsewhere."""
-    if dtype != "auto":
-        return dtype
-    import torch
-
-    if device.startswith("cuda"):
-        return "float16"
-    if device == "cpu":
-        native = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
-        amx = getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
-        return "bfloat16" if native or amx else "float32"
-    return "float32"
 
 
 def _st_embedder(model: str, cfg: MemoryConfig) -> SentenceTransformerEmbedder:

@@ -7,7 +7,7 @@ applies the decisions to the store and logs one ``MemoryOp`` per decision.
 
 Rule facts (the default, no LLM) are speaker-attributed: ``"{speaker}: {text}"`` with an image caption appended
 as ``" [shares a photo: {caption}]"``; the turn's date is kept in ``FactRecord.timestamp`` and its dialog id in
-``source_ids``. The tiny model's synthetic task renders them as ``[{timestamp}] {text}``.
+``source_ids``. The target-turn prompt renders them as ``- [{timestamp}] {text} ({source_ids})``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Policy backends: ``BACKENDS`` maps a name to a ``(PolicyConfig) -> PolicyClient`` constructor.
 
->>> policy = make_policy(PolicyConfig(backend="hf", model="tiny"))
+>>> policy = make_policy(PolicyConfig(backend="hf", model="smollm2-135m"))
 """
 
 from __future__ import annotations

@@ -4,23 +4,25 @@ from dataclasses import dataclass
 
 SHARED_ATTENTION_MODES = ("one", "groups", "off")
 PREFILL_MODES = ("auto", "ragged", "batched")
-_DTYPES = ("float32", "bfloat16", "float16")
+_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 @dataclass
 class PolicyConfig:
     """Which backend generates, with which model and sampling defaults (owned by memrl.policy).
 
-    ``model = "tiny"`` is the embedded byte-level Llama built by ``memrl model tiny``; any HF causal-LM path or
-    hub id works in its place. ``backend`` is a name in :data:`memrl.policy.BACKENDS` (``hf``, ``vllm``,
+    ``model`` is an alias of a packaged model (``smollm2-135m``, the embedded SmolLM2-135M-Instruct, see
+    :mod:`memrl.policy.models`), a local HF model directory or a hub id. ``dtype = "auto"`` follows the device:
+    bfloat16 on CUDA (float16 where bf16 is unsupported) and on CPUs with AMX, else float32 (see
+    :func:`memrl.precision.resolve_dtype` for the measurement behind the CPU rule). ``backend`` is a name in :data:`memrl.policy.BACKENDS` (``hf``, ``vllm``,
     ``openai``) or a dotted path to a ``(PolicyConfig) -> PolicyClient`` constructor.
     """
 
     backend: str = "hf"
-    model: str = "tiny"
+    model: str = "smollm2-135m"
     lora_path: str | None = None
     device: str = "cpu"
-    dtype: str = "float32"
+    dtype: str = "auto"
     max_model_len: int = 4096
     temperature: float = 1.0
     top_p: float = 1.0

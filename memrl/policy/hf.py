@@ -10,7 +10,7 @@ states right-aligned (left-padded); the new tokens ``[B, R]`` are left-padded to
 have a hole between its cached part and its new part. Position ids are ``cumsum(mask) - 1``, so every real token
 sits at the position it would have without padding (RoPE keys stored in the cache stay valid).
 
->>> policy = HFPolicy(PolicyConfig(model="tiny"))
+>>> policy = HFPolicy(PolicyConfig(model="smollm2-135m"))
 >>> [[out]] = policy.generate([GenerationRequest(prompt_ids=ids, params=SamplingParams(temperature=0))])
 """
 
@@ -36,14 +36,23 @@ from memrl.policy.kv_cache import (
     prefix_filled_cache,
     shared_prefix_cache,
 )
-from memrl.policy.prefix_cache import PrefixCache, PrefixEntry
+from memrl.policy.models import MODEL_ALIASES, resolve_model_path
+from memrl.policy.prefix_cache import PrefixCache, PrefixEntry, shared_prefix_groups
 from memrl.policy.sampling import StopChecker, choose_tokens
+from memrl.precision import resolve_dtype
 from memrl.types import FinishReason, GenerationOutput
 
 logger = logging.getLogger(__name__)
 
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# Requests of one call whose prompts share at least this many leading tokens get that prefix computed once (see
+# HFPolicy._share_prompts). Shorter common prefixes are mostly the template's opening instructions, shared by
+# unrelated prompts: sharing them saves little and costs one more sequential forward before the real prefill,
+# plus a copy of the kept state into every row's cache. 256 tokens is about half a second of SmolLM2-135M
+# prefill on CPU per request; a conversation slice shared by its questions (LoCoMo, recent_history: ~7,500
+# tokens) is far above it.
+MIN_SHARED_PREFIX = 256
 
 
 @dataclass
@@ -88,30 +97,24 @@ def _needs_padding(rows: Sequence[_Row], min_tail: int = 2) -> bool:
     return len({(r.cached, len(r.prompt)) for r in rows}) > 1
 
 
-def resolve_model_path(model: str) -> str:
-    """``"tiny"`` → the embedded model's directory (built on first use); anything else is passed through."""
-    if model == "tiny":
-        from memrl.policy.tiny import ensure_tiny_model
-
-        return str(ensure_tiny_model())
-    return model
-
-
 def load_model_and_tokenizer(cfg: PolicyConfig):
-    """Load ``cfg.model`` (path or hub id) and, if ``cfg.lora_path`` is set, attach that PEFT adapter."""
+    """Load ``cfg.model`` (alias, path or hub id) in the precision ``cfg.dtype`` resolves to on ``cfg.device``
+    and, if ``cfg.lora_path`` is set, attach that PEFT adapter."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_model_path(cfg.model)
+    dtype = resolve_dtype(cfg.dtype, cfg.device, cpu_bf16="amx")
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=_DTYPES[cfg.dtype], attn_implementation=cfg.attn_implementation
+            path, dtype=_DTYPES[dtype], attn_implementation=cfg.attn_implementation
         )
     except OSError as exc:
         raise PolicyError(
             f"policy.model={cfg.model!r}: cannot load a causal LM from {path!r} ({exc}); give a local model "
-            "directory, a hub id available offline, or 'tiny' (built by `memrl model tiny`)"
+            f"directory, a hub id available offline, or an alias ({', '.join(sorted(MODEL_ALIASES))})"
         ) from exc
+    logger.info("policy %s (%s) in %s on %s", cfg.model, path, dtype, cfg.device)
     if cfg.lora_path:
         model = _attach_adapter(model, cfg.lora_path)
     return model.to(cfg.device).eval(), tokenizer
@@ -221,24 +224,35 @@ class HFPolicy:
     def _share_prompts(
         self, requests: Sequence[GenerationRequest]
     ) -> tuple[list[GenerationRequest], set[str]]:
-        """Requests for ``n > 1`` samples without a prefix handle get a temporary one over ``prompt[:-1]``,
-        computed once (one row per request) before the ``n`` rows decode from it, as vLLM's prefix caching or
-        SGLang's radix cache would serve them, instead of prefilling the same prompt ``n`` times. Returns the
-        requests to run and the temporary handles (released by the caller)."""
-        todo = [
-            i
-            for i, r in enumerate(requests)
-            if r.params.n > 1 and r.prefix_handle is None and len(r.prompt_ids) > 2
-        ]
-        if not todo:
+        """Compute prompt prefixes that several rows need once, as vLLM's prefix caching or SGLang's radix cache
+        would serve them, instead of once per row: requests (without a prefix handle of their own) that share at
+        least :data:`MIN_SHARED_PREFIX` leading tokens continue from one temporary kept state over their common
+        prefix; a request for ``n > 1`` samples continues from one over its ``prompt[:-1]``. The states come from
+        one nested :meth:`generate` call (one row per distinct prefix), which shares their own common prefixes in
+        turn. Greedy outputs are those of unshared prefills. Returns the requests to run and the temporary handles
+        (released by the caller)."""
+        free = [i for i, r in enumerate(requests) if r.prefix_handle is None and len(r.prompt_ids) > 2]
+        starts: dict[int, tuple[int, ...]] = {}  # request index → the prefix its rows continue from
+        for length, members in shared_prefix_groups(
+            [requests[i].prompt_ids for i in free], MIN_SHARED_PREFIX
+        ):
+            for j in members:
+                starts[free[j]] = requests[free[j]].prompt_ids[:length]
+        for i in free:
+            if requests[i].params.n > 1:
+                starts[i] = requests[i].prompt_ids[:-1]
+        if not starts:
             return list(requests), set()
+        prefixes = list(dict.fromkeys(starts.values()))
         once = SamplingParams(temperature=0.0, max_tokens=1, keep_prefix=True)
-        warm = self.generate([GenerationRequest(requests[i].prompt_ids[:-1], once) for i in todo])
+        warm = self.generate([GenerationRequest(p, once) for p in prefixes])
+        handle_of = {p: w.prefix_handle for p, [w] in zip(prefixes, warm, strict=True)}
         out, handles = list(requests), set()
-        for i, [w] in zip(todo, warm, strict=True):
-            if w.prefix_handle is not None:
-                out[i] = dataclasses.replace(requests[i], prefix_handle=w.prefix_handle)
-                handles.add(w.prefix_handle)
+        for i, prefix in starts.items():
+            handle = handle_of[prefix]
+            if handle is not None:
+                out[i] = dataclasses.replace(requests[i], prefix_handle=handle)
+                handles.add(handle)
         return out, handles
 
     def _rows_for(self, index: int, req: GenerationRequest) -> list[_Row]:

@@ -52,7 +52,7 @@ class OpenAIPolicy:
         if tokenizer is None:
             from transformers import AutoTokenizer
 
-            from memrl.policy.hf import resolve_model_path
+            from memrl.policy.models import resolve_model_path
 
             tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(cfg.model))
         self.tokenizer = tokenizer

@@ -35,12 +35,44 @@ class PrefixEntry:
         return self.keys[0].shape[1] if self.keys else 0
 
 
+# Tokens compared per slice in common_prefix_len: equal blocks are skipped by one C-level comparison each, since
+# prompts of one conversation share thousands of tokens and a Python loop costs ~1 ms per thousand.
+_BLOCK = 64
+
+
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
+    i = 0
+    while i + _BLOCK <= n and a[i : i + _BLOCK] == b[i : i + _BLOCK]:
+        i += _BLOCK
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def shared_prefix_groups(prompts: Sequence[Sequence[int]], min_len: int) -> list[tuple[int, list[int]]]:
+    """Groups of at least two of ``prompts`` (their indices, in sorted order) that share their first
+    ``length >= min_len`` tokens, as ``(length, indices)``; ``length`` leaves every member at least one token of
+    its own (generation starts from a computed last position). Prompts in no group are left out.
+
+    Sorted, prompts with a long common prefix are neighbours, and the common prefix of a sorted run is the
+    shortest of its neighbours' common prefixes; a group is a maximal run whose neighbours share ``min_len``."""
+    runs: list[tuple[int, list[int]]] = []  # (common prefix so far, members)
+    for i in sorted(range(len(prompts)), key=lambda i: tuple(prompts[i])):
+        if runs:
+            shared, run = runs[-1]
+            lcp = common_prefix_len(prompts[run[-1]], prompts[i])
+            if lcp >= min_len:
+                run.append(i)
+                runs[-1] = (min(shared, lcp), run)
+                continue
+        runs.append((len(prompts[i]), [i]))
+    out = []
+    for shared, run in runs:
+        length = min(shared, min(len(prompts[i]) for i in run) - 1)
+        if len(run) > 1 and length >= min_len:
+            out.append((length, run))
+    return out
 
 
 class PrefixCache:

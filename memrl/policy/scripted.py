@@ -279,10 +279,10 @@ def DEMO_SCRIPT(ctx: ScriptContext) -> str:  # noqa: N802  (a constant-like scri
 
 def scripted_backend(cfg: Any) -> ScriptedPolicy:
     """Backend factory (``policy.backend: scripted``): ``policy.model`` is ``random`` (:func:`random_script`)
-    or a dotted path ``package.module:script`` to a :data:`Script`. The tokenizer is the byte-level one of the
-    embedded model (no files needed)."""
-    from memrl.policy.tiny_arch import byte_tokenizer
+    or a dotted path ``package.module:script`` to a :data:`Script`. The tokenizer is the byte-level one of
+    :mod:`memrl.testing` (built from code, no files needed)."""
     from memrl.registry import Registry
+    from memrl.testing import byte_tokenizer
 
     if cfg.model == "random":
         script = random_script()

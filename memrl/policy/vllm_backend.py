@@ -39,7 +39,7 @@ class VLLMPolicy:
     """:class:`~memrl.policy.base.PolicyClient` over an in-process ``vllm.LLM``."""
 
     def __init__(self, cfg: PolicyConfig) -> None:
-        from memrl.policy.hf import resolve_model_path
+        from memrl.policy.models import resolve_model_path
 
         # CPU builds size their KV cache from this variable (GiB); GPU builds ignore it.
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(cfg.vllm_kv_cache_gb))))

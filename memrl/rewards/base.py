@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from memrl.formats import extract_answer
+from memrl.formats import extract_answer, tagged_answer
 from memrl.registry import Registry
 
 
@@ -31,7 +31,8 @@ class RewardConfigError(ValueError):
 @dataclass(frozen=True)
 class RewardInput:
     """One answer to score. ``response`` is the full decoded response (tool calls and results included);
-    ``answer`` the extracted final answer; ``gold`` is ``None`` for questions without a gold answer (LoCoMo
+    ``answer`` the extracted final answer (the tag's content, else the prose without tool segments); ``tagged``
+    whether the response has a complete ``<answer>…</answer>``; ``gold`` is ``None`` for questions without a gold answer (LoCoMo
     adversarial, LongMemEval abstention); ``metadata`` is the episode's ``BatchInput.metadata``."""
 
     response: str
@@ -39,6 +40,7 @@ class RewardInput:
     question: str = ""
     metadata: Mapping[str, Any] = field(default_factory=dict)
     answer: str = ""
+    tagged: bool = False
 
     @classmethod
     def from_response(
@@ -50,6 +52,7 @@ class RewardInput:
             question=question,
             metadata=dict(metadata or {}),
             answer=extract_answer(response),
+            tagged=tagged_answer(response) is not None,
         )
 
 

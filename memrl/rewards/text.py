@@ -11,6 +11,7 @@ from typing import Any
 
 from nltk.stem import PorterStemmer
 
+from memrl.formats import ANSWER_CLOSE, ANSWER_OPEN, strip_tool_segments
 from memrl.rewards.base import REWARDS, PerItemReward, RewardContext, RewardFn, RewardInput, check_options
 
 _ARTICLES = re.compile(r"\b(a|an|the|and)\b")
@@ -79,8 +80,33 @@ def _gold_or_zero(fn):
 
 @REWARDS.register("exact_match")
 def make_exact_match(options: Mapping[str, Any], ctx: RewardContext) -> RewardFn:
+    """Strict: the response must put its answer in ``<answer>…</answer>`` (as a trained agent must), and the
+    tag's content must equal the gold answer after normalisation."""
     check_options("exact_match", options, {})
-    return PerItemReward("exact_match", _gold_or_zero(lambda x: exact_match(x.answer, x.gold)))
+    return PerItemReward("exact_match", _gold_or_zero(lambda x: x.tagged and exact_match(x.answer, x.gold)))
+
+
+@REWARDS.register("lenient_match")
+def make_lenient_match(options: Mapping[str, Any], ctx: RewardContext) -> RewardFn:
+    """Content without format: 1 when the normalised gold answer appears as a whole-word span of the normalised
+    response, tool calls and results removed (so a tool result cannot answer for the model). Credits "Zara lives
+    in Lisbon." for gold "Lisbon" where strict exact match gives 0; a response listing many candidates also
+    scores, which is why it is reported beside strict EM and never used alone."""
+    check_options("lenient_match", options, {})
+
+    def score(x: RewardInput) -> float:
+        prose = strip_tool_segments(x.response).replace(ANSWER_OPEN, " ").replace(ANSWER_CLOSE, " ")
+        gold, said = normalize_answer(x.gold), normalize_answer(prose)
+        return float(bool(gold) and f" {gold} " in f" {said} ")
+
+    return PerItemReward("lenient_match", _gold_or_zero(score))
+
+
+@REWARDS.register("answer_tag")
+def make_answer_tag(options: Mapping[str, Any], ctx: RewardContext) -> RewardFn:
+    """1 when the response holds a complete ``<answer>…</answer>`` (the share of format-following answers)."""
+    check_options("answer_tag", options, {})
+    return PerItemReward("answer_tag", lambda x: float(x.tagged))
 
 
 @REWARDS.register("token_f1")

@@ -3,13 +3,17 @@ from __future__ import annotations
 from memrl.bench.episodes import _model, bench_episodes
 
 
-def test_auto_model_uses_the_shipped_tiny_build(tmp_path, monkeypatch):
-    monkeypatch.setenv("MEMRL_CACHE_DIR", str(tmp_path / "empty-cache"))
-    assert _model("auto", str(tmp_path)) == ("tiny", "embedded tiny")
+def test_model_choice_saves_the_random_model_and_passes_aliases_through(tmp_path):
+    assert _model("smollm2-135m", str(tmp_path)) == ("smollm2-135m", "smollm2-135m")
+    path, desc = _model("random", str(tmp_path / "random"))
+    assert desc == "random-init tiny llama" and (tmp_path / "random" / "config.json").is_file()
+    assert path == str(tmp_path / "random")
 
 
 def test_bench_episodes_reports_speedups_and_shares_with_overrides():
-    out = bench_episodes(["--episodes", "3", "--max-tokens", "8", "--tools", "", "rollout.n=1"])
+    out = bench_episodes(
+        ["--model", "random", "--episodes", "3", "--max-tokens", "8", "--tools", "", "rollout.n=1"]
+    )
     assert out["episodes"] == 3 and out["leaves_per_episode"] == 1  # the override wins over --n
     assert out["batched_speedup"] > 0 and out["generation_batched_speedup"] > 0
     shares = out["share_memory"] + out["share_generation"] + out["share_tools"]

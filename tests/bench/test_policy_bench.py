@@ -6,7 +6,7 @@ from memrl.bench import BENCHES
 def test_policy_bench_reuses_the_whole_prefix_and_reports_its_keys():
     out = BENCHES.get("policy")(
         [
-            "--batch", "2", "--prompt-tokens", "8", "--gen-tokens", "4", "--prefix-tokens", "48",
+            "--model", "random", "--batch", "2", "--prompt-tokens", "8", "--gen-tokens", "4", "--prefix-tokens", "48",
             "--branches", "3", "--branch-tokens", "4", "--repeats", "1", "--threads", "1",
         ]
     )  # fmt: skip

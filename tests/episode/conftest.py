@@ -8,7 +8,7 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-# Same role-marker chat template shape the embedded tiny model uses: plain markers, generation after <|assistant|>.
+# The role-marker shape of memrl.testing.CHAT_TEMPLATE: plain markers, generation after <|assistant|>.
 TINY_CHAT_TEMPLATE = (
     "{% for m in messages %}<|{{ m.role }}|>\n{{ m.content }}\n{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"

@@ -77,7 +77,7 @@ def _eval_cfg(model_dir: str, out: str, *extra: str):
             "episode.batch_size=3",
             "episode.history_steps=none",
             "episode.eval_metrics=[exact_match, token_f1, format]",
-            "memory.top_k=4",  # as configs/tiny_synthetic.yaml: a few one-turn facts, no summary
+            "memory.top_k=4",  # as configs/synthetic.yaml: a few one-turn facts, no summary
             "memory.neighbour_turns=0",
             "episode.use_summary=false",
             *extra,
@@ -85,13 +85,13 @@ def _eval_cfg(model_dir: str, out: str, *extra: str):
     )
 
 
-def _responses(out) -> dict:
+def _responses(out, ablations=("memory", "no_memory")) -> dict:
     import glob
 
     import pandas as pd
 
     rows = {}
-    for ablation in ("memory", "no_memory"):
+    for ablation in ablations:
         df = pd.concat(
             [pd.read_parquet(f) for f in sorted(glob.glob(f"{out}/{ablation}/trajectories/*.parquet"))]
         )
@@ -99,24 +99,39 @@ def _responses(out) -> dict:
     return rows
 
 
-def test_evaluate_runs_both_ablations_and_accounts_tokens(tiny_llama_dir, tmp_path):
+def test_evaluate_runs_every_ablation_and_accounts_tokens(tiny_llama_dir, tmp_path):
     import json
 
-    from memrl.episode.evaluate import evaluate
+    from memrl.episode.evaluate import ABLATIONS, evaluate
 
-    report = evaluate(_eval_cfg(tiny_llama_dir, str(tmp_path)), progress=False)
+    # An 800-token window holds about half of a synthetic history (~1,000 byte tokens, 18 turns).
+    cfg = _eval_cfg(
+        tiny_llama_dir,
+        str(tmp_path),
+        "episode.eval_ablations=[memory, no_memory, full_context]",
+        "policy.max_model_len=800",
+    )
+    report = evaluate(cfg, progress=False)
     assert json.loads((tmp_path / "eval.json").read_text()) == json.loads(json.dumps(report))
-    mem, bare = report["ablations"]["memory"], report["ablations"]["no_memory"]
-    for ab in (mem, bare):
+    assert set(report["ablations"]) == set(ABLATIONS) == {"memory", "no_memory", "full_context"}
+    mem, bare, full = (report["ablations"][a] for a in ("memory", "no_memory", "full_context"))
+    for ab in (mem, bare, full):
         assert ab["episodes"] == 6 and ab["failed"] == 0
         assert set(ab["exact_match_by_group"]) == {"lookup", "update", "arithmetic"}
         assert 0.0 <= ab["token_f1"] <= 1.0
-    # Memory puts retrieved facts into the prompt; without memory only the question is there, and both are
-    # far below pasting the whole history.
-    assert bare["prompt_tokens_mean"] < mem["prompt_tokens_mean"] < report["full_history_tokens_mean"]
-    assert 0 < report["prompt_to_history_token_ratio"] < 1
-    responses = _responses(tmp_path)
-    assert len(responses["memory"]) == len(responses["no_memory"]) == 6
+        assert (
+            ab["prompt_to_history_token_ratio"]
+            == ab["prompt_tokens_mean"] / report["full_history_tokens_mean"]
+        )
+    # Memory puts retrieved facts into the prompt; without memory only the question is there; the recent history
+    # fills the window (800 - 8 response tokens) with the latest turns: all below pasting the whole history.
+    assert bare["prompt_tokens_mean"] < mem["prompt_tokens_mean"] < full["prompt_tokens_mean"] <= 800 - 8
+    assert full["prompt_tokens_mean"] < report["full_history_tokens_mean"]
+    assert report["prompt_to_history_token_ratio"] == mem["prompt_to_history_token_ratio"]
+    assert 0 < full["context_turns_mean"] < full["context_turns_total_mean"] == 18
+    assert 0 < full["context_token_share"] < 1 and "context_turns_mean" not in mem
+    responses = _responses(tmp_path, tuple(ABLATIONS))
+    assert len(responses["memory"]) == len(responses["no_memory"]) == len(responses["full_context"]) == 6
 
 
 @pytest.mark.slow  # starts Ray and 2 actors per ablation, each loading torch, MiniLM and the model

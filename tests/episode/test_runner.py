@@ -46,7 +46,7 @@ def test_memory_helps_and_no_memory_ablation_builds_none(setup):
     cfg, inputs, policy = setup
     lookups = [bi for bi in inputs if bi.metadata["question_type"] != "arithmetic"]
     with_mem = build_runner(cfg, policy=policy).run_batch(lookups)
-    no_cfg = dataclasses.replace(cfg, episode=dataclasses.replace(cfg.episode, use_memory=False))
+    no_cfg = dataclasses.replace(cfg, episode=dataclasses.replace(cfg.episode, context="none"))
     without = build_runner(no_cfg, policy=policy).run_batch(lookups)
     assert sum(t.reward for t in with_mem) >= 1 and sum(t.reward for t in without) == 0
     for traj in without:

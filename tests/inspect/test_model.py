@@ -9,7 +9,7 @@ import pytest
 
 from memrl.inspect import load_run
 from memrl.inspect.model import LeafView, SpanView, _Memory, build_tree
-from memrl.policy.tiny_arch import byte_tokenizer
+from memrl.testing import byte_tokenizer
 from memrl.types import MemoryOp, MemoryOpType
 
 

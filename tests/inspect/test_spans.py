@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from memrl.inspect.spans import decode_spans, span_bounds
-from memrl.policy.tiny_arch import byte_tokenizer
+from memrl.testing import byte_tokenizer
 
 
 def test_bounds_cut_at_mask_changes_and_cuts():

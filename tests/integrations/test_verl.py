@@ -25,7 +25,7 @@ N = 3
 @pytest.fixture(scope="module")
 def rollout():
     from memrl.policy.hf import HFPolicy
-    from memrl.policy.tiny_arch import random_tiny_llama
+    from memrl.testing import random_tiny_llama
 
     model, tok = random_tiny_llama(0)
     cfg = load_config(

@@ -11,7 +11,7 @@ from memrl.policy.batching import admissible
 from memrl.policy.config import PolicyConfig
 from memrl.policy.hf import HFPolicy
 from memrl.policy.kv_cache import concat_batches, preallocated_cache
-from memrl.policy.tiny_arch import random_tiny_llama
+from memrl.testing import random_tiny_llama
 
 
 @pytest.fixture(scope="module")

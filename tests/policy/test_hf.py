@@ -12,8 +12,8 @@ from memrl.policy.base import GenerationRequest, SamplingParams
 from memrl.policy.config import PolicyConfig
 from memrl.policy.errors import PolicyError
 from memrl.policy.hf import HFPolicy
-from memrl.policy.tiny_arch import random_tiny_llama
 from memrl.registry import RegistryError
+from memrl.testing import random_tiny_llama
 from memrl.types import FinishReason
 
 

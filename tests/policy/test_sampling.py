@@ -8,7 +8,7 @@ import torch
 
 from memrl.policy.base import SamplingParams
 from memrl.policy.sampling import StopChecker, choose_tokens, counter_uniform, sample_inverse_cdf
-from memrl.policy.tiny_arch import byte_tokenizer
+from memrl.testing import byte_tokenizer
 
 TOK = byte_tokenizer()
 

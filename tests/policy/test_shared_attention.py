@@ -10,7 +10,7 @@ from memrl.policy.base import GenerationRequest, SamplingParams
 from memrl.policy.config import PolicyConfig
 from memrl.policy.hf import HFPolicy
 from memrl.policy.shared_attention import SharedPrefix, memrl_sdpa, shared_prefix_attention
-from memrl.policy.tiny_arch import random_tiny_llama
+from memrl.testing import random_tiny_llama
 
 
 def _reference(query, groups, ok, ov, own, width, scaling):

@@ -10,7 +10,7 @@ from memrl.policy.config import PolicyConfig
 from memrl.policy.hf import HFPolicy
 from memrl.policy.scripted import ScriptedPolicy
 from memrl.policy.stream import BlockingStream, open_stream
-from memrl.policy.tiny_arch import random_tiny_llama
+from memrl.testing import random_tiny_llama
 from tests.policy.test_batching import enc, record_forwards
 
 

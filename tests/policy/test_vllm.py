@@ -17,7 +17,7 @@ from memrl.policy import make_policy  # noqa: E402
 from memrl.policy.base import GenerationRequest, SamplingParams  # noqa: E402
 from memrl.policy.config import PolicyConfig  # noqa: E402
 from memrl.policy.hf import HFPolicy  # noqa: E402
-from memrl.policy.tiny_arch import random_tiny_llama  # noqa: E402
+from memrl.testing import random_tiny_llama  # noqa: E402
 from memrl.types import FinishReason  # noqa: E402
 
 

@@ -30,6 +30,23 @@ def test_exact_match_uses_extracted_answer_and_none_gold_scores_zero():
     assert scores == [1.0, 0.0, 0.0]
 
 
+def test_strict_exact_match_needs_the_answer_tag_and_lenient_match_reads_the_prose():
+    responses = [
+        _x("<answer>Lisbon</answer>", "Lisbon"),
+        _x("Zara lives in Lisbon.", "Lisbon"),  # right content, no tag
+        _x("<answer>Lisbon", "Lisbon"),  # tag never closed
+        _x("<search>Lisbon</search> <result>Zara lives in Lisbon</result><answer>Porto</answer>", "Lisbon"),
+        _x("Zara lives in Lisbonia.", "Lisbon"),  # not a whole-word match
+    ]
+    assert make_reward("exact_match")(responses) == [1.0, 0.0, 0.0, 0.0, 0.0]
+    # the tool call and its result cannot answer for the model
+    assert make_reward("lenient_match")(responses) == [1.0, 1.0, 1.0, 0.0, 0.0]
+    assert make_reward("answer_tag")(responses) == [1.0, 0.0, 0.0, 1.0, 0.0]
+    assert make_reward("lenient_match")([_x("no idea", None)]) == [0.0]
+    assert [r.tagged for r in responses] == [True, False, False, True, False]
+    assert responses[1].answer == "Zara lives in Lisbon."  # content scores read the prose
+
+
 def test_char_similarity_credits_partial_copies():
     assert char_similarity("Tofu", "tofu.") == 1.0  # normalised like exact match
     assert char_similarity("Hefu", "Tofu") == pytest.approx(0.5)  # "fu" matched: 2 * 2 / 8
@@ -101,7 +118,8 @@ def test_format_reward_and_composite():
         0.75,
     ]
     comp = make_reward("composite", {"parts": {"exact_match": 1.0, "format": 0.5}})
-    assert comp([_x("<answer>Oslo</answer>", "oslo"), _x("Oslo", "oslo")]) == [1.5, 1.25]
+    # strict EM needs the tag: the untagged "Oslo" earns only the format part (0.5 * (1 - 0.5))
+    assert comp([_x("<answer>Oslo</answer>", "oslo"), _x("Oslo", "oslo")]) == [1.5, 0.25]
 
 
 def test_unknown_names_and_options_are_reported():

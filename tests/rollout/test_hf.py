@@ -61,7 +61,7 @@ def test_tree_forwards_fewer_tokens_than_chains(tiny_hf_policy, requests):
 def test_per_tree_schedule_grows_the_same_trees_in_fewer_decode_steps(branch_at):
     from memrl.policy.config import PolicyConfig
     from memrl.policy.hf import HFPolicy
-    from memrl.policy.tiny_arch import random_tiny_llama
+    from memrl.testing import random_tiny_llama
 
     model, tok = random_tiny_llama(seed=0)
     policy = HFPolicy.from_model(model, tok, PolicyConfig(model="random-tiny", seed=0, max_batch_size=64))

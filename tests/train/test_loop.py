@@ -49,7 +49,7 @@ train:
 
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory):
-    from memrl.policy.tiny_arch import random_tiny_llama
+    from memrl.testing import random_tiny_llama
 
     path = tmp_path_factory.mktemp("tiny")
     model, tok = random_tiny_llama(0)

