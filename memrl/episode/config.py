@@ -48,9 +48,11 @@ class EpisodeConfig:
     ``context`` is what the target-turn prompt carries: ``memory`` (retrieved facts + summary), ``none`` (the
     question alone: the no-memory ablation) or ``recent_history`` (the most recent raw history turns, rendered
     like facts, oldest first, as many as fit ``policy.max_model_len`` minus ``rollout.max_response_tokens`` and a
-    reserve for the question: the "full context" baseline cut to the model's window; the slice does not depend on
-    the question, so every question about one history gets the same system message and the HF backend prefills
-    it once per batch). ``none`` and ``recent_history`` build no memory, so no tool can read it either.
+    reserve for the question, in place of ``prompt_token_budget``: the "full context" baseline cut to the model's
+    window; the slice does not depend on the question, so every question about one history gets the same system
+    message and the HF backend prefills it once per batch; raise ``batch_size`` up to ``policy.max_batch_size``
+    so more of a conversation's questions share it). ``none`` and ``recent_history`` build no memory, so no tool
+    can read it either.
     ``batch_size`` is how many episodes advance together through the state machine (memory ops and
     generation are batched across them). ``ingest_chunk_turns`` history turns per episode go into one batched
     extraction call (0 = the whole history at once; use 1 with the ``llm`` extractor so each turn is decided

@@ -101,7 +101,8 @@ def test_slice_fits_the_window_without_the_question():
     assert recent.select(list(history)) is part  # one slice per history, reused by its other questions
     limit = WINDOW - RESPONSE - QUESTION_RESERVE_TOKENS
     start = part.facts[0].id
-    older = PromptFact(id=start - 1, text=history[start - 1].text, timestamp=history[start - 1].timestamp)
+    turn = history[start - 1]
+    older = PromptFact(id=start - 1, text=turn.text, timestamp=turn.timestamp, speaker=turn.speaker)
     assert recent._tokens(part.facts) <= limit < recent._tokens((older, *part.facts))  # as many as fit
     short = recent.select(history[:3])
     assert [f.id for f in short.facts] == [0, 1, 2]  # a short history fits whole
