@@ -44,7 +44,18 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    return int(args.func(args) or 0)
+    from memrl.data.adapters import AdapterError
+    from memrl.policy.errors import PolicyError
+
+    try:
+        return int(args.func(args) or 0)
+    except (AdapterError, PolicyError) as exc:
+        # Bad input or a missing model: the message names the file / setting and the fix; a traceback would
+        # only hide it (-v keeps the traceback for debugging).
+        if args.verbose:
+            raise
+        print(f"memrl {args.command}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
