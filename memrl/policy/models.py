@@ -163,5 +163,6 @@ def describe_policy(cfg) -> dict[str, str]:
     resolved to, device and the precision ``policy.dtype`` resolved to there."""
     model = cfg.model
     path = str(converted_dir(model)) if model in MODEL_ALIASES else model
-    dtype = resolve_dtype(cfg.dtype, cfg.device, cpu_bf16="amx") if cfg.backend == "hf" else cfg.dtype
+    local = cfg.backend in ("hf", "vllm")  # a remote server's precision is its own business
+    dtype = resolve_dtype(cfg.dtype, cfg.device, cpu_bf16="amx") if local else cfg.dtype
     return {"backend": cfg.backend, "model": model, "path": path, "device": cfg.device, "dtype": dtype}
