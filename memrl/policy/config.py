@@ -14,8 +14,9 @@ class PolicyConfig:
     ``model`` is an alias of a packaged model (``smollm2-135m``, the embedded SmolLM2-135M-Instruct, see
     :mod:`memrl.policy.models`), a local HF model directory or a hub id. ``dtype = "auto"`` follows the device:
     bfloat16 on CUDA (float16 where bf16 is unsupported) and on CPUs with AMX, else float32 (see
-    :func:`memrl.precision.resolve_dtype` for the measurement behind the CPU rule). ``backend`` is a name in :data:`memrl.policy.BACKENDS` (``hf``, ``vllm``,
-    ``openai``) or a dotted path to a ``(PolicyConfig) -> PolicyClient`` constructor.
+    :func:`memrl.precision.resolve_dtype` for the measurement behind the CPU rule). ``backend`` is a name in
+    :data:`memrl.policy.BACKENDS` (``hf``, ``vllm``, ``openai``) or a dotted path to a
+    ``(PolicyConfig) -> PolicyClient`` constructor.
     """
 
     backend: str = "hf"

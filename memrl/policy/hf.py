@@ -36,10 +36,9 @@ from memrl.policy.kv_cache import (
     prefix_filled_cache,
     shared_prefix_cache,
 )
-from memrl.policy.models import MODEL_ALIASES, resolve_model_path
+from memrl.policy.models import MODEL_ALIASES, policy_dtype, resolve_model_path
 from memrl.policy.prefix_cache import PrefixCache, PrefixEntry, shared_prefix_groups
 from memrl.policy.sampling import StopChecker, choose_tokens
-from memrl.precision import resolve_dtype
 from memrl.types import FinishReason, GenerationOutput
 
 logger = logging.getLogger(__name__)
@@ -103,7 +102,7 @@ def load_model_and_tokenizer(cfg: PolicyConfig):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     path = resolve_model_path(cfg.model)
-    dtype = resolve_dtype(cfg.dtype, cfg.device, cpu_bf16="amx")
+    dtype = policy_dtype(cfg)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(

