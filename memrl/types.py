@@ -253,19 +253,29 @@ class ToolCallRecord:
 
 @dataclass(frozen=True)
 class RollbackRecord:
-    """A failed tool call that was rolled back: its tokens were removed and the call regenerated."""
+    """A failed tool call that was rolled back: its tokens were removed and the call regenerated.
+
+    ``repaired_tokens``: the corrected turn spliced in at ``position`` (response indices ``[position, position +
+    repaired_tokens)``). It was sampled with the error and feedback in context, which the final sequence no longer
+    holds, so its sampling-time log-probs are not behaviour log-probs under the final context: the trainer
+    recomputes them under the final context (as verl recomputes ``old_log_prob``) and trains the repaired call
+    like any other token, i.e. it learns to write the working call directly.
+    """
 
     position: int
     error: str
     attempts: int
     tokens_removed: int
     repaired: bool
+    repaired_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.attempts < 1:
             _fail(self, "attempts", "must be >= 1")
         if self.tokens_removed < 0:
             _fail(self, "tokens_removed", "must be >= 0")
+        if self.repaired_tokens < 0 or (self.repaired_tokens and not self.repaired):
+            _fail(self, "repaired_tokens", "must be >= 0, and 0 unless the call was repaired")
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,14 @@ from __future__ import annotations
 import pytest
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _private_cache(tmp_path_factory):
+    """Every test (and every process it starts) caches into a temp dir, never into ~/.cache/memrl."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MEMRL_CACHE_DIR", str(tmp_path_factory.mktemp("memrl-cache-default")))
+        yield
+
+
 @pytest.fixture(scope="session")
 def tiny_hf_policy():
     """A randomly initialised tiny byte-level Llama behind the HF PolicyClient (built in about a second).

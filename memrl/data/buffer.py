@@ -3,28 +3,33 @@
 Two pluggable stages, two registries with one signature each:
 
 * **before rollout** — :data:`BUFFER_SAMPLERS`, ``(buffer, num_prompts) -> groups``: which pushed-back groups
-  (``add_samples``: aborted episodes to re-run, partial rollouts) are taken first. The sampler removes what it
-  returns from ``buffer``; the data source fills the rest. Default ``pop_first`` (slime).
+  (``add_samples``: groups drawn but not needed, aborted episodes to re-run) are taken first. The sampler
+  removes what it returns from ``buffer``; the data source fills the rest. Default ``pop_first`` (slime).
 * **after rollout** — :data:`GROUP_FILTERS`, ``(groups) -> GroupFilterResult``: which finished groups of
   :class:`EpisodeTrajectory` go to training. ``keep_all`` (default) or ``dynamic_sampling`` (DAPO / slime:
   drop groups whose episode rewards all agree — zero variance means zero GRPO advantage, no signal). Every
   dropped group comes back with its reason and is counted in :attr:`RolloutBuffer.metrics`; nothing vanishes.
 
-A trainer loop reads::
+:meth:`RolloutBuffer.rollout` is the one path a trainer draws from::
 
-    groups = buffer.get_samples(cfg.prompts_per_batch)       # list[list[BatchInput]]
-    episodes = runner.run_batch([x for g in groups for x in g])
-    buffer.dump_rollout(rollout_id, episodes)                  # if dump_dir is set
-    kept = buffer.filter_groups(group_episodes(episodes))       # list[list[EpisodeTrajectory]]
+    result = buffer.rollout(runner.run_batch, num_groups=prompts_per_batch, rollout_id=step, max_rounds=4)
+    result.groups      # exactly num_groups kept groups (fewer only if max_rounds ran out), in draw order
 
-Debug dumps are JSONL (one :func:`memrl.types.to_dict` episode per line, one file per rollout id) and replay
-through :func:`read_rollout_dump` into equal :class:`EpisodeTrajectory` objects.
+Each round draws the groups still missing (over-sampled by the keep rate seen so far), runs them, filters them;
+kept groups beyond ``num_groups`` go back to the local buffer as prompts, so the next step re-runs them with its
+own policy instead of training on stale rollouts. Failed episodes never reach the filter (a failure is not a
+reward); they are returned in ``result.episodes`` and counted.
+
+Debug dumps are JSONL (one :func:`memrl.types.to_dict` episode per line, one file per rollout id, every round's
+episodes in draw order) and replay through :func:`read_rollout_dump` into equal :class:`EpisodeTrajectory`
+objects; :func:`select_groups` applied to a dump gives back exactly the groups the rollout trained on.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +40,7 @@ from memrl.registry import Registry
 from memrl.types import (
     BatchInput,
     ContractError,
+    EpisodeStatus,
     EpisodeTrajectory,
     batch_input_from_dict,
     episode_from_dict,
@@ -73,19 +79,26 @@ def keep_all(groups: Sequence[Sequence[EpisodeTrajectory]]) -> GroupFilterResult
     return GroupFilterResult(kept=[list(g) for g in groups])
 
 
+def has_reward_signal(group: Sequence[EpisodeTrajectory]) -> bool:
+    """True when the group's rewards differ: only then is any GRPO advantage nonzero."""
+    rewards = [ep.reward for ep in group]
+    return bool(rewards) and max(rewards) - min(rewards) > 1e-12
+
+
 @GROUP_FILTERS.register("dynamic_sampling")
 def dynamic_sampling(groups: Sequence[Sequence[EpisodeTrajectory]]) -> GroupFilterResult:
     """Drop groups whose rewards have zero variance (all equal): their GRPO advantages are all zero.
 
-    Groups of one episode always have zero variance and are dropped too; sample ``n_samples_per_prompt >= 2``.
+    A group is every leaf of every copy of one prompt draw (one ``group_id``); a group of one episode always has
+    zero variance, so give it ``rollout.n >= 2`` leaves or ``data.n_samples_per_prompt >= 2`` copies.
     """
     result = GroupFilterResult(kept=[])
     for group in groups:
-        rewards = [ep.reward for ep in group]
-        if rewards and max(rewards) - min(rewards) > 1e-12:
+        if has_reward_signal(group):
             result.kept.append(list(group))
         else:
-            result.dropped.append((list(group), f"zero reward variance (all rewards {rewards[:1]})"))
+            first = group[0].reward if group else None
+            result.dropped.append((list(group), f"zero reward variance (every reward is {first})"))
     return result
 
 
@@ -95,6 +108,58 @@ def group_episodes(episodes: Sequence[EpisodeTrajectory]) -> list[list[EpisodeTr
     for ep in episodes:
         groups.setdefault(ep.group_id, []).append(ep)
     return list(groups.values())
+
+
+@dataclass
+class RolloutResult:
+    """What :meth:`RolloutBuffer.rollout` produced for one training step."""
+
+    groups: list[list[EpisodeTrajectory]]  # kept groups for training, in draw order
+    episodes: list[EpisodeTrajectory]  # everything generated (every round; failed and dropped included)
+    rounds: int = 1
+    dropped: list[tuple[list[EpisodeTrajectory], str]] = field(default_factory=list)
+    pushed_back: set[str] = field(default_factory=set)  # group ids of surplus groups returned as prompts
+
+    @property
+    def usable(self) -> list[EpisodeTrajectory]:
+        """Finished (not failed) episodes, kept or dropped, but not the surplus whose prompts will run again
+        (what a replay buffer may store)."""
+        return [
+            ep
+            for ep in self.episodes
+            if ep.status is not EpisodeStatus.FAILED and ep.group_id not in self.pushed_back
+        ]
+
+
+def apply_filter(
+    group_filter: GroupFilter, groups: Sequence[Sequence[EpisodeTrajectory]]
+) -> GroupFilterResult:
+    """Run a group filter and check its contract: every episode comes back, kept or dropped with a reason."""
+    result = group_filter(groups)
+    out = sum(len(g) for g in result.kept) + sum(len(g) for g, _ in result.dropped)
+    total = sum(len(g) for g in groups)
+    if out != total:
+        name = getattr(group_filter, "__name__", repr(group_filter))
+        raise RuntimeError(f"group filter {name!r} lost episodes: {total} in, {out} kept+dropped")
+    for group, reason in result.dropped:
+        logger.debug("group %s dropped: %s", group[0].group_id if group else "?", reason)
+    return result
+
+
+def select_groups(
+    group_filter: GroupFilter, episodes: Sequence[EpisodeTrajectory], num_groups: int | None = None
+) -> GroupFilterResult:
+    """The filter over the finished episodes grouped by ``group_id``, kept groups cut to the first
+    ``num_groups``: what a rollout trains on, computed the same way from live episodes and from a dump."""
+    usable = [ep for ep in episodes if ep.status is not EpisodeStatus.FAILED]
+    result = apply_filter(group_filter, group_episodes(usable))
+    if num_groups is not None and len(result.kept) > num_groups:
+        surplus = result.kept[num_groups:]
+        result = GroupFilterResult(
+            kept=result.kept[:num_groups],
+            dropped=result.dropped + [(g, "surplus: the batch was already full") for g in surplus],
+        )
+    return result
 
 
 # -- debug dumps ---------------------------------------------------------------------------------------------
@@ -168,7 +233,7 @@ class RolloutBuffer:
         self.data_source = data_source
         self.sampler_name, self.group_filter_name = sampler, group_filter
         self._sampler = BUFFER_SAMPLERS.get(sampler)
-        self._group_filter = GROUP_FILTERS.get(group_filter)
+        self.group_filter = GROUP_FILTERS.get(group_filter)
         self.dump_dir = Path(dump_dir) if dump_dir is not None else None
         self.buffer: list[list[BatchInput]] = []
         self.metrics: dict[str, float] = {
@@ -176,6 +241,7 @@ class RolloutBuffer:
             "buffer/groups_from_source": 0,
             "buffer/groups_kept": 0,
             "buffer/groups_dropped": 0,
+            "buffer/groups_pushed_back": 0,
         }
 
     @classmethod
@@ -214,17 +280,60 @@ class RolloutBuffer:
             self.metrics["buffer/groups_from_source"] += rest
         return groups
 
+    def rollout(
+        self,
+        run: Callable[[list[BatchInput]], list[EpisodeTrajectory]],
+        num_groups: int,
+        *,
+        rollout_id: int = 0,
+        max_rounds: int = 1,
+    ) -> RolloutResult:
+        """Draw, run and filter groups until ``num_groups`` are kept or ``max_rounds`` rounds have run.
+
+        A round draws the missing groups divided by the keep rate seen so far (at most 4× the missing count,
+        so a filter that keeps nothing cannot balloon a round); surplus kept groups go back to the buffer as
+        prompts. ``run`` gets the flattened copies and returns their trajectories (``EpisodeRunner.run_batch``).
+        """
+        if num_groups < 1 or max_rounds < 1:
+            raise ValueError(
+                f"rollout needs num_groups >= 1 and max_rounds >= 1, got {num_groups}, {max_rounds}"
+            )
+        kept: list[list[EpisodeTrajectory]] = []
+        dropped: list[tuple[list[EpisodeTrajectory], str]] = []
+        episodes: list[EpisodeTrajectory] = []
+        drawn = rounds = 0
+        pushed_back: set[str] = set()
+        while len(kept) < num_groups and rounds < max_rounds:
+            need = num_groups - len(kept)
+            rate = max(len(kept) / drawn, 0.25) if drawn else 1.0
+            groups = self.get_samples(min(math.ceil(need / rate), 4 * need))
+            drawn, rounds = drawn + len(groups), rounds + 1
+            produced = run([item for group in groups for item in group])
+            episodes.extend(produced)
+            result = select_groups(self.group_filter, produced)
+            taken, surplus = result.kept[:need], result.kept[need:]
+            kept.extend(taken)
+            dropped.extend(result.dropped)
+            self.metrics["buffer/groups_kept"] += len(taken)
+            self.metrics["buffer/groups_dropped"] += len(result.dropped)
+            if surplus:
+                pushed_back = {g[0].group_id for g in surplus}
+                self.buffer.extend(g for g in groups if g[0].group_id in pushed_back)
+                self.metrics["buffer/groups_pushed_back"] += len(pushed_back)
+        if len(kept) < num_groups:
+            logger.info(
+                "rollout %d: %d of %d groups kept after %d round(s) (data.max_sampling_rounds)",
+                rollout_id,
+                len(kept),
+                num_groups,
+                rounds,
+            )
+        self.dump_rollout(rollout_id, episodes)
+        return RolloutResult(kept, episodes, rounds, dropped, pushed_back)
+
     def filter_groups(self, groups: Sequence[Sequence[EpisodeTrajectory]]) -> list[list[EpisodeTrajectory]]:
         """Apply the post-rollout group filter; dropped groups are logged and counted."""
-        result = self._group_filter(groups)
-        kept_n = sum(len(g) for g in result.kept) + sum(len(g) for g, _ in result.dropped)
-        total = sum(len(g) for g in groups)
-        if kept_n != total:
-            raise RuntimeError(
-                f"group filter {self.group_filter_name!r} lost episodes: {total} in, {kept_n} kept+dropped"
-            )
-        for group, reason in result.dropped:
-            logger.debug("group %s dropped: %s", group[0].group_id if group else "?", reason)
+        result = apply_filter(self.group_filter, groups)
         self.metrics["buffer/groups_kept"] += len(result.kept)
         self.metrics["buffer/groups_dropped"] += len(result.dropped)
         return result.kept

@@ -43,6 +43,14 @@ class DataConfig:
     ``split``: ``train`` | ``test`` | ``all``; LoCoMo/LongMemEval split by conversation/question hash
     (adapter option ``test_fraction``), synthetic draws test episodes from held-out names and values.
     ``lenient``: skip bad records (each skip is reported) instead of failing on the first one.
+
+    A training step draws ``prompts_per_batch`` groups through the :class:`~memrl.data.buffer.RolloutBuffer`:
+    each group is ``n_samples_per_prompt`` copies of one prompt (distinct episode ids, one ``group_id``), each
+    copy a whole episode (memory included) whose rollout makes ``rollout.n`` leaves. The default of one copy
+    lets the rollout make the group (a tree shares prefixes between its leaves; copies share nothing).
+    ``group_filter`` decides which finished groups train (``dynamic_sampling``: only groups whose rewards
+    differ); dropped groups are refilled by drawing again, up to ``max_sampling_rounds`` rounds per step.
+    ``dump_dir`` writes every rollout as JSONL (``rollout_<step>.jsonl``) for ``train.train_only`` replays.
     """
 
     adapter: str = "synthetic"
@@ -51,19 +59,22 @@ class DataConfig:
     lenient: bool = False
     limit: int | None = None
     options: dict[str, Any] = field(default_factory=dict)
-    n_samples_per_prompt: int = 4
+    n_samples_per_prompt: int = 1
     prompts_per_batch: int = 4
     shuffle: bool = True
     seed: int = 0
     # RolloutBuffer: pre-rollout sampler, post-rollout group filter (keep_all | dynamic_sampling), debug dumps.
     buffer_sampler: str = "pop_first"
     group_filter: str = "keep_all"
+    max_sampling_rounds: int = 4
     dump_dir: str | None = None
     batch: BatchConfig = field(default_factory=BatchConfig)
 
     def __post_init__(self) -> None:
         if self.n_samples_per_prompt < 1:
             raise ValueError(f"data.n_samples_per_prompt must be >= 1, got {self.n_samples_per_prompt}")
+        if self.max_sampling_rounds < 1:
+            raise ValueError(f"data.max_sampling_rounds must be >= 1, got {self.max_sampling_rounds}")
         if self.prompts_per_batch < 1:
             raise ValueError(f"data.prompts_per_batch must be >= 1, got {self.prompts_per_batch}")
         if self.split not in ("train", "test", "all"):

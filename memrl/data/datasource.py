@@ -3,14 +3,16 @@
 Sampling is sequential and cyclic (slime semantics): each call takes the next ``num_prompts`` prompts of the
 current epoch's order and wraps into the next epoch when the epoch runs out. Every prompt draw becomes one
 group of ``n_samples_per_prompt`` copies that share a ``group_id`` (``"<episode_id>@e<epoch>"``, unique per
-draw) and carry globally unique, monotonically increasing ``sample_index`` values.
+draw) and carry globally unique, monotonically increasing ``sample_index`` values. With more than one copy each
+copy gets its own ``episode_id`` (``"<episode_id>~<k>"``): the runner runs every episode id once per batch, so
+copies sharing an id would all but one fail as duplicates.
 
 The whole progress is three integers (``epoch``, ``offset``, ``sample_index``); the epoch order is a pure
 function of ``(seed, epoch)``, so :meth:`state_dict` / :meth:`save` plus :meth:`load` resume a run exactly:
 no prompt lost, none repeated.
 
     >>> source = RolloutDataSource(inputs, n_samples_per_prompt=4, seed=0)
-    >>> groups = source.get_samples(2)          # [[4 copies of prompt A], [4 copies of prompt B]]
+    >>> groups = source.get_samples(2)          # [[A~0, A~1, A~2, A~3], [B~0, B~1, B~2, B~3]]
     >>> source.save("run/data_source.json")      # atomic; later: source.load("run/data_source.json")
 """
 
@@ -147,8 +149,15 @@ class RolloutDataSource:
             self.offset += 1
             group_id = f"{prompt.episode_id}@e{self.epoch}"
             group = []
-            for _ in range(self.n_samples_per_prompt):
-                group.append(dataclasses.replace(prompt, group_id=group_id, sample_index=self.sample_index))
+            for k in range(self.n_samples_per_prompt):
+                episode_id = (
+                    prompt.episode_id if self.n_samples_per_prompt == 1 else f"{prompt.episode_id}~{k}"
+                )
+                group.append(
+                    dataclasses.replace(
+                        prompt, episode_id=episode_id, group_id=group_id, sample_index=self.sample_index
+                    )
+                )
                 self.sample_index += 1
             groups.append(group)
         return groups

@@ -187,7 +187,11 @@ def evaluate(
     for ablation in cfg.episode.eval_ablations:
         if ablation not in ABLATIONS:
             raise ValueError(f"episode.eval_ablations: unknown {ablation!r}; valid: {sorted(ABLATIONS)}")
-        sub = dataclasses.replace(cfg, episode=dataclasses.replace(cfg.episode, context=ABLATIONS[ablation]))
+        sub = dataclasses.replace(
+            cfg,
+            episode=dataclasses.replace(cfg.episode, context=ABLATIONS[ablation]),
+            data=dataclasses.replace(cfg.data, n_samples_per_prompt=1),  # scores map leaves back to inputs
+        )
         if sub.episode.worker.use_ray:  # actors build their own policy and memory from the ablation's config
             worker = RayRolloutWorker(sub)
         else:

@@ -1,7 +1,9 @@
 """``memrl run``: dataset → episodes → Parquet trajectories + ``metrics.json`` (resumable, with tqdm).
 
-Reads like the algorithm: load episodes → skip those already committed → for each chunk: run → write part →
-update metrics.
+Reads like the algorithm: load episodes → draw each once through the :class:`~memrl.data.buffer.RolloutBuffer`
+(as ``data.n_samples_per_prompt`` copies, the path training draws from) → skip those already committed → for each
+chunk: run → write part (and the ``data.dump_dir`` dump) → update metrics. Every episode is written: the group
+filter decides what trains, not what a run keeps.
 """
 
 from __future__ import annotations
@@ -41,6 +43,18 @@ def load_inputs(cfg: Any) -> list[BatchInput]:
     return inputs
 
 
+def draw_once(cfg: Any, inputs: Sequence[BatchInput]) -> tuple[Any, list[BatchInput]]:
+    """Every input once, in dataset order, as ``data.n_samples_per_prompt`` copies drawn through the buffer."""
+    from memrl.data.buffer import RolloutBuffer
+    from memrl.data.datasource import RolloutDataSource
+
+    if not inputs:
+        return None, []
+    source = RolloutDataSource(inputs, n_samples_per_prompt=cfg.data.n_samples_per_prompt, shuffle=False)
+    buffer = RolloutBuffer(source, sampler=cfg.data.buffer_sampler, dump_dir=cfg.data.dump_dir)
+    return buffer, [item for group in buffer.get_samples(len(inputs)) for item in group]
+
+
 def summarise(entries: Sequence[dict[str, Any]]) -> dict[str, float]:
     """Counts by status and mean reward over finished (non-failed) episodes."""
     status = Counter(e["status"] for e in entries)
@@ -65,7 +79,7 @@ def run_episodes(
     """Run every input episode once (skipping committed ones) and return the metrics written to disk."""
     out = Path(out_dir or cfg.output_dir)
     writer = TrajectoryWriter(out)
-    inputs = list(inputs) if inputs is not None else load_inputs(cfg)
+    buffer, inputs = draw_once(cfg, list(inputs) if inputs is not None else load_inputs(cfg))
     done = writer.done_ids()
     check_job_identity(out, job_identity(cfg), has_results=bool(done))
     todo = [bi for bi in inputs if bi.episode_id not in done]
@@ -87,6 +101,7 @@ def run_episodes(
     try:
         for start in range(0, len(todo), chunk):
             trajs: list[EpisodeTrajectory] = worker.run_batch(todo[start : start + chunk])
+            buffer.dump_rollout(writer.next_part, trajs)
             writer.write(trajs)
             bar.update(min(chunk, len(todo) - start))
             bar.set_postfix(failed=sum(t.status.value == "failed" for t in trajs))

@@ -25,13 +25,15 @@ class OpenRollback:
     attempts: int = 0
     tokens_removed: int = 0
 
-    def close(self, repaired: bool) -> RollbackRecord:
+    def close(self, repaired: bool, end: int | None = None) -> RollbackRecord:
+        """Settle the rollback; ``end`` is the response index where the repaired turn ends (when repaired)."""
         return RollbackRecord(
             position=self.position,
             error=self.error,
             attempts=max(1, self.attempts),
             tokens_removed=self.tokens_removed,
             repaired=repaired,
+            repaired_tokens=max(0, end - self.position) if repaired and end is not None else 0,
         )
 
 

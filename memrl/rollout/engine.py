@@ -370,7 +370,7 @@ class Engine:
         b.n_calls += 1
         b.pending_call = None
         if b.open_rollback is not None:
-            b.rollbacks.append(b.open_rollback.close(repaired=True))
+            b.rollbacks.append(b.open_rollback.close(repaired=True, end=b.response_len))
             self.metrics.add("tools/rollback_repairs", 1)
             b.open_rollback = None
         ids = self._encode(format_result(result.text))

@@ -70,10 +70,9 @@ class TrainConfig:
     (``token-mean``, ``seq-mean-token-sum``, ``seq-mean-token-mean``). ``kl_coef`` > 0 adds a KL penalty to the
     reference policy (same model with the adapter disabled). ``duplicates`` decides how leaves flagged
     ``StepMeta.is_duplicate`` count: ``drop`` (weight 0, not in group statistics; default) or ``keep``
-    (ordinary samples, as verl would see them). ``filter_groups`` (DAPO's dynamic-sampling filter, without its
-    re-sampling) leaves groups whose rewards are all equal out of the policy-gradient batch: their GRPO advantages
-    are 0, so with ``token-mean`` they only dilute the gradient of the groups that carry signal; they still go to
-    the replay buffer, and ``rollout/mixed_groups`` reports the share kept. ``tree_local_weight`` > 0 adds
+    (ordinary samples, as verl would see them). Which groups train is ``data.group_filter``'s decision (the
+    buffer refills dropped groups); ``rollout/mixed_groups`` reports the share of groups whose rewards differ.
+    ``tree_local_weight`` > 0 adds
     tree-local token advantages to tree leaves (node values from the tree's own leaves, see
     :mod:`memrl.train.tree_advantages`); 0 trains every token of a leaf on its sequence advantage alone.
     """
@@ -90,7 +89,6 @@ class TrainConfig:
     kl_coef: float = 0.0
     entropy_coef: float = 0.0
     duplicates: str = "drop"
-    filter_groups: bool = False
     tree_local_weight: float = 0.0
     ppo_epochs: int = 1
     ppo_mini_batches: int = 1
@@ -101,6 +99,9 @@ class TrainConfig:
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     eval_every: int = 5
     eval_episodes: int = 64
+    # Start and final evaluation (em_start / em_final with bootstrap intervals); None = eval_episodes. The
+    # start evaluation of a given model and config is cached and reused across runs and seeds.
+    final_eval_episodes: int | None = None
     eval_split: str = "test"
     # Held-out scoring; None = episode.reward. Lets a run train on a shaped reward (e.g. exact match plus partial
     # credit) while eval/em stays the plain metric that em_start / em_final report.
@@ -111,6 +112,9 @@ class TrainConfig:
     max_wall_s: float | None = None
     max_generated_tokens: int | None = None
     tensorboard: bool = True
+    # Debugging: generate and dump (data.dump_dir) without updating, or train from a dump dir without generating.
+    rollout_only: bool = False
+    train_only: str | None = None
 
     def __post_init__(self) -> None:
         if self.steps < 0:
@@ -139,5 +143,11 @@ class TrainConfig:
                 raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")
         if self.eval_every < 0 or self.checkpoint_every < 0:
             raise ValueError("train.eval_every / checkpoint_every must be >= 0 (0 = only at the end)")
+        if self.rollout_only and self.train_only is not None:
+            raise ValueError("train.rollout_only and train.train_only exclude each other; set one")
+        if self.final_eval_episodes is not None and self.final_eval_episodes < 1:
+            raise ValueError(
+                f"train.final_eval_episodes must be >= 1 or null, got {self.final_eval_episodes}"
+            )
         if self.keep_checkpoints < 1:
             raise ValueError(f"train.keep_checkpoints must be >= 1, got {self.keep_checkpoints}")

@@ -1,8 +1,9 @@
 """Held-out evaluation during training: greedy, one chain per question, scored by the episode reward.
 
 ``eval/em`` is the mean episode reward over the held-out inputs with the configured reward function
-(``exact_match`` by default, so it is exact-match accuracy); failed episodes count as 0. The same inputs and
-decoding are used at every evaluation and for every rollout strategy, so runs are comparable.
+(``exact_match`` by default, so it is exact-match accuracy); failed episodes count as 0. ``eval/em_ci_low`` /
+``_high`` are a 95 % percentile bootstrap interval over episodes (2,000 resamples, fixed seed). The same inputs
+and decoding are used at every evaluation and for every rollout strategy, so runs are comparable.
 """
 
 from __future__ import annotations
@@ -15,16 +16,30 @@ import numpy as np
 from memrl.types import EpisodeStatus
 
 
-def evaluate(res: Any) -> dict[str, float]:
+def bootstrap_ci(values: list[float], resamples: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """95 % percentile bootstrap interval of the mean (``(0, 0)`` for no values)."""
+    if not values:
+        return 0.0, 0.0
+    x = np.asarray(values, dtype=np.float64)
+    means = x[np.random.default_rng(seed).integers(0, len(x), size=(resamples, len(x)))].mean(axis=1)
+    return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+
+
+def evaluate(res: Any, inputs: list | None = None) -> dict[str, float]:
+    """Evaluate on ``inputs`` (default: the in-run subset ``res.eval_inputs``)."""
     t0 = time.perf_counter()
     res.model.eval()
+    inputs = res.eval_inputs if inputs is None else inputs
     episodes = []
     size = max(1, res.cfg.episode.batch_size)
-    for i in range(0, len(res.eval_inputs), size):
-        episodes.extend(res.eval_runner.run_batch(res.eval_inputs[i : i + size]))
+    for i in range(0, len(inputs), size):
+        episodes.extend(res.eval_runner.run_batch(inputs[i : i + size]))
     rewards = [e.reward if e.status is not EpisodeStatus.FAILED else 0.0 for e in episodes]
+    low, high = bootstrap_ci(rewards)
     return {
         "eval/em": float(np.mean(rewards)) if rewards else 0.0,
+        "eval/em_ci_low": low,
+        "eval/em_ci_high": high,
         "eval/episodes": float(len(episodes)),
         "eval/failed": float(sum(e.status is EpisodeStatus.FAILED for e in episodes)),
         "eval/time_s": time.perf_counter() - t0,

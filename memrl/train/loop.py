@@ -1,21 +1,25 @@
 """``memrl train``: the LoRA GRPO loop. It reads like the algorithm::
 
     for step in steps:
-        groups   = data_source.get_samples(prompts_per_batch)      # sample prompts
-        episodes = runner.run_batch(groups)                        # run episodes (memory → rollout → reward)
-        batch    = builder.build(episodes)                         # trajectories → PackedBatch
+        groups   = buffer.rollout(runner.run_batch, prompts_per_batch)  # draw → run episodes → filter → refill
+        batch    = builder.build(groups)                           # trajectories → PackedBatch
         metrics  = updater.update(batch, replay.sample(...))       # GRPO (+ SFT/RFT replay) on the LoRA adapter
         publish(policy)                                            # hot-swap the adapter into the backend
         evaluate every k steps; checkpoint every c steps
 
-Resume: the newest complete checkpoint restores adapter, optimizer, RNG, data-source position, replay buffer
-and counters; every step re-seeds its randomness from ``(seed, step)``, so a run killed at any point and
+Debugging (as slime's): ``data.dump_dir`` writes each step's rollout; ``train.rollout_only`` generates and dumps
+without updating; ``train.train_only=<dump dir>`` trains from the dumps without generating, and the same dumps
+give the same updates (no evaluation runs in either mode).
+
+Resume: the newest complete checkpoint restores adapter, optimizer, RNG, buffer and data-source position, replay
+buffer and counters; every step re-seeds its randomness from ``(seed, step)``, so a run killed at any point and
 resumed reproduces the uninterrupted run's metrics, with no episode lost or repeated.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import random
@@ -27,6 +31,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from memrl.data.buffer import (
+    RolloutResult,
+    group_episodes,
+    has_reward_signal,
+    read_rollout_dump,
+    select_groups,
+)
+from memrl.data.datasource import write_json_atomic
+from memrl.policy.models import cache_dir, describe_policy
 from memrl.train.checkpoint import (
     TrainState,
     clean_stale,
@@ -66,42 +79,63 @@ class StepResult:
     episodes: list[EpisodeTrajectory]
 
 
+def _draw(res: TrainResources, step: int) -> RolloutResult:
+    """This step's rollout: live through the buffer, or replayed from ``train.train_only``'s dump."""
+    cfg = res.cfg
+    if cfg.train.train_only is None:
+        return res.buffer.rollout(
+            res.runner.run_batch,
+            cfg.data.prompts_per_batch,
+            rollout_id=step,
+            max_rounds=cfg.data.max_sampling_rounds,
+        )
+    path = Path(cfg.train.train_only) / f"rollout_{step:06d}.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"train.train_only: no dump for step {step} ({path}); dumped steps end earlier"
+        )
+    episodes = read_rollout_dump(path)
+    chosen = select_groups(res.buffer.group_filter, episodes, cfg.data.prompts_per_batch)
+    return RolloutResult(chosen.kept, episodes, dropped=chosen.dropped)
+
+
 def run_step(res: TrainResources, step: int, counters: dict[str, float]) -> StepResult:
-    """One iteration: sample → run episodes → build batch → update → publish weights."""
+    """One iteration: draw groups (rollout, filter, refill) → build batch → update → publish weights."""
     cfg = res.cfg
     t0 = time.perf_counter()
-    groups = res.data_source.get_samples(cfg.data.prompts_per_batch)
-    inputs = [inp for group in groups for inp in group]
     decoded_before = res.runner.metrics.get(DECODED, 0.0)
-    episodes = res.runner.run_batch(inputs)
+    rollout = _draw(res, step)
+    episodes, usable = rollout.episodes, rollout.usable
     t_rollout = time.perf_counter() - t0
-    usable = [e for e in episodes if e.status in (EpisodeStatus.COMPLETED, EpisodeStatus.TRUNCATED)]
-    trained = sum(sum(s.response_mask) for e in episodes for s in e.steps)
+    trainable = [ep for group in rollout.groups for ep in group]
+    masked = sum(sum(s.response_mask) for e in episodes for s in e.steps)
     # The budget counts tokens the model decoded: a tree decodes a shared prefix once for all its leaves.
-    generated = res.runner.metrics.get(DECODED, decoded_before + trained) - decoded_before
+    generated = res.runner.metrics.get(DECODED, decoded_before + masked) - decoded_before
+    groups = group_episodes(usable)
     metrics: dict[str, float] = {
         "rollout/episodes": float(len(episodes)),
-        "rollout/failed": float(len(episodes) - len(usable)),
+        "rollout/failed": float(sum(e.status is EpisodeStatus.FAILED for e in episodes)),
         "rollout/reward_mean": float(np.mean([e.reward for e in episodes])) if episodes else 0.0,
         "rollout/generated_tokens": float(generated),
-        "rollout/trained_tokens": float(trained),
+        "rollout/trained_tokens": float(sum(sum(s.response_mask) for e in trainable for s in e.steps)),
+        "rollout/mixed_groups": sum(map(has_reward_signal, groups)) / max(1, len(groups)),
+        "rollout/groups_trained": float(len(rollout.groups)),
+        "rollout/sampling_rounds": float(rollout.rounds),
         "time/rollout_s": t_rollout,
     }
     replay_sample = None
     if res.replay is not None and cfg.train.replay.batch_size > 0 and len(res.replay):
         replay_sample = res.replay.sample(cfg.train.replay.batch_size)
-    trainable, metrics["rollout/mixed_groups"] = mixed_groups(usable)
-    if not cfg.train.filter_groups:
-        trainable = usable
-    metrics["rollout/filtered_episodes"] = float(len(usable) - len(trainable))
-    if trainable:
+    if cfg.train.rollout_only:
+        pass
+    elif trainable:
         t1 = time.perf_counter()
         batch = res.builder.build(trainable)
         metrics.update(res.updater.update(batch, replay=replay_sample))
         metrics["time/update_s"] = time.perf_counter() - t1
         publish_adapter(res, step)
     elif usable:
-        logger.info("step %d: every group's rewards are equal (no GRPO signal); no update", step)
+        logger.info("step %d: no group passed data.group_filter=%s; no update", step, cfg.data.group_filter)
     else:
         logger.warning("step %d: no usable episode (all %d failed); no update", step, len(episodes))
     if res.replay is not None:
@@ -109,16 +143,6 @@ def run_step(res: TrainResources, step: int, counters: dict[str, float]) -> Step
     counters["generated_tokens"] = counters.get("generated_tokens", 0.0) + generated
     counters["episodes"] = counters.get("episodes", 0.0) + len(episodes)
     return StepResult(metrics, episodes)
-
-
-def mixed_groups(episodes: list[EpisodeTrajectory]) -> tuple[list[EpisodeTrajectory], float]:
-    """The episodes of groups whose rewards differ (the only ones with a nonzero GRPO advantage), in input
-    order, and the share of groups that are mixed."""
-    rewards: dict[str, set[float]] = {}
-    for e in episodes:
-        rewards.setdefault(e.group_id, set()).add(float(e.reward))
-    mixed = {g for g, r in rewards.items() if len(r) > 1}
-    return [e for e in episodes if e.group_id in mixed], len(mixed) / max(1, len(rewards))
 
 
 def _budget_left(cfg: Any, counters: dict[str, float]) -> bool:
@@ -143,7 +167,7 @@ def _restore(res: TrainResources, ckpt_root: Path) -> TrainState:
     if last is None:
         return TrainState()
     state = load_checkpoint(last, res.model, res.updater.optimizer)
-    res.data_source.load_state_dict(state.data_source)
+    res.buffer.load_state_dict(state.data_source)
     if res.replay is not None and "replay" in state.extra:
         res.replay.load_state_dict(state.extra["replay"])
     publish_adapter(res, state.step)
@@ -152,16 +176,55 @@ def _restore(res: TrainResources, ckpt_root: Path) -> TrainState:
 
 def _checkpoint(res: TrainResources, ckpt_root: Path, step: int, counters: dict[str, float]) -> None:
     extra = {"replay": res.replay.state_dict()} if res.replay is not None else {}
-    state = TrainState(
-        step=step, data_source=res.data_source.state_dict(), counters=dict(counters), extra=extra
-    )
+    state = TrainState(step=step, data_source=res.buffer.state_dict(), counters=dict(counters), extra=extra)
     save_checkpoint(ckpt_root, res.model, res.updater.optimizer, state, keep=res.cfg.train.keep_checkpoints)
 
 
-def _eval(res: TrainResources, step: int) -> dict[str, float]:
+def _eval(res: TrainResources, step: int, inputs: list | None = None) -> dict[str, float]:
     # Evaluation gets its own fixed seed, so it never shifts the training stream.
     seed_everything(step_seed(res.cfg.seed, step, EVAL_STREAM), res)
-    return evaluate(res)
+    return evaluate(res, inputs)
+
+
+def _start_eval(res: TrainResources) -> dict[str, float]:
+    """The untrained model's evaluation on the final-evaluation episodes, computed once per (model, config,
+    episodes) and reused from ``$MEMRL_CACHE_DIR/evals/`` by later runs and other seeds of the same setup."""
+    key = start_eval_key(res)
+    path = cache_dir() / "evals" / f"{key}.json"
+    if path.is_file():
+        logger.info("start evaluation reused from %s", path)
+        return json.loads(path.read_text(encoding="utf-8"))
+    start = _eval(res, 0, res.final_eval_inputs)
+    write_json_atomic(path, start)
+    return start
+
+
+def start_eval_key(res: TrainResources) -> str:
+    cfg = res.cfg
+    from memrl.train.setup import eval_config
+
+    ecfg = eval_config(cfg)
+    payload = {
+        "policy": dataclasses.asdict(cfg.policy),
+        "model": describe_policy(cfg.policy),
+        "memory": dataclasses.asdict(cfg.memory),
+        "tools": dataclasses.asdict(cfg.tools),
+        "episode": dataclasses.asdict(ecfg.episode),
+        "rollout": dataclasses.asdict(ecfg.rollout),
+        "seed": cfg.seed,
+        "inputs": [bi.episode_id for bi in res.final_eval_inputs],
+    }
+    blob = json.dumps(payload, sort_keys=True, default=str).encode("utf-8")
+    return hashlib.sha256(blob).hexdigest()[:20]
+
+
+def _counters_from_eval(counters: dict[str, float], name: str, result: dict[str, float]) -> None:
+    counters[name] = result["eval/em"]
+    counters["eval_episodes"] = result["eval/episodes"]
+    counters[f"{name}_ci_low"], counters[f"{name}_ci_high"] = (
+        result["eval/em_ci_low"],
+        result["eval/em_ci_high"],
+    )
 
 
 def train(cfg: Any, *, resources: TrainResources | None = None) -> dict[str, Any]:
@@ -169,49 +232,26 @@ def train(cfg: Any, *, resources: TrainResources | None = None) -> dict[str, Any
     run_dir = Path(cfg.output_dir)
     ckpt_root = run_dir / "checkpoints"
     run_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.train.rollout_only and not cfg.data.dump_dir:
+        raise ValueError("train.rollout_only generates rollouts only to dump them: set data.dump_dir too")
     res = resources or build_resources(cfg)
     state = _restore(res, ckpt_root)
     counters = dict(state.counters)
+    evaluating = not cfg.train.rollout_only and cfg.train.train_only is None
     log = MetricsLogger(run_dir, resume_step=state.step, tensorboard=cfg.train.tensorboard)
     try:
-        if "em_start" not in counters:
+        if evaluating and "em_start" not in counters:
             t0 = time.perf_counter()
-            start = _eval(res, 0)
-            counters["em_start"] = start["eval/em"]
-            counters["wall_s"] = counters.get("wall_s", 0.0) + time.perf_counter() - t0
+            start = _start_eval(res)
+            _counters_from_eval(counters, "em_start", start)
+            counters["eval_wall_s"] = counters.get("eval_wall_s", 0.0) + time.perf_counter() - t0
             log.log(0, {**start, **{f"counters/{k}": v for k, v in counters.items()}})
-        step, last_eval = state.step, state.step
-        # Wall time counts everything from here: steps, evals, logging and checkpoints (the time between two
-        # counter updates goes to the later one).
-        tick = time.perf_counter()
-        for step in range(state.step + 1, cfg.train.steps + 1):
-            if not _budget_left(cfg, counters):
-                step -= 1
-                break
-            seed_everything(step_seed(cfg.seed, step), res)
-            result = run_step(res, step, counters)
-            metrics = result.metrics
-            if cfg.train.eval_every and step % cfg.train.eval_every == 0:
-                metrics.update(_eval(res, step))
-                counters["em_final"], last_eval = metrics["eval/em"], step
-            now = time.perf_counter()
-            counters["wall_s"] = counters.get("wall_s", 0.0) + now - tick
-            tick = now
-            metrics.update({f"counters/{k}": v for k, v in counters.items()})
-            log.log(step, metrics)
-            logger.info(
-                "step %d: reward %.3f, eval %s, tokens %d",
-                step,
-                metrics["rollout/reward_mean"],
-                metrics.get("eval/em", "-"),
-                counters["generated_tokens"],
-            )
-            if cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0:
-                _checkpoint(res, ckpt_root, step, counters)
-        if last_eval != step or "em_final" not in counters:
-            final = _eval(res, step)
-            counters["em_final"] = final["eval/em"]
-            counters["wall_s"] = counters.get("wall_s", 0.0) + time.perf_counter() - tick
+        step = _train_steps(res, state.step, counters, log, ckpt_root, evaluating)
+        if evaluating:
+            t0 = time.perf_counter()
+            final = _eval(res, step, res.final_eval_inputs)
+            _counters_from_eval(counters, "em_final", final)
+            counters["eval_wall_s"] = counters.get("eval_wall_s", 0.0) + time.perf_counter() - t0
             log.log(step, {**final, **{f"counters/{k}": v for k, v in counters.items()}})
         _checkpoint(res, ckpt_root, step, counters)
     finally:
@@ -219,11 +259,59 @@ def train(cfg: Any, *, resources: TrainResources | None = None) -> dict[str, Any
     return _finish(cfg, run_dir, step, counters)
 
 
+def _train_steps(
+    res: TrainResources,
+    done: int,
+    counters: dict[str, float],
+    log: MetricsLogger,
+    ckpt_root: Path,
+    evaluating: bool,
+) -> int:
+    """Steps ``done + 1 ..`` until ``train.steps`` or a budget ends; returns the last step run.
+
+    ``wall_s`` counts training: steps, in-run evaluations (on the ``eval_episodes`` subset), logging and
+    checkpoints; the start and final evaluations are counted apart (``eval_wall_s``)."""
+    cfg = res.cfg
+    step = done
+    tick = time.perf_counter()
+    for step in range(done + 1, cfg.train.steps + 1):
+        if not _budget_left(cfg, counters):
+            step -= 1
+            break
+        seed_everything(step_seed(cfg.seed, step), res)
+        metrics = run_step(res, step, counters).metrics
+        if evaluating and cfg.train.eval_every and step % cfg.train.eval_every == 0:
+            metrics.update(_eval(res, step))
+        now = time.perf_counter()
+        counters["wall_s"] = counters.get("wall_s", 0.0) + now - tick
+        tick = now
+        metrics.update({f"counters/{k}": v for k, v in counters.items()})
+        log.log(step, metrics)
+        logger.info(
+            "step %d: reward %.3f, eval %s, tokens %d",
+            step,
+            metrics["rollout/reward_mean"],
+            metrics.get("eval/em", "-"),
+            counters["generated_tokens"],
+        )
+        if cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0:
+            _checkpoint(res, ckpt_root, step, counters)
+    return step
+
+
 def _finish(cfg: Any, run_dir: Path, step: int, counters: dict[str, float]) -> dict[str, Any]:
     png = plot_curves(run_dir / "metrics.jsonl", run_dir / "curve.png", title=Path(cfg.output_dir).name)
+    ci = lambda name: (  # noqa: E731
+        [counters[f"{name}_ci_low"], counters[f"{name}_ci_high"]] if f"{name}_ci_low" in counters else None
+    )
     summary = {
         "em_start": counters.get("em_start"),
+        "em_start_ci": ci("em_start"),
         "em_final": counters.get("em_final"),
+        "em_final_ci": ci("em_final"),
+        "eval_episodes": int(counters.get("eval_episodes", 0)) or None,
+        "eval_wall_s": round(counters.get("eval_wall_s", 0.0), 1),
+        "seed": cfg.seed,
         "generated_tokens": int(counters.get("generated_tokens", 0)),
         "wall_s": round(counters.get("wall_s", 0.0), 1),
         "steps": step,

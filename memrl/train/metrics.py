@@ -76,7 +76,7 @@ def plot_curves(metrics_path: str | Path, out_png: str | Path, title: str = "") 
         return None
     fig, ax = plt.subplots(figsize=(7, 4))
     # The reward of every sampled episode: train/reward_mean covers only what was trained on, which
-    # train.filter_groups narrows to the groups with mixed rewards.
+    # data.group_filter narrows to the groups with mixed rewards.
     key = "rollout/reward_mean" if any("rollout/reward_mean" in r for r in rows) else "train/reward_mean"
     tr = [r for r in rows if key in r]
     ev = [r for r in rows if "eval/em" in r]

@@ -34,7 +34,7 @@ from memrl.types import PackedBatch
 class SeqRecord:
     """One trainable sequence. ``ids`` = prompt + response ``[S]``; the rest are ``[S]`` aligned with ``ids``:
     ``loss_mask`` (response_mask × sample weight, 0 on the prompt), ``old_logp`` (behaviour log-probs, 0 on the
-    prompt) and ``adv`` (the sequence advantage on response tokens)."""
+    prompt, NaN on a repaired call spliced in by a rollback) and ``adv`` (the sequence advantage on response tokens)."""
 
     ids: torch.Tensor
     prompt_len: int
@@ -95,6 +95,23 @@ def _packed_rows(batch: PackedBatch):
         yield i, seq[:pl], seq[pl:], batch.response_mask[0, sl], batch.old_log_probs[0, sl]
 
 
+def _without_spliced_logprobs(old: torch.Tensor, meta) -> torch.Tensor:
+    """NaN where a rollback spliced in a repaired call: those tokens were sampled under a context the final
+    sequence no longer holds, so they have no behaviour log-prob here; the updater uses log-probs recomputed
+    under the final context (see :class:`memrl.types.RollbackRecord`)."""
+    spans = [
+        (rb.position, rb.position + rb.repaired_tokens)
+        for rb in getattr(meta, "rollbacks", ())
+        if rb.repaired_tokens
+    ]
+    if not spans:
+        return old.float()
+    old = old.float().clone()
+    for start, end in spans:
+        old[start:end] = float("nan")
+    return old
+
+
 def unpack(batch: PackedBatch, seq_adv: torch.Tensor, weights: torch.Tensor) -> list[SeqRecord]:
     """Split ``batch`` into sequences. ``seq_adv`` and ``weights`` are ``[num_steps]``."""
     rows = _packed_rows(batch) if batch.layout == "packed" else _padded_rows(batch)
@@ -102,6 +119,7 @@ def unpack(batch: PackedBatch, seq_adv: torch.Tensor, weights: torch.Tensor) -> 
     for i, prompt, resp, rmask, old in rows:
         if len(prompt) == 0:
             raise ValueError(f"step {batch.step_ids[i]!r}: empty prompt (row {i}); every sequence needs one")
+        old = _without_spliced_logprobs(old, batch.step_meta[i] if batch.step_meta else None)
         zeros = torch.zeros(len(prompt))
         mask = torch.cat([zeros, rmask.float() * float(weights[i])])
         out.append(
@@ -109,7 +127,7 @@ def unpack(batch: PackedBatch, seq_adv: torch.Tensor, weights: torch.Tensor) -> 
                 ids=torch.cat([prompt, resp]).long(),
                 prompt_len=len(prompt),
                 loss_mask=mask,
-                old_logp=torch.cat([zeros, old.float()]),
+                old_logp=torch.cat([zeros, old]),
                 adv=torch.cat([zeros, torch.full((len(resp),), float(seq_adv[i]))]),
                 index=i,
             )

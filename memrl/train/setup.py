@@ -30,8 +30,9 @@ class TrainResources:
     policy: Any  # the PolicyClient that generates rollouts
     runner: Any  # EpisodeRunner for training rollouts
     eval_runner: Any  # EpisodeRunner for held-out evaluation (greedy, one chain per question)
-    eval_inputs: list
-    data_source: Any
+    eval_inputs: list  # the in-run evaluation subset (train.eval_episodes)
+    final_eval_inputs: list  # start and final evaluation (train.final_eval_episodes; the subset is its head)
+    buffer: Any  # RolloutBuffer over the training data source
     builder: Any
     updater: PolicyUpdater
     replay: ReplayBuffer | None
@@ -86,13 +87,16 @@ def _model_and_policy(cfg: Any):
 
 def build_resources(cfg: Any) -> TrainResources:
     from memrl.data.batch import TrajectoryBatchBuilder
+    from memrl.data.buffer import RolloutBuffer
     from memrl.data.datasource import RolloutDataSource
     from memrl.episode.build import build_runner
 
     torch.manual_seed(cfg.seed)
     model, policy, shares = _model_and_policy(cfg)
     train_inputs = _load_dataset(cfg, cfg.data.split, cfg.data.limit)
-    eval_inputs = _load_dataset(cfg, cfg.train.eval_split, cfg.train.eval_episodes)
+    final_n = cfg.train.final_eval_episodes or cfg.train.eval_episodes
+    final_eval_inputs = _load_dataset(cfg, cfg.train.eval_split, max(final_n, cfg.train.eval_episodes))
+    eval_inputs = final_eval_inputs[: cfg.train.eval_episodes]
     runner = build_runner(cfg, policy=policy)
     eval_runner = build_runner(eval_config(cfg), policy=policy)
     builder = TrajectoryBatchBuilder(cfg.data.batch)
@@ -106,7 +110,8 @@ def build_resources(cfg: Any) -> TrainResources:
         runner=runner,
         eval_runner=eval_runner,
         eval_inputs=eval_inputs,
-        data_source=RolloutDataSource.from_config(cfg.data, train_inputs),
+        final_eval_inputs=final_eval_inputs[:final_n],
+        buffer=RolloutBuffer.from_config(cfg.data, RolloutDataSource.from_config(cfg.data, train_inputs)),
         builder=builder,
         updater=PolicyUpdater(model, cfg.train, temperature=cfg.rollout.temperature),
         replay=replay,

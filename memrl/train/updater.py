@@ -151,6 +151,8 @@ class PolicyUpdater:
         cfg = self.cfg
         logits = self._logits(mb)
         logp = token_logprobs(logits, mb.input_ids)
+        # One update per batch is on-policy (old = current); several recompute old_logp first: either way the
+        # ratio's old log-probs are under the final context, also on rollback-spliced tokens (NaN in the batch).
         old = logp.detach() if on_policy else mb.old_logp
         tok_loss, pg = clipped_policy_loss(
             logp, old, mb.adv, mb.loss_mask, cfg.clip_ratio_low, cfg.clip_ratio_high
@@ -171,8 +173,11 @@ class PolicyUpdater:
             "train/clip_frac": float(pg["clip_frac"]),
             "train/approx_kl": float(pg["approx_kl"]),
             "train/entropy": float(masked_mean(ent_metric, mb.loss_mask)),
+            # Rollout vs training log-probs on tokens that have a rollout log-prob (not rollback-spliced ones).
             "train/rollout_logp_abs_diff": float(
-                masked_mean((logp.detach() - mb.old_logp).abs(), mb.loss_mask)
+                masked_mean(
+                    (logp.detach() - mb.old_logp.nan_to_num()).abs(), mb.loss_mask * ~mb.old_logp.isnan()
+                )
             ),
         }
         if kl is not None:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from memrl.data.buffer import (
     dynamic_sampling,
     group_episodes,
     read_rollout_dump,
+    select_groups,
 )
 from memrl.data.config import DataConfig
 from memrl.data.datasource import RolloutDataSource
@@ -174,3 +176,66 @@ def test_buffer_state_round_trip_keeps_pushed_back_groups(tmp_path: Path):
     resumed = RolloutBuffer(RolloutDataSource(make_inputs(4), n_samples_per_prompt=2))
     resumed.load(tmp_path / "buffer.json")
     assert resumed.get_samples(3) == expected
+
+
+def _runner_by_reward(rewards: dict[str, list[float]]):
+    """Stands in for ``EpisodeRunner.run_batch``: each input becomes one finished episode whose reward is read
+    from ``rewards[prompt id][copy number]``; records every batch it ran."""
+    batches: list[list[str]] = []
+
+    def run(inputs: list[BatchInput]) -> list[EpisodeTrajectory]:
+        batches.append([x.episode_id for x in inputs])
+        out = []
+        for x in inputs:
+            prompt, k = x.episode_id.split("~")
+            out.append(
+                dataclasses.replace(
+                    make_episode(x.group_id, x.sample_index, rewards[prompt][int(k) % len(rewards[prompt])]),
+                    episode_id=x.episode_id,
+                )
+            )
+        return out
+
+    return run, batches
+
+
+def test_rollout_refills_dropped_groups_to_exactly_the_batch_size_and_pushes_back_the_surplus(tmp_path: Path):
+    # Two copies per prompt; ep0, ep2, ep4, ep5 agree (no signal); ep1, ep3, ep6, ep7 are mixed.
+    signal = {f"ep{i}": [1.0, 0.0] for i in (1, 3, 6, 7)}
+    flat = {f"ep{i}": [0.0] for i in (0, 2, 4, 5)}
+    source = RolloutDataSource(make_inputs(8), n_samples_per_prompt=2, shuffle=False)
+    buffer = RolloutBuffer(source, group_filter="dynamic_sampling", dump_dir=tmp_path)
+    run, batches = _runner_by_reward({**signal, **flat})
+    result = buffer.rollout(run, 2, rollout_id=1, max_rounds=4)
+    # Round 1 drew 2 prompts (ep0 flat, ep1 mixed); keep rate 1/2 → round 2 drew 2 more: ep2 flat, ep3 mixed.
+    assert [len(b) for b in batches] == [4, 4]
+    assert [g[0].group_id for g in result.groups] == ["ep1@e0", "ep3@e0"]
+    assert result.rounds == 2 and len(result.episodes) == 8
+    assert sorted(g[0].group_id for g, _ in result.dropped) == ["ep0@e0", "ep2@e0"]
+    # The dump holds every round, and select_groups over it gives back exactly what trained.
+    dumped = read_rollout_dump(tmp_path / "rollout_000001.jsonl")
+    assert dumped == result.episodes
+    assert select_groups(buffer.group_filter, dumped, 2).kept == result.groups
+
+    # Next step: ep4 (round 1) is flat; round 2 over-samples by the floor keep rate (4 prompts: ep5 flat, ep6
+    # and ep7 mixed, ep0 of the next epoch flat). ep7 is one more than needed: its prompt goes back to the
+    # buffer, is served first by the step after, and its first run reaches neither training nor replay.
+    result = buffer.rollout(run, 1, rollout_id=2, max_rounds=4)
+    assert [len(b) for b in batches[2:]] == [2, 8]
+    assert [g[0].group_id for g in result.groups] == ["ep6@e0"]
+    assert result.pushed_back == {"ep7@e0"} and len(buffer) == 1
+    assert not any(ep.group_id == "ep7@e0" for ep in result.usable)
+    result = buffer.rollout(run, 1, rollout_id=3)
+    assert batches[-1] == ["ep7~0", "ep7~1"] and [g[0].group_id for g in result.groups] == ["ep7@e0"]
+    assert buffer.metrics["buffer/groups_pushed_back"] == 1 and buffer.metrics["buffer/groups_kept"] == 4
+
+
+def test_rollout_stops_after_max_rounds_with_what_it_found():
+    source = RolloutDataSource(make_inputs(4), n_samples_per_prompt=2, shuffle=False)
+    buffer = RolloutBuffer(source, group_filter="dynamic_sampling")
+    run, batches = _runner_by_reward({f"ep{i}": [0.0] for i in range(4)})
+    result = buffer.rollout(run, 2, max_rounds=2)
+    assert result.groups == [] and result.rounds == 2
+    # Round 2 over-samples by the floor keep rate (4x the missing groups, bounded by 4x).
+    assert [len(b) for b in batches] == [4, 16]
+    assert len(result.dropped) == 2 + 8

@@ -43,6 +43,8 @@ def test_groups_copy_one_prompt_with_unique_indices_and_shared_group_id():
     assert indices == list(range(9))
     for g, original in zip(groups, inputs[:3], strict=True):
         assert {x.group_id for x in g} == {f"{original.episode_id}@e0"}
+        # Copies are separate episodes: distinct ids (the runner runs each id once per batch).
+        assert [x.episode_id for x in g] == [f"{original.episode_id}~{k}" for k in range(3)]
         for x in g:  # everything but the group/sample ids is the original prompt
             assert (x.turns, x.final_query, x.target_answer, x.metadata) == (
                 original.turns,

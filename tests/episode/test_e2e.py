@@ -140,6 +140,27 @@ def test_run_writes_parquet_that_round_trips_and_resumes(policy_and_cfg, tmp_pat
     assert len(ds) == len(frame) and ds[0]["prompt_ids"] == list(frame.iloc[0].prompt_ids)
 
 
+def test_run_draws_copies_through_the_buffer_and_dumps_each_part(policy_and_cfg, tmp_path):
+    """data.n_samples_per_prompt copies all run (distinct ids, one group) and data.dump_dir dumps every part."""
+    import dataclasses
+
+    from memrl.data.buffer import read_rollout_dump
+
+    policy, cfg, _ = policy_and_cfg
+    cfg = dataclasses.replace(
+        cfg, data=dataclasses.replace(cfg.data, n_samples_per_prompt=2, dump_dir=str(tmp_path / "dumps"))
+    )
+    inputs, _ = load_dataset(cfg.data)
+    metrics = run_episodes(cfg, tmp_path / "run", inputs=inputs[:2], policy=policy, progress=False)
+    assert metrics["run/failed"] == 0 and metrics["run/inputs"] == 4  # 2 prompts x 2 copies, none a duplicate
+    [dump] = sorted((tmp_path / "dumps").glob("rollout_*.jsonl"))
+    episodes = read_rollout_dump(dump)
+    assert len(episodes) == 4 * cfg.rollout.n
+    assert {e.group_id for e in episodes} == {f"{bi.episode_id}@e0" for bi in inputs[:2]}
+    again = run_episodes(cfg, tmp_path / "run", inputs=inputs[:2], policy=policy, progress=False)
+    assert again["run/episodes_this_session"] == 0  # resume knows the copies by their own ids
+
+
 def test_resume_refuses_a_changed_job_until_fresh(policy_and_cfg, tmp_path):
     import dataclasses
 

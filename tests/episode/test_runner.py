@@ -78,3 +78,15 @@ def test_infrastructure_errors_are_raised_not_blamed_on_an_episode(setup):
     with pytest.raises(PolicyError, match="backend is gone"):
         runner.run_batch(inputs[:2])
     assert runner.memory.store.namespaces() == []  # memory released even though the batch raised
+
+
+def test_copies_of_one_prompt_all_run_as_one_group(setup):
+    """n_samples_per_prompt > 1: every copy runs (none is failed as a duplicate) and the copies form one group."""
+    from memrl.data.datasource import RolloutDataSource
+
+    cfg, inputs, policy = setup
+    groups = RolloutDataSource(inputs[:2], n_samples_per_prompt=4, shuffle=False).get_samples(2)
+    trajs = build_runner(cfg, policy=policy).run_batch([x for g in groups for x in g])
+    assert [t.status for t in trajs].count(EpisodeStatus.FAILED) == 0 and len(trajs) == 8
+    assert len({t.episode_id for t in trajs}) == 8
+    assert [t.group_id for t in trajs] == [g[0].group_id for g in groups for _ in range(4)]

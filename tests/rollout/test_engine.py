@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from memrl.policy.scripted import DEFAULT_LOGPROB, ScriptedPolicy
@@ -65,6 +67,9 @@ def test_rollback_replaces_the_failed_call(tok):
         [rec] = step.meta.rollbacks
         assert rec.position == 0 and rec.attempts == 1 and rec.repaired
         assert "NameError" in rec.error
+        # The spliced span is exactly the corrected call: the tokens whose log-probs the trainer recomputes.
+        span = step.response_ids[rec.position : rec.position + rec.repaired_tokens]
+        assert tok.decode(span) == "<python>print(1)</python>"
         removed = (
             len(encode(tok, "<python>prnt(1)</python>"))
             + len(
@@ -183,6 +188,11 @@ def test_rollback_inside_trees_and_chains(tok, strategy):
         assert "prnt" not in text
         assert text.endswith("<answer>2</answer>")
         assert all(r.repaired for r in step.meta.rollbacks)
+        for (
+            r
+        ) in step.meta.rollbacks:  # tree offsets: the span is the corrected call in the leaf's own response
+            span = tok.decode(step.response_ids[r.position : r.position + r.repaired_tokens])
+            assert re.fullmatch(r"<python>print\(\d\)</python>", span), span
     if strategy == "tree" and tree.branch_at == "segment":
         # Some forks sat mid-turn: their rollback reached below the fork and re-attached them higher up.
         assert result.metrics.get("rollout/tree/rollback_reattached", 0) > 0

@@ -123,17 +123,62 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path, tiny_model_dir)
     assert (out_b / "curve.png").is_file()
 
 
-def test_mixed_groups_keeps_only_groups_with_reward_signal():
-    import dataclasses
+def _in_process_cfg(tmp: Path, model: Path, name: str, *overrides: str):
+    from memrl.config import load_config
 
-    from memrl.train.loop import mixed_groups
-    from tests.train.train_fixtures import make_episodes
+    path = tmp / f"{name}.yaml"
+    path.write_text(CONFIG.format(out=tmp / name, model=model, steps=2))
+    return load_config(
+        path,
+        [
+            "episode.reward=tests.train.train_fixtures:vowel_reward",
+            "data.n_samples_per_prompt=2",  # copies of one prompt: distinct episodes, one group
+            "train.replay={batch_size: 4, sft_weight: 0.5, min_reward: 0.0}",
+            "train.eval_every=0",
+            *overrides,
+        ],
+    )
 
-    eps = make_episodes(n_groups=3, n_per_group=3)
-    # g0: rewards 1, 0, 1 (mixed); g1: all 1 (no signal); g2: all 0 (no signal)
-    rewards = {"g0": [1.0, 0.0, 1.0], "g1": [1.0, 1.0, 1.0], "g2": [0.0, 0.0, 0.0]}
-    eps = [dataclasses.replace(e, reward=rewards[e.group_id][k % 3]) for k, e in enumerate(eps)]
-    kept, share = mixed_groups(eps)
-    assert [e.episode_id for e in kept] == ["g0e0", "g0e1", "g0e2"]
-    assert share == pytest.approx(1 / 3)
-    assert mixed_groups([]) == ([], 0.0)
+
+def test_dumped_rollouts_replay_into_the_same_updates(tmp_path, tiny_model_dir):
+    """data.dump_dir + train.train_only: training from the dump reproduces the live run's updates exactly,
+    replay loss included; train.rollout_only dumps without touching the adapter."""
+    import torch
+
+    from memrl.train.loop import train
+    from memrl.train.lora import adapter_state
+    from memrl.train.setup import build_resources
+
+    dumps = tmp_path / "dumps"
+    live_cfg = _in_process_cfg(tmp_path, tiny_model_dir, "live", f"data.dump_dir={dumps}")
+    live = build_resources(live_cfg)
+    summary = train(live_cfg, resources=live)
+    assert sorted(p.name for p in dumps.iterdir()) == ["rollout_000001.jsonl", "rollout_000002.jsonl"]
+    assert summary["em_start_ci"][0] <= summary["em_start"] <= summary["em_start_ci"][1]
+
+    replay_cfg = _in_process_cfg(tmp_path, tiny_model_dir, "replayed", f"train.train_only={dumps}")
+    replayed = build_resources(replay_cfg)
+    replay_summary = train(replay_cfg, resources=replayed)
+    assert replay_summary["em_start"] is None  # no generation at all: no evaluation either
+    rows = [_metrics(tmp_path / n) for n in ("live", "replayed")]
+    steps = [[r for r in rs if "train/pg_loss" in r] for rs in rows]
+    assert len(steps[0]) == len(steps[1]) == 2
+    assert "replay/loss" in steps[0][1]  # the replay buffer ran inside the loop (step 2 samples step 1's)
+    for a, b in zip(*steps, strict=True):
+        for key in ("train/pg_loss", "train/grad_norm", "replay/loss", "rollout/groups_trained"):
+            assert (key in a) == (key in b), key
+            if key in a:
+                assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), key
+    for (k, va), (_, vb) in zip(
+        adapter_state(live.model).items(), adapter_state(replayed.model).items(), strict=True
+    ):
+        assert torch.allclose(va, vb, atol=1e-6), k
+
+    only_cfg = _in_process_cfg(
+        tmp_path, tiny_model_dir, "only", f"data.dump_dir={tmp_path / 'only'}", "train.rollout_only=true"
+    )
+    only = build_resources(only_cfg)
+    before = {k: v.clone() for k, v in adapter_state(only.model).items()}
+    train(only_cfg, resources=only)
+    assert all(torch.equal(before[k], v) for k, v in adapter_state(only.model).items())
+    assert len(list((tmp_path / "only").glob("rollout_*.jsonl"))) == 2

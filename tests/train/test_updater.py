@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -82,6 +83,51 @@ def test_rollout_logprobs_match_training_forward(temperature):
     if temperature != 1.0:  # the same untouched model, scored under the raw logits instead
         untempered = PolicyUpdater(model, _cfg()).update(batch)
         assert untempered["train/rollout_logp_abs_diff"] > 1e-2
+
+
+def test_rollback_spliced_tokens_use_log_probs_under_the_final_context():
+    """A repaired call was sampled with the error in context: its rollout log-probs (here wildly off) must neither
+    enter the importance ratio nor count as rollout/training mismatch; the tokens themselves still train."""
+    import dataclasses
+
+    from memrl.types import RollbackRecord
+
+    model = tiny_llama().eval()
+    eps = make_episodes(n_groups=1, n_per_group=3)
+    rb = RollbackRecord(
+        position=0, error="NameError", attempts=1, tokens_removed=9, repaired=True, repaired_tokens=2
+    )
+    eps = [
+        dataclasses.replace(
+            e,
+            steps=(
+                dataclasses.replace(e.steps[0], meta=dataclasses.replace(e.steps[0].meta, rollbacks=(rb,))),
+            ),
+        )
+        for e in eps
+    ]
+    batch = _build(eps, "packed")
+    recs = unpack(batch, torch.zeros(batch.num_steps), torch.ones(batch.num_steps))
+    assert all(torch.isnan(r.old_logp[r.prompt_len : r.prompt_len + 2]).all() for r in recs)
+    assert not any(torch.isnan(r.old_logp[r.prompt_len + 2 :]).any() for r in recs)
+    mb = split_micro_batches(recs, "packed", 10_000, 100)[0]
+    with torch.no_grad():
+        lp = token_logprobs(forward_logits(model, mb), mb.input_ids)
+    batch.old_log_probs = (lp * (batch.response_mask > 0)).float()
+    cu = batch.cu_seqlens.tolist()
+    for i in range(batch.num_steps):
+        start = cu[i] + int(batch.prompt_lengths[i])
+        batch.old_log_probs[0, start : start + 2] = -30.0  # sampled under the feedback context
+    model = attach_lora(model, LoraConfig(r=2, alpha=4))
+    one = PolicyUpdater(copy.deepcopy(model), _cfg(), temperature=1.0).update(copy.deepcopy(batch))
+    assert one["train/rollout_logp_abs_diff"] < 1e-5  # the only off values are the spliced ones: not counted
+    two = PolicyUpdater(copy.deepcopy(model), _cfg(ppo_epochs=2), temperature=1.0).update(
+        copy.deepcopy(batch)
+    )
+    # -30 in the ratio would give |approx_kl| ~ 10 on these rows; under the final context it stays ~0.
+    assert abs(two["train/approx_kl"]) < 0.5 and all(map(math.isfinite, two.values()))
+    # The spliced tokens are trained: their loss mask is 1 where the model wrote them.
+    assert all(r.loss_mask[r.prompt_len : r.prompt_len + 2].sum() > 0 for r in recs)
 
 
 def test_shared_prefix_layout_equals_full_sequences():
