@@ -111,7 +111,7 @@ def arithmetic_tool(code: str) -> str:
 class ArithmeticTools:
     """``<python>`` calls answered by :func:`arithmetic_tool`."""
 
-    def record_retry(self, tool: str) -> None:
+    def record_rollback(self, tool: str) -> None:
         pass
 
     def execute(self, calls):
@@ -300,7 +300,7 @@ def error_prone_script(calls: int):
 class _ScriptedTools:
     """``print(k)`` prints k; anything else is a NameError traceback (what the sandbox returns for ``prnt``)."""
 
-    def record_retry(self, tool: str) -> None:
+    def record_rollback(self, tool: str) -> None:
         pass
 
     def execute(self, calls):

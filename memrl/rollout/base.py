@@ -72,8 +72,8 @@ class ToolRunner(Protocol):
 
     def execute(self, calls: Sequence[tuple[ToolCall, Any]]) -> list[ToolResult]: ...
 
-    def record_retry(self, tool: str) -> None:
-        """Counted once per rollback (a failed call of ``tool`` regenerated)."""
+    def record_rollback(self, tool: str) -> None:
+        """Counted once per rollback (a failed call of ``tool`` regenerated): ``tools/<tool>/rollbacks``."""
         ...
 
 

@@ -400,7 +400,7 @@ class Engine:
             return
         b.retries[position] += 1
         if self.tools is not None and b.pending_call is not None:
-            self.tools.record_retry(b.pending_call.name or "invalid")
+            self.tools.record_rollback(b.pending_call.name or "invalid")
         feedback = format_result(result.text) + self.cfg.rollback.feedback_template.format(error=err)
         b.append_observation(self._encode(feedback))
         b.pending_call = None

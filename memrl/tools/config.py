@@ -94,6 +94,7 @@ class ToolsConfig:
     parser: str = "tag"
     max_output_chars: int = 1024
     max_parallel: int = 8  # calls in flight in the executor (python calls additionally wait for the pool)
+    max_infra_retries: int = 2  # a call whose infrastructure fails (not its code) is retried with backoff
     search_k: int = 5  # facts returned by the search tool
     neutralize: list[str] = field(default_factory=list)
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
@@ -104,5 +105,9 @@ class ToolsConfig:
                 f"tools.max_output_chars={self.max_output_chars} leaves no room for head+tail; use >= 64"
             )
         _positive(self, ("max_parallel", "search_k"), "tools")
+        if self.max_infra_retries < 0:
+            raise ValueError(
+                f"tools.max_infra_retries must be >= 0 (0 = never retry), got {self.max_infra_retries}"
+            )
         if len(set(self.enabled)) != len(self.enabled):
             raise ValueError(f"tools.enabled lists a tool twice: {self.enabled}")

@@ -5,8 +5,11 @@
         tools.metrics()   # {"tools/python/calls": 3.0, "tools/python/timeouts": 1.0, ...}
 
 Malformed calls (``parse_error``) and unknown tool names come back as ``status="error"`` results saying what
-was expected. Tool failures (exceptions in the code, timeouts) are results too; only broken infrastructure
-(:class:`ToolInfraError`) is raised.
+was expected. Tool failures (exceptions in the code, timeouts) are results too: the model's own errors, left to
+the rollout (an observation, or a rollback). Broken infrastructure (:class:`ToolInfraError`: the sandbox could
+not start, its cgroup could not be set up) is not the model's fault: the call is retried with exponential backoff
+up to ``tools.max_infra_retries`` times (``tools/<tool>/retries``, ``tools/max_retries``: the most one call
+needed) and raised only when it keeps failing.
 """
 
 from __future__ import annotations
@@ -27,31 +30,38 @@ from memrl.tools.text import neutralize, truncate_middle
 
 log = logging.getLogger(__name__)
 
-_COUNTERS = ("calls", "successes", "failures", "timeouts", "retries", "time_total_s", "time_max_s")
+_COUNTERS = (
+    "calls", "successes", "failures", "timeouts", "retries", "max_retries", "rollbacks", "time_total_s", "time_max_s"
+)  # fmt: skip
+_MAXIMA = ("time_max_s", "max_retries")
+INFRA_BACKOFF_S = 0.2  # first wait before an infrastructure retry; doubles each time
 
 
 class ToolMetrics:
     """Thread-safe per-tool counters, exported as ``tools/<tool>/<counter>`` plus ``tools/<counter>`` totals.
 
     ``failures`` counts every non-ok result (timeouts included; ``timeouts`` is the subset); malformed calls
-    count under the tool they named, or ``invalid``. ``retries`` is fed by the rollback layer."""
+    count under the tool they named, or ``invalid``. ``retries`` counts infrastructure retries (``max_retries``:
+    the most one call needed); ``rollbacks`` is fed by the rollback layer (a failed call regenerated)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._by_tool: dict[str, dict[str, float]] = defaultdict(lambda: dict.fromkeys(_COUNTERS, 0.0))
 
-    def record(self, tool: str, result: ToolResult) -> None:
+    def record(self, tool: str, result: ToolResult, retries: int = 0) -> None:
         with self._lock:
             m = self._by_tool[tool]
+            m["retries"] += retries
+            m["max_retries"] = max(m["max_retries"], retries)
             m["calls"] += 1
             m["successes" if result.status == "ok" else "failures"] += 1
             m["timeouts"] += result.status == "timeout"
             m["time_total_s"] += result.latency_s
             m["time_max_s"] = max(m["time_max_s"], result.latency_s)
 
-    def record_retry(self, tool: str) -> None:
+    def record_rollback(self, tool: str) -> None:
         with self._lock:
-            self._by_tool[tool]["retries"] += 1
+            self._by_tool[tool]["rollbacks"] += 1
 
     def snapshot(self) -> dict[str, float]:
         with self._lock:
@@ -60,7 +70,7 @@ class ToolMetrics:
             for tool, m in sorted(self._by_tool.items()):
                 for k, v in m.items():
                     out[f"tools/{tool}/{k}"] = float(v)
-                    totals[k] = max(totals[k], v) if k == "time_max_s" else totals[k] + v
+                    totals[k] = max(totals[k], v) if k in _MAXIMA else totals[k] + v
             out.update({f"tools/{k}": float(v) for k, v in totals.items()})
             return out
 
@@ -113,11 +123,29 @@ class ToolExecutor:
             self._metrics.record("invalid", result)
             return result
         t0 = time.monotonic()
-        raw = tool(call, context)
+        raw, retries = self._run_with_retry(tool, call, context)
         raw = replace(raw, latency_s=raw.latency_s or time.monotonic() - t0)
         result = self.finalize(raw)
-        self._metrics.record(call.name, result)
+        self._metrics.record(call.name, result, retries)
         return result
+
+    def _run_with_retry(self, tool: Tool, call: ToolCall, context: Any) -> tuple[ToolResult, int]:
+        for attempt in range(self.cfg.max_infra_retries + 1):
+            try:
+                return tool(call, context), attempt
+            except ToolInfraError as exc:
+                if attempt == self.cfg.max_infra_retries:
+                    raise
+                wait = INFRA_BACKOFF_S * 2**attempt
+                log.warning(
+                    "tool %s: infrastructure failure (%s); retry %d in %.1f s",
+                    call.name,
+                    exc,
+                    attempt + 1,
+                    wait,
+                )
+                time.sleep(wait)
+        raise AssertionError("unreachable")
 
     def finalize(self, result: ToolResult) -> ToolResult:
         """Neutralise forged tags/special tokens, then truncate to ``max_output_chars`` (head + tail)."""
@@ -129,9 +157,9 @@ class ToolExecutor:
     def metrics(self) -> dict[str, float]:
         return self._metrics.snapshot()
 
-    def record_retry(self, tool: str) -> None:
-        """Counted by the rollback layer each time it retries a failed call of ``tool``."""
-        self._metrics.record_retry(tool)
+    def record_rollback(self, tool: str) -> None:
+        """Counted by the rollback layer each time it regenerates a failed call of ``tool``."""
+        self._metrics.record_rollback(tool)
 
     def reset_metrics(self) -> None:
         self._metrics.reset()

@@ -22,7 +22,7 @@ class TableTools:
     batches: list[list[ToolCall]] = field(default_factory=list)
     retries: list[str] = field(default_factory=list)
 
-    def record_retry(self, tool: str) -> None:
+    def record_rollback(self, tool: str) -> None:
         self.retries.append(tool)
 
     def execute(self, calls):

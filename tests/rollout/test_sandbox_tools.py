@@ -40,7 +40,9 @@ def test_rollback_with_sandbox_errors(tok, executor):
         )
         [rec] = step.meta.rollbacks
         assert rec.error == "NameError: name 'prnt' is not defined" and rec.repaired
-    assert executor.metrics()["tools/python/retries"] == 2
+    assert (
+        executor.metrics()["tools/python/rollbacks"] == 2 and executor.metrics()["tools/python/retries"] == 0
+    )
 
 
 def test_malformed_call_is_rolled_back_as_format_error(tok, executor):

@@ -99,14 +99,14 @@ def test_output_truncated_head_and_tail_and_forged_tags_neutralised(executor):
     assert format_result(r.text).count(RESULT_CLOSE) == 1 and "<|im_end|>" not in r.text
 
 
-def test_unknown_tool_and_record_retry():
+def test_unknown_tool_and_record_rollback():
     with ToolExecutor(ToolsConfig(enabled=["search"])) as ex:
         (r,) = ex.execute([(ToolCall(name="bash", arguments="ls", raw="<bash>ls</bash>"), None)])
-        ex.record_retry("python")
-        ex.record_retry("python")
+        ex.record_rollback("python")
+        ex.record_rollback("python")
         m = ex.metrics()
     assert r.status == "error" and "unknown tool 'bash'; available tools: search" in r.error
-    assert m["tools/python/retries"] == 2 and m["tools/invalid/failures"] == 1
+    assert m["tools/python/rollbacks"] == 2 and m["tools/invalid/failures"] == 1
 
 
 def test_search_without_memory_is_an_infra_error():
@@ -153,3 +153,48 @@ def test_executor_leaves_no_threads_processes_or_fds():
     assert count_fds() == fds and live_children() == kids and threading.active_count() == threads
     with pytest.raises(ToolInfraError, match="closed"):
         ex.execute([])
+
+
+@needs_bwrap
+def test_infra_failure_is_retried_then_succeeds(monkeypatch):
+    """The sandbox cannot start once (spawn fails with EAGAIN): the executor retries, the call runs, and the
+    retry is counted apart from the model's own errors."""
+    import errno
+    import subprocess
+
+    from memrl.tools import launchers
+
+    real_popen, fails = subprocess.Popen, [1]
+
+    def flaky_popen(*args, **kwargs):
+        if fails[0]:
+            fails[0] -= 1
+            raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+        return real_popen(*args, **kwargs)
+
+    monkeypatch.setattr(launchers.subprocess, "Popen", flaky_popen)
+    with ToolExecutor(ToolsConfig(enabled=["python"], sandbox=small_config(timeout_s=5))) as ex:
+        (call,) = _calls("<python>print(6 * 7)</python>")
+        (ok,) = ex.execute([(call, None)])
+        (bad,) = ex.execute([(_calls("<python>prnt(1)</python>")[0], None)])
+        m = ex.metrics()
+    assert ok.status == "ok" and ok.text.strip() == "42" and fails == [0]
+    assert bad.status == "error" and "NameError" in bad.error  # the model's error: not retried
+    assert m["tools/python/retries"] == 1 and m["tools/max_retries"] == 1 and m["tools/python/calls"] == 2
+
+
+@needs_bwrap
+def test_infra_failure_that_persists_is_raised_after_the_retries(monkeypatch):
+    from memrl.tools import launchers
+
+    calls = []
+
+    def broken_popen(*args, **kwargs):
+        calls.append(1)
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(launchers.subprocess, "Popen", broken_popen)
+    cfg = ToolsConfig(enabled=["python"], max_infra_retries=1, sandbox=small_config(timeout_s=5))
+    with ToolExecutor(cfg) as ex, pytest.raises(ToolInfraError, match="cannot start the sandbox"):
+        ex.execute([(_calls("<python>print(1)</python>")[0], None)])
+    assert len(calls) == 2  # the first try and one retry
