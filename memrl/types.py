@@ -440,7 +440,7 @@ class PackedBatch:
     step_meta: list[StepMeta]
     step_rewards_ext: list[float | None]
     cu_seqlens: Any = None
-    # Additive (issue 2, batch builder): ``prompts`` is verl's left-padded ``[num_steps, max_prompt]`` prompt
+    # Additive: ``prompts`` is verl's left-padded ``[num_steps, max_prompt]`` prompt
     # block (padded layout only, None when packed); ``truncated`` is ``[num_steps]`` bool, True where the
     # builder cut a prompt/response to its length limit or the episode itself ended TRUNCATED.
     prompts: Any = None

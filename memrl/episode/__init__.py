@@ -1,4 +1,4 @@
-"""The episode pipeline (seed 004): BatchInput → memory → prompt → rollout → reward → EpisodeTrajectory.
+"""The episode pipeline: BatchInput → memory → prompt → rollout → reward → EpisodeTrajectory.
 
     from memrl.episode.build import build_runner          # EpisodeRunner from the root Config
     from memrl.episode.worker import CustomRolloutWorker  # local or Ray actors (episode.worker.use_ray)

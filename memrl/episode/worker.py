@@ -1,4 +1,4 @@
-"""CustomRolloutWorker: run episodes locally or sharded over Ray actors (seed 004, step 3).
+"""CustomRolloutWorker: run episodes locally or sharded over Ray actors.
 
 Local: one :class:`EpisodeRunner` in this process; inputs are cut into chunks of ``episode.batch_size`` that
 each advance together.

@@ -1,4 +1,4 @@
-"""MemorySystem (shared per batch) and MemoryManager (one per episode) — the seed's step 4.1 verbs.
+"""MemorySystem (shared per batch) and MemoryManager (one per episode) — the episode's memory verbs.
 
     system = MemorySystem(cfg)                       # ONE embedder + ONE fact store for a batch
     mems = [system.manager(ep.episode_id) for ep in batch]
@@ -60,7 +60,7 @@ class MemoryManager:
         self.summary_id: int | None = None
         self._ops: list[MemoryOp] = []
 
-    # -- the seed's verbs ------------------------------------------------------------------------------
+    # -- the memory verbs ------------------------------------------------------------------------------
     def extract_facts(self, turn: TurnSpec) -> list[MemoryOp]:
         return self.system.extract_facts_batch([(self, turn)])[0]
 

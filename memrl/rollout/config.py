@@ -4,7 +4,7 @@ from dataclasses import dataclass, field
 
 
 def _default_rollback_errors() -> list[str]:
-    # Seed 001: errors a model can fix by rewriting its call (not runtime data errors).
+    # Errors a model can fix by rewriting its call (not runtime data errors).
     return [
         "ImportError",
         "ModuleNotFoundError",
@@ -17,7 +17,7 @@ def _default_rollback_errors() -> list[str]:
 
 @dataclass
 class TreeConfig:
-    """Offline tree search (seed 000): build trees, grow ``initial_rollouts`` chains per prompt, then
+    """Offline tree search: build trees, grow ``initial_rollouts`` chains per prompt, then
     ``expansion_iterations`` rounds that each pick ``nodes_per_expansion`` nodes per tree (by
     ``expansion_policy``) and give each ``beam_size - 1`` new branches, so an expanded node ends up with
     ``beam_size`` continuations. Leaves per tree =
@@ -25,7 +25,7 @@ class TreeConfig:
 
     ``branch_at`` says where a tree may branch:
 
-    - ``segment`` (default; the seed's granularity): nodes sit between generation segments of at most
+    - ``segment`` (default): nodes sit between generation segments of at most
       ``segment_tokens`` model tokens (and after tool results); ``entropy`` ranks a node by the mean entropy of
       the first ``entropy_window`` tokens generated after it. A fork regenerates from a segment boundary.
       Branches still generate to their stop in one call: the segment nodes are laid out once a branch has
@@ -40,7 +40,7 @@ class TreeConfig:
       model's LoCoMo-style prompt (0.78 vs 0.83), but more on its own task (0.85 vs 0.83), hence not the
       default.
 
-    ``overlap_segments`` (segment forks only; 0 = off, the seed's schedule) generates segment by segment (one
+    ``overlap_segments`` (segment forks only; 0 = off) generates segment by segment (one
     call per segment for every live branch) and starts each expansion round as soon as every branch of the
     previous round has generated that many segments (or ended), instead of when they have all finished: the
     rounds then decode side by side, so the tree's sequential decode steps drop from ``iterations + 1`` chains'
@@ -49,7 +49,7 @@ class TreeConfig:
 
     ``schedule`` says when a round starts. ``per_tree`` (default): each tree starts its next round as soon as its
     own branches have all ended, and the new forks join the rows still decoding (one generation stream,
-    :mod:`memrl.policy.stream`), so no tree waits for another tree's slowest branch. ``rounds``: the seed's
+    :mod:`memrl.policy.stream`), so no tree waits for another tree's slowest branch. ``rounds``: the
     synchronous schedule, every tree's round k in one batch once every branch of round k-1 has ended (needed
     by ``overlap_segments``). A tree's forks depend only on its own branches (each tree draws from its own
     random stream), so both schedules grow the same trees; ``per_tree`` takes fewer sequential decode steps.
@@ -109,7 +109,7 @@ class TreeConfig:
 
 @dataclass
 class RollbackConfig:
-    """Tool-call rollback (seed 001). When a tool result's error matches one of ``rollback_on_errors``
+    """Tool-call rollback. When a tool result's error matches one of ``rollback_on_errors``
     (substring match), the error is fed back, the model regenerates its call, and the context is restored to
     the checkpoint taken before the failed call so only the corrected call stays. ``max_tool_retries``
     bounds regenerations per call position; past it the branch is TERMINATED. ``feedback_template`` is the

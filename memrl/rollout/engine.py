@@ -5,7 +5,7 @@ Each :meth:`Engine.step` makes **one** ``policy.generate`` call covering every b
 branches that start from the same state (same ``spawn_key``) go in one request with ``n`` samples, so their
 shared prefix is computed once; continuing branches pass their prefix handle.
 
-Tool rollback (seed 001) lives here because it is a state transition: on a tool error that matches
+Tool rollback lives here because it is a state transition: on a tool error that matches
 ``rollback_on_errors`` the error and a feedback line are appended (mask 0), the branch regenerates its turn from
 that context, and when the new turn arrives the branch is truncated back to its checkpoint (the start of the
 turn) and the new turn is spliced in, so only the corrected call stays.
@@ -391,7 +391,7 @@ class Engine:
         ob.attempts += 1
         b.open_rollback = ob
         if b.retries[position] >= self.cfg.rollback.max_tool_retries:
-            # Past the limit (seed 001): keep the failed call and its error in the trajectory and stop here.
+            # Past the limit: keep the failed call and its error in the trajectory and stop here.
             b.append_observation(self._encode(format_result(result.text)))
             b.rollbacks.append(ob.close(repaired=False))
             b.open_rollback = None

@@ -1,4 +1,4 @@
-"""Which tool failures trigger a rollback (seed 001), and the one-line error recorded for them."""
+"""Which tool failures trigger a rollback, and the one-line error recorded for them."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""``tree``: offline tree search (seed 000), batched across every tree of every request.
+"""``tree``: offline tree search, batched across every tree of every request.
 
 Phase 1 builds one tree per request (a root node = the prompt). Phase 2 grows ``initial_rollouts`` chains per
 tree. Phase 3 runs ``expansion_iterations`` rounds: each picks ``nodes_per_expansion`` nodes per tree with the

@@ -1,6 +1,6 @@
 """Tool-call parsers: model text → ``list[ToolCall]`` in text order (registry :data:`PARSERS`).
 
-* ``tag`` (seed 000): ``<python>code</python>``, ``<search>query</search>``.
+* ``tag``: ``<python>code</python>``, ``<search>query</search>``.
 * ``hermes``: ``<tool_call>{"name": "python", "arguments": {"code": "..."}}</tool_call>``.
 
 A malformed call becomes a ``ToolCall`` whose ``parse_error`` says what was expected; it is never raised.

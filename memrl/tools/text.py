@@ -53,7 +53,7 @@ def exception_line(stderr: str) -> str | None:
 
     After the last ``Traceback`` header the first unindented line is the exception (any class name, e.g. a
     user's ``Oops: ...``); without a header (a ``SyntaxError`` from compiling) the last line that looks like
-    ``SomethingError: ...`` is taken. The rollback layer regex-matches this line (seed 001: ``SyntaxError``,
+    ``SomethingError: ...`` is taken. The rollback layer regex-matches this line (e.g. ``SyntaxError``,
     ``NameError``, ``ImportError`` ...).
     """
     at = stderr.rfind(_TB_HEADER)

@@ -31,7 +31,7 @@ class LoraConfig:
 
 @dataclass
 class ReplayConfig:
-    """Replay buffer of finished episodes (seed 003): joint SFT (best trajectory per group) + RFT
+    """Replay buffer of finished episodes: joint SFT (best trajectory per group) + RFT
     (reward-weighted log-prob) on samples drawn from it, added to the GRPO loss of the fresh batch.
 
     ``capacity`` counts episodes (oldest evicted first). ``batch_size`` episodes are sampled per update;

@@ -1,4 +1,4 @@
-"""Replay buffer of finished episodes with a joint SFT + RFT loss (seed 003).
+"""Replay buffer of finished episodes with a joint SFT + RFT loss.
 
 The buffer keeps whole :class:`~memrl.types.EpisodeTrajectory` objects (the raw "segments"). ``sample(n)``
 returns ``(batch, targets, segments)``:
@@ -12,7 +12,7 @@ returns ``(batch, targets, segments)``:
 :func:`replay_loss` = ``sft_weight · SFT + rft_weight · RFT`` where, per row with mean token log-prob ``ℓ``,
 ``SFT = -mean over SFT rows of ℓ`` (rows of each group's best episode, reward ≥ ``min_reward``, ties → first)
 and ``RFT = -mean over rows of reward · ℓ``. When ``segments`` is ``None`` (a caller that only has the batch)
-the loss warns once and trains without SFT, as the seed's backward-compatible path does.
+the loss warns once and trains without SFT, so replay still works on episodes stored without them.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
     updater = PolicyUpdater(peft_model, cfg.train, temperature=cfg.rollout.temperature)
     metrics = updater.update(batch)                  # advantages → mini-batches → micro-batches → AdamW steps
-    metrics = updater.update(batch, replay=sample)   # + SFT/RFT on replayed episodes (seed 003)
+    metrics = updater.update(batch, replay=sample)   # + SFT/RFT on replayed episodes
 
 Per batch: sequence advantages from the group rewards (:mod:`memrl.train.advantages`), then ``ppo_epochs`` passes
 over ``ppo_mini_batches`` mini-batches; each mini-batch is one optimizer step accumulated over micro-batches.

@@ -40,7 +40,7 @@ def test_tag_parser_skips_text_inside_results():
 def test_tag_parser_malformed_calls_say_what_was_expected(text, expected):
     (call,) = PARSERS.get("tag")(text)
     assert call.parse_error is not None and expected in call.parse_error
-    assert call.parse_error.startswith("tool call format is wrong")  # seed 001's rollback pattern
+    assert call.parse_error.startswith("tool call format is wrong")  # the default rollback pattern
 
 
 def test_hermes_parser_accepts_dict_and_string_arguments():
