@@ -56,6 +56,9 @@ class TreeConfig:
     Backends without a stream (vLLM, OpenAI) run ``per_tree`` as rounds.
 
     ``expansion_policy`` is ``random`` or ``entropy`` (branch where entropy is high) or a dotted path.
+    ``initial_rollouts_rule`` (:data:`memrl.rollout.expansion.INITIAL_ROLLOUT_RULES`) lets the number of initial
+    chains differ per prompt: ``static`` (default) or ``disagreement`` (twice the chains where the first ones
+    disagree, fewer forks to keep the same number of leaves); it needs ``schedule: per_tree``.
     ``expand_root`` lets the root (the bare prompt) be picked like any node; by default only response
     positions are branch points (the root is used only when a tree has no other candidate).
     """
@@ -65,6 +68,7 @@ class TreeConfig:
     nodes_per_expansion: int = 1
     beam_size: int = 3
     expansion_policy: str = "entropy"
+    initial_rollouts_rule: str = "static"
     segment_tokens: int = 32
     entropy_window: int = 8
     expand_root: bool = False
@@ -79,6 +83,14 @@ class TreeConfig:
             raise ValueError(
                 "rollout.tree.overlap_segments overlaps the synchronous rounds: it needs schedule='rounds', got "
                 f"schedule={self.schedule!r} with overlap_segments={self.overlap_segments}"
+            )
+        if self.initial_rollouts_rule != "static" and (
+            self.schedule != "per_tree" or self.expansion_iterations == 0
+        ):
+            raise ValueError(
+                f"rollout.tree.initial_rollouts_rule={self.initial_rollouts_rule!r} decides per tree once its first "
+                "chains end and takes the leaves from its expansion rounds: it needs schedule='per_tree' and "
+                f"expansion_iterations >= 1 (got {self.schedule!r}, {self.expansion_iterations})"
             )
         if self.branch_at not in ("token", "segment"):
             raise ValueError(f"rollout.tree.branch_at must be 'token' or 'segment', got {self.branch_at!r}")

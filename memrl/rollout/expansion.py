@@ -1,7 +1,14 @@
-"""Expansion policies: which tree nodes get new branches (registry ``EXPANSION_POLICIES``).
+"""Expansion policies: which tree nodes get new branches (registry ``EXPANSION_POLICIES``), and how many
+initial chains each tree gets (registry ``INITIAL_ROLLOUT_RULES``).
 
 A policy is ``policy(candidates, k, rng) -> list of k nodes`` (a node may repeat when there are fewer than
 ``k`` candidates). ``entropy`` follows ARPO/TreeRL: branch where the model was uncertain right after the node.
+
+An initial-rollout rule is ``rule(answers, initial, budget) -> total initial chains`` in ``[initial, budget]``:
+called once per tree when its first ``initial`` chains have ended, with their extracted answers; the tree then
+gets the extra chains from its root, and its expansion rounds fork only what is left of its ``budget`` of
+leaves. So every tree still grows exactly ``leaves_per_tree`` branches, split differently between independent
+chains (breadth) and forks (depth) per prompt.
 """
 
 from __future__ import annotations
@@ -17,8 +24,25 @@ import numpy as np
 from memrl.registry import Registry
 
 ExpansionPolicy = Callable[[Sequence[Any], int, random.Random], list[Any]]
+InitialRolloutRule = Callable[[Sequence[str], int, int], int]
 
 EXPANSION_POLICIES: Registry[ExpansionPolicy] = Registry("expansion policy")
+INITIAL_ROLLOUT_RULES: Registry[InitialRolloutRule] = Registry("initial rollout rule")
+
+
+@INITIAL_ROLLOUT_RULES.register("static")
+def static_initial(answers: Sequence[str], initial: int, budget: int) -> int:
+    """Every tree keeps ``initial`` chains (the default)."""
+    return initial
+
+
+@INITIAL_ROLLOUT_RULES.register("disagreement")
+def disagreement_initial(answers: Sequence[str], initial: int, budget: int) -> int:
+    """Double the independent chains of a tree whose first chains disagree (normalised answers differ): the
+    model is unsure of the answer itself, so fresh samples explore more than forks of one wrong chain would; a
+    tree whose chains agree keeps ``initial`` and spends its budget on forks around them."""
+    distinct = {" ".join(a.lower().split()) for a in answers}
+    return min(budget, 2 * initial) if len(distinct) > 1 else initial
 
 
 def normalized_entropy(top_logprobs: Sequence[Mapping[int, float]]) -> float:

@@ -1,7 +1,7 @@
 """``tree``: offline tree search, batched across every tree of every request.
 
 Phase 1 builds one tree per request (a root node = the prompt). Phase 2 grows ``initial_rollouts`` chains per
-tree. Phase 3 runs ``expansion_iterations`` rounds: each picks ``nodes_per_expansion`` nodes per tree with the
+tree (``initial_rollouts_rule`` may add chains to a tree once its first ones end, taken from its fork budget). Phase 3 runs ``expansion_iterations`` rounds: each picks ``nodes_per_expansion`` nodes per tree with the
 expansion policy and forks ``beam_size - 1`` new branches from each, which continue from the node's token state
 through its prefix handle (the shared prefix is never recomputed). Phase 4 samples exactly ``n`` leaves per tree
 (duplicating, flagged, only when the tree has fewer). ``cfg.tree.schedule``: ``per_tree`` (default) runs all
@@ -26,12 +26,13 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from memrl.formats import extract_answer
 from memrl.policy.base import PolicyClient
 from memrl.rollout.base import STRATEGIES, AgentState, RolloutRequest, RolloutResult, ToolRunner
 from memrl.rollout.branch import Branch
 from memrl.rollout.config import RolloutConfig
 from memrl.rollout.engine import Engine, EngineHooks
-from memrl.rollout.expansion import EXPANSION_POLICIES, token_entropies
+from memrl.rollout.expansion import EXPANSION_POLICIES, INITIAL_ROLLOUT_RULES, token_entropies
 from memrl.rollout.metrics import RolloutMetrics
 from memrl.types import GenerationOutput, StepTrajectory
 
@@ -85,6 +86,7 @@ class Tree:
     rng: random.Random = field(default_factory=random.Random)
     rounds: int = 0  # expansion rounds started
     final: bool = False  # its last round has started: nothing forks from its nodes any more
+    initial_settled: bool = False  # the initial-rollout rule has decided this tree's number of chains
 
 
 @dataclass(eq=False)
@@ -343,17 +345,21 @@ def _expand_tree(engine: Engine, hooks: TreeHooks, tree: Tree, cfg: RolloutConfi
     if hooks.lazy_segments:
         _lay_segment_nodes(engine, tree, cfg, keep=True)
     candidates = _fork_points(tree, cfg) if hooks.by_token else _candidates(tree, cfg)
-    fresh = []
-    for picked in policy(candidates, cfg.tree.nodes_per_expansion, tree.rng):
+    # Extra initial chains (initial_rollouts_rule) came out of this budget: fork only what is left of it.
+    left = cfg.tree.leaves_per_tree() - len(tree.branches)
+    per_node = cfg.tree.beam_size - 1
+    nodes = min(cfg.tree.nodes_per_expansion, -(-left // per_node))
+    fresh: list[Branch] = []
+    for picked in policy(candidates, nodes, tree.rng) if nodes > 0 else []:
         node = _node_at(engine, tree, picked) if isinstance(picked, ForkPoint) else picked
         node.expansions += 1
         key = f"{node.uid}/x{it}.{node.expansions}"
-        for _ in range(cfg.tree.beam_size - 1):
+        for _ in range(min(per_node, left - len(fresh))):
             b = _fork(engine, tree, node, f"{tree.tree_id}/x{it}.{len(tree.branches)}", key)
             tree.branches.append(b)
             fresh.append(b)
         engine.metrics.add("rollout/tree/expanded_nodes", 1)
-    if tree.rounds == cfg.tree.expansion_iterations:
+    if tree.rounds == cfg.tree.expansion_iterations or len(tree.branches) >= cfg.tree.leaves_per_tree():
         tree.final = True
         _drop_node_handles(engine, [tree])
     return fresh
@@ -471,16 +477,40 @@ def _grow_per_tree(engine: Engine, hooks: TreeHooks, trees: list[Tree], cfg: Rol
     round's forks and their candidates are the same as in ``rounds`` (a tree's choices depend only on its own
     branches), but no tree waits for the slowest branch of another."""
 
+    budget = cfg.tree.leaves_per_tree()
+
     def refill(ended: list[Branch]) -> list[Branch]:
         fresh: list[Branch] = []
         for tree in {id(b.tree.tree): b.tree.tree for b in ended}.values():
-            if tree.rounds < cfg.tree.expansion_iterations and all(
-                b.state is AgentState.TERMINATED for b in tree.branches
-            ):
+            if not all(b.state is AgentState.TERMINATED for b in tree.branches):
+                continue
+            if not tree.initial_settled:
+                tree.initial_settled = True
+                extra = _extra_initial_chains(engine, tree, cfg)
+                if extra:
+                    fresh += extra
+                    continue
+            if tree.rounds < cfg.tree.expansion_iterations and len(tree.branches) < budget:
                 fresh += _expand_tree(engine, hooks, tree, cfg)
         return fresh
 
     engine.run_streaming([b for t in trees for b in t.branches], refill)
+
+
+def _extra_initial_chains(engine: Engine, tree: Tree, cfg: RolloutConfig) -> list[Branch]:
+    """The initial-rollout rule's verdict on a tree whose first chains have ended: extra fresh chains from its
+    root (one n-sample request), taken from the leaves its expansion rounds would otherwise fork."""
+    budget, have = cfg.tree.leaves_per_tree(), len(tree.branches)
+    rule = INITIAL_ROLLOUT_RULES.get(cfg.tree.initial_rollouts_rule)
+    answers = [extract_answer(engine.tokenizer.decode(b.tokens[b.prompt_len :])) for b in tree.branches]
+    total = min(budget, max(have, int(rule(answers, cfg.tree.initial_rollouts, budget))))
+    extra = [
+        _fork(engine, tree, tree.root, f"{tree.tree_id}/c{i}", f"{tree.root.uid}/init+")
+        for i in range(have, total)
+    ]
+    tree.branches += extra
+    engine.metrics.add("rollout/tree/extra_initial_chains", len(extra))
+    return extra
 
 
 def _last_round(engine: Engine, hooks: TreeHooks, trees: list[Tree]) -> None:

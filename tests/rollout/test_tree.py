@@ -223,3 +223,38 @@ def test_token_forks_never_branch_inside_tool_output(tok):
     }
     assert len({p for _, p, _ in fork_points}) >= 3
     assert {m for _, _, m in fork_points} == {1}  # the result tokens (mask 0) are never resampled
+
+
+def test_disagreeing_prompts_get_more_initial_chains_and_still_exactly_n_leaves(tok):
+    """initial_rollouts_rule=disagreement: prompt #1's first chains answer differently, so its tree gets twice the
+    independent chains and fewer forks; prompt #0's agree and keep the static shape. Both grow the same number of
+    branches and return exactly n leaves."""
+
+    def script(ctx):
+        if "A:" in ctx.text and ctx.text.split("A:", 1)[1]:
+            return ""  # a fork continues a finished chain: nothing more to say
+        agree = ctx.text.startswith("#0")
+        return f"thinking it over <answer>{7 if agree else ctx.sample_index + (ctx.seed or 0)}</answer>"
+
+    def run(rule):
+        cfg = _cfg(8, 2, 2, 1, 4, seg=4)
+        cfg.tree.initial_rollouts_rule = rule
+        pol = ScriptedPolicy(tok, script)
+        result = run_rollout(_requests(tok, 2), pol, None, cfg)
+        assert pol.live_handles == 0
+        return result
+
+    static, dynamic = run("static"), run("disagreement")
+    chains = lambda leaves: sum(1 for s in leaves if s.meta.branch_depth == 0)  # noqa: E731
+    assert [chains(x) for x in static.leaves] == [2, 2]
+    assert [chains(x) for x in dynamic.leaves] == [2, 4]  # tree widths differ per prompt
+    assert dynamic.metrics["rollout/tree/extra_initial_chains"] == 2
+    for result in (static, dynamic):
+        assert result.metrics["rollout/tree/leaves"] == 2 * 8
+        for leaves in result.leaves:
+            assert len(leaves) == 8 and not any(s.meta.is_duplicate for s in leaves)
+
+
+def test_dynamic_initial_rollouts_need_the_per_tree_schedule():
+    with pytest.raises(ValueError, match="per_tree"):
+        TreeConfig(initial_rollouts_rule="disagreement", schedule="rounds")
