@@ -10,6 +10,12 @@ Metadata: ``question_id``, ``question_type``, ``answer_session_ids``, ``abstenti
 ``haystack_dates`` (file order), ``evidence_turn_ids`` (turns flagged ``has_answer``). List fields stored as JSON
 text (some exports do that) are accepted. Numeric answers become plain strings.
 
+Repeated sessions: the official ``_s``/``_m`` files repeat a session id inside one haystack (the same session,
+identical content, at two dates). Each occurrence is kept, as what it is: the first keeps its id, the k-th
+repeat (k ≥ 2, file order) gets ``<session_id>#<k>`` in its turn ids (``<session_id>#2:<i>``), so every turn id
+stays unique; ``haystack_session_ids`` keeps the file's ids and ``evidence_turn_ids`` lists the flagged turns of
+every occurrence. Strip ``#<k>`` to get the session a turn belongs to (``memrl bench memory`` does).
+
 Splits: ``all`` is the whole file; ``train``/``test`` by a hash of ``question_id`` (``test_fraction`` in test).
 """
 
@@ -77,14 +83,16 @@ def _history(view: RecordView, record: Any) -> tuple[list[TurnSpec], list[str], 
         )
     if not sessions:
         raise view.fail("haystack_sessions", "at least one session", "an empty list")
-    if len(set(map(str, ids))) != len(ids):
-        raise view.fail("haystack_session_ids", "unique session ids", repr(ids)[:80])
     parsed = [_parse_date(view, d, f"haystack_dates[{j}]") for j, d in enumerate(dates)]
+    keys, seen = [], {}
+    for j, raw_id in enumerate(ids):  # occurrence numbers follow file order, whatever the dates say
+        sid = view.check(raw_id, str, f"haystack_session_ids[{j}]")
+        seen[sid] = seen.get(sid, 0) + 1
+        keys.append(sid if seen[sid] == 1 else f"{sid}#{seen[sid]}")
     order = sorted(range(len(sessions)), key=lambda j: parsed[j][1])
     history: list[TurnSpec] = []
     for j in order:
-        sid = view.check(ids[j], str, f"haystack_session_ids[{j}]")
-        history.extend(_session_turns(view, sessions[j], sid, parsed[j][0], f"haystack_sessions[{j}]"))
+        history.extend(_session_turns(view, sessions[j], keys[j], parsed[j][0], f"haystack_sessions[{j}]"))
     return history, [str(i) for i in ids], [p[0] for p in parsed]
 
 

@@ -73,8 +73,9 @@ def _locomo_ids(source_ids: Sequence[str]) -> set[str]:
 
 
 def _session_ids(source_ids: Sequence[str]) -> set[str]:
-    # LongMemEval turn ids are "<session_id>:<i>"; the session id itself may contain ':'.
-    return {s.rsplit(":", 1)[0] for s in source_ids}
+    # LongMemEval turn ids are "<session_id>:<i>" (the session id itself may contain ':'), with "#<k>" after the
+    # id of a session's k-th occurrence in one haystack (see the adapter): every occurrence is that session.
+    return {re.sub(r"#\d+$", "", s.rsplit(":", 1)[0]) for s in source_ids}
 
 
 def load_conversations(

@@ -109,6 +109,39 @@ def test_bad_date_and_length_mismatch_are_located(tmp_path):
     assert [(e.record, e.field) for e in report.skips] == [(0, "haystack_dates[0]"), (1, "haystack_sessions")]
 
 
+def test_a_session_repeated_in_one_haystack_is_kept_at_both_dates(tmp_path):
+    """The official _s/_m files repeat a session id in one haystack (same session, two dates): strict mode keeps
+    both occurrences, the repeat's turn ids carry '#2', and evidence covers both."""
+    raw = _raw()
+    rec = raw[0]
+    j = 0
+    rec["haystack_sessions"].append(rec["haystack_sessions"][j])
+    rec["haystack_session_ids"].append(rec["haystack_session_ids"][j])
+    rec["haystack_dates"].append("2099/01/01 (Thu) 10:00")  # the repeat comes last by date
+    path = tmp_path / "repeat.json"
+    path.write_text(json.dumps(raw))
+    episodes, report = _load(path)
+    assert report.skipped == 0 and len(episodes) == len(raw)
+    ep = episodes[0]
+    sid = rec["haystack_session_ids"][j]
+    history = [t for t in ep.turns if t.role is TurnRole.HISTORY]
+    ids = [t.turn_id for t in history]
+    assert len(ids) == len(set(ids))
+    repeat = [t for t in history if t.turn_id.startswith(f"{sid}#2:")]
+    first = [t for t in history if t.turn_id.startswith(f"{sid}:")]
+    assert [t.text for t in repeat] == [t.text for t in first] and repeat[0].timestamp.startswith(
+        "2099/01/01"
+    )
+    assert history[-len(repeat) :] == repeat
+    flagged = [t.turn_id for t in first if t.metadata.get("has_answer")]
+    assert set(ep.metadata["evidence_turn_ids"]) >= {*flagged, *(f.replace(":", "#2:", 1) for f in flagged)}
+    assert ep.metadata["haystack_session_ids"].count(sid) == 2
+
+    from memrl.bench.memory import _session_ids
+
+    assert _session_ids([repeat[0].turn_id, first[0].turn_id]) == {sid}
+
+
 @pytest.mark.skipif(not REAL.is_file(), reason="real LongMemEval oracle file not present")
 def test_real_oracle_gives_500_episodes():
     episodes, report = _load(REAL)
