@@ -103,6 +103,9 @@ class EpisodeRunner:
             out.update(inner.metrics())
         stats = getattr(self.policy, "forward_stats", None) or {}
         out.update({f"policy/forward_{k}": float(v) for k, v in stats.items()})
+        embed_stats = getattr(getattr(self.memory, "embedder", None), "stats", None)
+        if embed_stats is not None:  # the persistent embedding cache (memory.embedding_cache)
+            out.update(embed_stats())
         return out
 
     # ------------------------------------------------------------------------------------------------

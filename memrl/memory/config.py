@@ -26,6 +26,9 @@ class MemoryConfig:
     # / AMX), float16 on CUDA, float32 otherwise. MiniLM in bfloat16 on the 2-core AVX512-BF16 build machine:
     # LoCoMo ingest 1.9x faster (20 s vs 39 s), recall@10 0.795 vs 0.796, cosine >= 0.998 to float32 vectors.
     embedder_dtype: str = "auto"
+    # Persistent text → vector cache in $MEMRL_CACHE_DIR/embeddings/ (per model, dtype, dimension): a session
+    # shared by many haystacks, a rerun or a baseline is encoded once. false where the cache dir cannot be written.
+    embedding_cache: bool = True
     # --- fact store ---
     store: str = "faiss"
     index: str = "flat"  # flat (exact IndexFlatIP) | hnsw | ivf

@@ -135,16 +135,29 @@ def _sentence_transformers(cfg: MemoryConfig) -> Embedder:
     return _st_embedder(cfg.embedder_model, cfg)
 
 
-_CACHE: dict[tuple[str, str | None, str, int, str], Embedder] = {}
+_CACHE: dict[tuple[str, str | None, str, int, str, bool], Embedder] = {}
 
 
 def build_embedder(cfg: MemoryConfig, *, cache: bool = True) -> Embedder:
-    """The configured embedder. Cached per (name, model, device, batch, dtype) so tests and benches load it
-    once."""
-    key = (cfg.embedder, cfg.embedder_model, cfg.device, cfg.embed_batch_size, cfg.embedder_dtype)
+    """The configured embedder, behind the persistent embedding cache when ``memory.embedding_cache`` is on.
+    Instances are shared per (name, model, device, batch, dtype, cache) so tests and benches load it once."""
+    key = (
+        cfg.embedder,
+        cfg.embedder_model,
+        cfg.device,
+        cfg.embed_batch_size,
+        cfg.embedder_dtype,
+        cfg.embedding_cache,
+    )
     if cache and key in _CACHE:
         return _CACHE[key]
     emb = EMBEDDERS.get(cfg.embedder)(cfg)
+    if cfg.embedding_cache:
+        from memrl.memory.embed_cache import CachedEmbedder, cache_file
+        from memrl.policy.models import cache_dir
+
+        name = getattr(emb, "name", cfg.embedder_model or cfg.embedder)
+        emb = CachedEmbedder(emb, cache_file(cache_dir(), name, getattr(emb, "dtype", "float32"), emb.dim))
     if cache:
         _CACHE[key] = emb
     logger.info(

@@ -1,0 +1,115 @@
+"""A persistent embedding cache: each text is encoded once per (embedder, dtype), across episodes, runs and configs.
+
+LongMemEval's haystacks share sessions (one session sits in many questions' haystacks), reruns and baselines
+encode the same turns again, and a second config over the same data would too. :class:`CachedEmbedder` wraps any
+:class:`~memrl.memory.embedder.Embedder`: ``encode`` looks every text up by its SHA-256 in a SQLite file under
+``$MEMRL_CACHE_DIR/embeddings/``, encodes only the misses (one call) and commits them before returning, so a killed
+ingest resumes without re-encoding what it had finished. The file is named by the embedder's identity (model, dtype,
+dimension): another model or precision never reads these vectors. SQLite in WAL mode serialises writers, so Ray
+actors and parallel runs can share one file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import sqlite3
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+SCHEMA = "CREATE TABLE IF NOT EXISTS vectors (key BLOB PRIMARY KEY, vec BLOB NOT NULL)"
+
+
+def cache_file(root: Path, name: str, dtype: str, dim: int) -> Path:
+    """``<root>/embeddings/<model>-<dtype>-d<dim>.sqlite`` with the model name made file-safe (a path's tail
+    plus a hash of the whole name, so two checkpoints called ``model`` never share a file)."""
+    tail = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(str(name).rstrip("/")).name)[-48:] or "embedder"
+    digest = hashlib.sha256(str(name).encode("utf-8")).hexdigest()[:10]
+    return root / "embeddings" / f"{tail}-{digest}-{dtype}-d{dim}.sqlite"
+
+
+class CachedEmbedder:
+    """``inner`` with a persistent text → vector cache; ``hits`` / ``misses`` count texts since creation."""
+
+    def __init__(self, inner, path: Path) -> None:
+        self.inner = inner
+        self.dim = inner.dim
+        self.dtype = getattr(inner, "dtype", "float32")
+        self.name = getattr(inner, "name", type(inner).__name__)
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(self.path, timeout=60.0, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute(SCHEMA)
+        self._db.commit()
+        self.hits = 0
+        self.misses = 0
+
+    def __getattr__(self, name: str):
+        # Everything else (the model, its tokenizer, batch size) is the wrapped embedder's.
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    @staticmethod
+    def key(text: str) -> bytes:
+        return hashlib.sha256(text.encode("utf-8")).digest()
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        keys = [self.key(t) for t in texts]
+        found = self._lookup(set(keys))
+        missing = list(dict.fromkeys(k for k in keys if k not in found))  # each distinct text encoded once
+        if missing:
+            first = {k: t for k, t in zip(keys, texts, strict=True)}
+            vecs = self.inner.encode([first[k] for k in missing])
+            fresh = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in zip(missing, vecs, strict=True)}
+            self._store(fresh)
+            found.update(fresh)
+        self.misses += len(missing)  # texts encoded; every other text of the call came from the cache
+        self.hits += len(keys) - len(missing)
+        return np.stack([found[k] for k in keys]).astype(np.float32, copy=False)
+
+    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        return self.inner.count_tokens(texts)
+
+    def stats(self) -> dict[str, float]:
+        total = self.hits + self.misses
+        return {
+            "memory/embed_cache_hits": float(self.hits),
+            "memory/embed_cache_misses": float(self.misses),
+            "memory/embed_cache_hit_rate": self.hits / total if total else 0.0,
+        }
+
+    def _lookup(self, keys: set[bytes]) -> dict[bytes, np.ndarray]:
+        out: dict[bytes, np.ndarray] = {}
+        ordered = list(keys)
+        with self._lock:
+            for i in range(0, len(ordered), 500):  # SQLite bounds the number of bound parameters
+                chunk = ordered[i : i + 500]
+                marks = ",".join("?" * len(chunk))
+                rows = self._db.execute(
+                    f"SELECT key, vec FROM vectors WHERE key IN ({marks})", chunk
+                ).fetchall()
+                for key, blob in rows:
+                    vec = np.frombuffer(blob, dtype=np.float32)
+                    if vec.shape == (self.dim,):  # a torn or foreign row is simply encoded again
+                        out[bytes(key)] = vec
+        return out
+
+    def _store(self, vectors: dict[bytes, np.ndarray]) -> None:
+        with self._lock:
+            self._db.executemany(
+                "INSERT OR REPLACE INTO vectors (key, vec) VALUES (?, ?)",
+                [(k, v.tobytes()) for k, v in vectors.items()],
+            )
+            self._db.commit()
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()

@@ -1,0 +1,64 @@
+"""The persistent embedding cache over the real MiniLM: same vectors, each text encoded once, survives a kill."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+
+from memrl.memory.embed_cache import CachedEmbedder, cache_file
+from tests.memory.conftest import CountingEmbedder
+
+TEXTS = [
+    "Caroline went to the LGBTQ support group.",
+    "Melanie painted a sunrise.",
+    "The dog is called Noodle.",
+]
+
+
+def _raw_minilm():
+    from memrl.memory.config import MemoryConfig
+    from memrl.memory.embedder import build_embedder
+
+    return build_embedder(MemoryConfig(embedding_cache=False, embedder_dtype="float32"))
+
+
+def test_vectors_match_the_encoder_and_each_text_is_encoded_once(tmp_path):
+    inner = CountingEmbedder(_raw_minilm())
+    cached = CachedEmbedder(inner, tmp_path / "e.sqlite")
+    first = cached.encode([*TEXTS, TEXTS[0]])  # a repeat inside one call is encoded once
+    assert inner.calls == [3] and (cached.hits, cached.misses) == (1, 3)
+    assert np.allclose(first[:3], inner.inner.encode(TEXTS), atol=1e-5) and np.array_equal(first[0], first[3])
+    again = CachedEmbedder(CountingEmbedder(inner.inner), tmp_path / "e.sqlite")  # another run, same file
+    assert np.array_equal(again.encode(TEXTS[::-1]), first[:3][::-1])
+    assert again.inner.calls == [] and again.stats()["memory/embed_cache_hit_rate"] == 1.0
+    assert cached.encode([]).shape == (0, cached.dim)
+
+
+def test_cache_files_are_per_model_dtype_and_dimension(tmp_path):
+    a = cache_file(tmp_path, "/models/a/model", "float32", 384)
+    assert a != cache_file(tmp_path, "/models/b/model", "float32", 384)  # same tail, other model
+    assert a != cache_file(tmp_path, "/models/a/model", "bfloat16", 384)
+    assert a.parent == tmp_path / "embeddings" and a.name.endswith("-float32-d384.sqlite")
+
+
+def test_a_killed_ingest_resumes_without_re_encoding_what_was_cached(tmp_path):
+    """A process encodes a first batch, commits it and is SIGKILLed; the next run encodes only the new texts."""
+    path = tmp_path / "e.sqlite"
+    child = textwrap.dedent(
+        f"""
+        import os, signal
+        from tests.memory.test_embed_cache import _raw_minilm, TEXTS
+        from memrl.memory.embed_cache import CachedEmbedder
+        CachedEmbedder(_raw_minilm(), {str(path)!r}).encode(TEXTS[:2])
+        os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", child], capture_output=True, timeout=300)
+    assert proc.returncode == -9, proc.stderr.decode()[-2000:]
+    inner = CountingEmbedder(_raw_minilm())
+    resumed = CachedEmbedder(inner, path)
+    resumed.encode(TEXTS)
+    assert inner.calls == [1] and (resumed.hits, resumed.misses) == (2, 1)
