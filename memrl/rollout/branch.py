@@ -63,8 +63,14 @@ class Branch:
     rollbacks: list[RollbackRecord] = field(default_factory=list)
     retries: dict[int, int] = field(default_factory=lambda: defaultdict(int))
     open_rollback: OpenRollback | None = None
-    regenerating: bool = False  # the next output is a regenerated call, spliced at the checkpoint
-    pending_call: ToolCall | None = None
+    regenerating: bool = (
+        False  # the next output is a regenerated call, spliced at the open rollback's position
+    )
+    pending_calls: list[ToolCall] = field(default_factory=list)
+    kept_results: list[tuple[ToolCall, Any]] = field(
+        default_factory=list
+    )  # (call, ToolResult) before calls_from
+    calls_from: int = 0
     finish: str = ""
     spawn_key: str | None = None  # branches sharing it start from one state: one request with n samples
     held: list[tuple[str, int]] = field(default_factory=list)
@@ -80,8 +86,8 @@ class Branch:
 
     @property
     def checkpoint(self) -> int:
-        """Response index a rollback restores to: the start of the turn that made the failed call."""
-        return self.turn_start
+        """Response index the open rollback restores to (the turn start when none is open)."""
+        return self.open_rollback.position if self.open_rollback is not None else self.turn_start
 
     def best_handle(self) -> tuple[str | None, int]:
         """The most-covering held handle whose tokens are a prefix of the current state."""
@@ -120,6 +126,7 @@ class Branch:
             state=AgentState.PENDING,
             floor=response_len,
             turn_start=turn_start,
+            calls_from=turn_start,
             n_calls=sum(1 for r in self.tool_calls if r.position <= response_len),
             tool_calls=[r for r in self.tool_calls if r.position <= response_len],
             rollbacks=[r for r in self.rollbacks if r.position < response_len],

@@ -5,10 +5,12 @@ Each :meth:`Engine.step` makes **one** ``policy.generate`` call covering every b
 branches that start from the same state (same ``spawn_key``) go in one request with ``n`` samples, so their
 shared prefix is computed once; continuing branches pass their prefix handle.
 
-Tool rollback lives here because it is a state transition: on a tool error that matches
-``rollback_on_errors`` the error and a feedback line are appended (mask 0), the branch regenerates its turn from
-that context, and when the new turn arrives the branch is truncated back to its checkpoint (the start of the
-turn) and the new turn is spliced in, so only the corrected call stays.
+A turn's calls all run in one batch (a tag-format turn stops at its call: one; a hermes-style turn that ends at
+end of sequence may hold several), results appended in call order. Tool rollback lives here because it is a
+state transition: when a call's error matches ``rollback_on_errors``, the calls before it keep their results,
+the errors and a feedback line are appended (mask 0), the branch regenerates from the failed call's checkpoint
+(where the previous call ends; the turn start for the first call), and when the new text arrives the branch is
+truncated back to the checkpoint and the new text is spliced in, so only the corrected calls stay.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ from memrl.rollout.branch import Branch, OpenRollback
 from memrl.rollout.config import RolloutConfig
 from memrl.rollout.metrics import RolloutMetrics
 from memrl.rollout.rollback import error_line, matches_rollback
-from memrl.rollout.toolcalls import parse_last_call
-from memrl.tools.base import ToolResult
+from memrl.rollout.toolcalls import parse_turn_calls, token_end
+from memrl.tools.base import ToolCall, ToolResult
 from memrl.types import ContractError, FinishReason, GenerationOutput, ToolCallRecord
 
 logger = logging.getLogger(__name__)
@@ -278,11 +280,16 @@ class Engine:
         return out
 
     def _transition(self, b: Branch, out: GenerationOutput) -> None:
-        if out.finish_reason is FinishReason.STOP and self._ends_in_tool_call(b, out):
-            b.pending_call = parse_last_call(self.cfg.tool_parser, self._turn_text(b))
-            b.state = AgentState.PROCESSING_TOOLS
-        elif out.finish_reason is FinishReason.STOP:
-            self._terminate(b, "answer" if out.stop_reason in ANSWER_STOP_STRINGS else "eos")
+        answered = out.stop_reason in ANSWER_STOP_STRINGS
+        if out.finish_reason is FinishReason.STOP and not answered:
+            closed = self._ends_in_tool_call(b, out)
+            calls = parse_turn_calls(self.cfg.tool_parser, self._turn_text(b), closed_tag=closed)
+            if calls:  # one call (a tag stop), or every call of a turn that ended at end of sequence
+                b.pending_calls = calls
+                b.state = AgentState.PROCESSING_TOOLS
+                return
+        if out.finish_reason is FinishReason.STOP:
+            self._terminate(b, "answer" if answered else "eos")
         elif out.finish_reason is FinishReason.ABORT:
             self._terminate(b, "abort")
         elif b.response_len >= self.cfg.max_response_tokens:
@@ -298,7 +305,8 @@ class Engine:
         return any(tail.endswith(s) for s in TOOL_STOP_STRINGS)
 
     def _turn_text(self, b: Branch) -> str:
-        return self.tokenizer.decode(b.tokens[b.prompt_len + b.turn_start :])
+        """The turn's text not yet executed: from the turn start, or from where a rollback spliced."""
+        return self.tokenizer.decode(b.tokens[b.prompt_len + b.calls_from :])
 
     def _prune_handles(self, b: Branch) -> None:
         """Keep the newest handle and the newest one a rollback of this turn could restore to; drop the rest."""
@@ -316,9 +324,14 @@ class Engine:
         b.held = [h for i, h in enumerate(b.held) if i in keep]
 
     def _terminate(self, b: Branch, finish: str) -> None:
+        if b.kept_results:
+            # A regenerated turn that made no call again: the calls before the rolled-back one did run.
+            self._record_calls(b, b.kept_results)
+            b.append_observation(self._encode("".join(format_result(r.text) for _, r in b.kept_results)))
+            b.kept_results = []
         b.state = AgentState.TERMINATED
         b.finish = finish
-        b.pending_call = None
+        b.pending_calls = []
         if b.open_rollback is not None:
             # The regenerated turn made no further call: the failed call is gone but nothing was repaired.
             b.rollbacks.append(b.open_rollback.close(repaired=False))
@@ -328,15 +341,18 @@ class Engine:
     # ------------------------------------------------------------------ tools and rollback
 
     def _run_tools(self, waiting: list[Branch]) -> None:
+        """Every pending call of every waiting branch in one ``tools.execute`` batch, results in order."""
         runnable = []
         for b in waiting:
-            if b.n_calls >= self.cfg.max_tool_calls:
+            left = self.cfg.max_tool_calls - b.n_calls - len(b.kept_results)
+            if left <= 0:
                 self._terminate(b, "tool_limit")
             else:
+                b.pending_calls = b.pending_calls[:left]  # calls past the limit are not run
                 runnable.append(b)
         if not runnable:
             return
-        calls = [(b.pending_call, b.request.tool_context) for b in runnable]
+        calls = [(c, b.request.tool_context) for b in runnable for c in b.pending_calls]
         if self.tools is None:
             results = [
                 ToolResult(text="no tools are available", status="error", error="no tools are configured")
@@ -346,74 +362,103 @@ class Engine:
             results = list(self.tools.execute(calls))
         if len(results) != len(calls):
             raise ContractError(f"tools.execute returned {len(results)} results for {len(calls)} calls")
-        for b, result in zip(runnable, results, strict=True):
-            self.metrics.count_tool(result)
-            if self.cfg.rollback.enable_tool_rollback and matches_rollback(result, self.cfg.rollback):
-                self._rollback_or_give_up(b, result)
+        at = 0
+        for b in runnable:
+            mine, at = results[at : at + len(b.pending_calls)], at + len(b.pending_calls)
+            for result in mine:
+                self.metrics.count_tool(result)
+            pairs = list(zip(b.pending_calls, mine, strict=True))
+            failing = [
+                i for i, (_, r) in enumerate(pairs)
+                if self.cfg.rollback.enable_tool_rollback and matches_rollback(r, self.cfg.rollback)
+            ]  # fmt: skip
+            if failing:
+                self._rollback_or_give_up(b, pairs, failing[0])
             else:
-                self._accept_result(b, result)
+                self._accept_results(b, b.kept_results + pairs)
 
-    def _accept_result(self, b: Branch, result: ToolResult) -> None:
-        call = b.pending_call
-        assert call is not None
-        b.tool_calls.append(
-            ToolCallRecord(
-                name=call.name,
-                arguments=call.arguments,
-                result=result.text,
-                status=result.status,
-                position=b.response_len,
-                latency_s=result.latency_s,
-                error=result.error,
+    def _record_calls(self, b: Branch, pairs: list[tuple[ToolCall, ToolResult]]) -> None:
+        for call, result in pairs:
+            b.tool_calls.append(
+                ToolCallRecord(
+                    name=call.name,
+                    arguments=call.arguments,
+                    result=result.text,
+                    status=result.status,
+                    position=b.response_len,
+                    latency_s=result.latency_s,
+                    error=result.error,
+                )
             )
-        )
-        b.n_calls += 1
-        b.pending_call = None
+        b.n_calls += len(pairs)
+
+    def _accept_results(self, b: Branch, pairs: list[tuple[ToolCall, ToolResult]]) -> None:
+        self._record_calls(b, pairs)
+        b.pending_calls, b.kept_results = [], []
         if b.open_rollback is not None:
             b.rollbacks.append(b.open_rollback.close(repaired=True, end=b.response_len))
             self.metrics.add("tools/rollback_repairs", 1)
             b.open_rollback = None
-        ids = self._encode(format_result(result.text))
+        ids = self._encode("".join(format_result(r.text) for _, r in pairs))
         room = self.cfg.max_response_tokens - b.response_len
         b.append_observation(ids[:room])
-        b.turn_start = b.response_len
+        b.turn_start = b.calls_from = b.response_len
         if len(ids) >= room:
             self._terminate(b, "length")
             return
         b.state = AgentState.GENERATING
         self.hooks.on_boundary(b)
 
-    def _rollback_or_give_up(self, b: Branch, result: ToolResult) -> None:
-        position = b.checkpoint
-        err = error_line(result)
-        ob = b.open_rollback or OpenRollback(position=position, error=err)
+    def _checkpoint_of(self, b: Branch, pairs: list[tuple[ToolCall, ToolResult]], f: int) -> int:
+        """Response index call ``f`` of the unexecuted part rolls back to: where call ``f-1`` ends, or where the
+        part begins for the first call (the turn start, so a first call regenerates with its whole turn)."""
+        if f == 0:
+            return b.calls_from
+        part = b.tokens[b.prompt_len + b.calls_from :]
+        return b.calls_from + token_end(self.tokenizer.decode, part, pairs[f - 1][0].end)
+
+    def _rollback_or_give_up(self, b: Branch, pairs: list[tuple[ToolCall, ToolResult]], f: int) -> None:
+        """Call ``f`` failed with a rollback error: the calls before it keep their results; it and the calls
+        after it are regenerated from its checkpoint with the error fed back (while a rollback is open, from
+        the same position again)."""
+        failed_call, failed = pairs[f]
+        ob = b.open_rollback
+        if ob is None:
+            ob = OpenRollback(position=self._checkpoint_of(b, pairs, f), error="")
+            b.kept_results = b.kept_results + pairs[:f]
+        err = error_line(failed)
         ob.error = err
         ob.attempts += 1
         b.open_rollback = ob
-        if b.retries[position] >= self.cfg.rollback.max_tool_retries:
-            # Past the limit: keep the failed call and its error in the trajectory and stop here.
-            b.append_observation(self._encode(format_result(result.text)))
+        if b.retries[ob.position] >= self.cfg.rollback.max_tool_retries:
+            # Past the limit: keep the failed calls and their errors in the trajectory and stop here.
+            self._record_calls(b, b.kept_results)
+            b.append_observation(
+                self._encode("".join(format_result(r.text) for _, r in b.kept_results + pairs[f:]))
+            )
+            b.kept_results, b.pending_calls = [], []
             b.rollbacks.append(ob.close(repaired=False))
             b.open_rollback = None
             self.metrics.add("tools/rollback_terminations", 1)
             self._terminate(b, "retry_limit")
             return
-        b.retries[position] += 1
-        if self.tools is not None and b.pending_call is not None:
-            self.tools.record_rollback(b.pending_call.name or "invalid")
-        feedback = format_result(result.text) + self.cfg.rollback.feedback_template.format(error=err)
-        b.append_observation(self._encode(feedback))
-        b.pending_call = None
+        b.retries[ob.position] += 1
+        if self.tools is not None:
+            self.tools.record_rollback(failed_call.name or "invalid")
+        results = "".join(format_result(r.text) for _, r in pairs)
+        b.append_observation(self._encode(results + self.cfg.rollback.feedback_template.format(error=err)))
+        b.pending_calls = []
         b.regenerating = True
         b.state = AgentState.GENERATING
         self.metrics.add("tools/rollbacks", 1)
 
     def _restore(self, b: Branch) -> None:
-        """Truncate to the checkpoint: the failed call, its error and the feedback disappear."""
-        position = b.checkpoint
-        removed = b.truncate(position)
+        """Truncate to the open rollback's position: the failed calls, their errors and the feedback disappear."""
         assert b.open_rollback is not None
+        position = b.open_rollback.position
+        removed = b.truncate(position)
         b.open_rollback.tokens_removed += removed
+        b.calls_from = position
         self.metrics.add("tools/rollback_tokens_removed", removed)
         for handle, _ in [h for h in b.held if h[1] > len(b.tokens)]:
             self.handles.drop(handle)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -202,3 +203,73 @@ def test_rollback_inside_trees_and_chains(tok, strategy):
         assert len({s.meta.node_path for s in result.leaves[0] if not s.meta.is_duplicate}) == len(
             [s for s in result.leaves[0] if not s.meta.is_duplicate]
         )
+
+
+def _hermes(code: str) -> str:
+    return "<tool_call>" + json.dumps({"name": "python", "arguments": {"code": code}}) + "</tool_call>"
+
+
+def _parallel_script(bad: bool):
+    """A hermes-style model: one turn of three calls ended at eos (the third wrong when ``bad``); after the error
+    feedback it rewrites only that call; once it has three results it answers."""
+
+    def script(ctx):
+        resp = ctx.text.split("A:", 1)[1]
+        if "corrected call" in resp:
+            return _hermes("print(3)")
+        if "<result>" in resp:
+            return "<answer>6</answer>"
+        return _hermes("print(1)") + _hermes("print(2)") + _hermes("prnt(3)" if bad else "print(3)")
+
+    return script
+
+
+def _model_part(tok, step, start, length):
+    return tok.decode(step.response_ids[start : start + length], skip_special_tokens=True)
+
+
+def test_every_call_of_a_turn_runs_in_one_batch_with_results_in_order(tok):
+    result, _, tools = _run(
+        tok, _parallel_script(bad=False), tool_parser="hermes", max_tool_calls=4, max_response_tokens=600
+    )
+    [step] = result.leaves[0]
+    assert [[c.arguments for c in batch] for batch in tools.batches] == [["print(1)", "print(2)", "print(3)"]]
+    assert [(r.arguments, r.status, r.result) for r in step.meta.tool_calls] == [
+        ("print(1)", "ok", "1"),
+        ("print(2)", "ok", "2"),
+        ("print(3)", "ok", "3"),
+    ]
+    assert _tool_text(tok, step) == " <result>1</result> <result>2</result> <result>3</result>"
+    assert step.meta.extra["finish"] == "answer" and step.meta.rollbacks == ()
+
+
+def test_one_failing_call_of_several_is_rolled_back_while_the_others_stay(tok):
+    rb = RollbackConfig(enable_tool_rollback=True, max_tool_retries=2)
+    result, _, tools = _run(
+        tok,
+        _parallel_script(bad=True),
+        tool_parser="hermes",
+        max_tool_calls=4,
+        rollback=rb,
+        max_response_tokens=600,
+    )
+    [step] = result.leaves[0]
+    # The two good calls ran once and kept their results; only the failed one was regenerated and run again.
+    assert [[c.arguments for c in batch] for batch in tools.batches] == [
+        ["print(1)", "print(2)", "prnt(3)"],
+        ["print(3)"],
+    ]
+    assert [(r.arguments, r.status) for r in step.meta.tool_calls] == [
+        ("print(1)", "ok"),
+        ("print(2)", "ok"),
+        ("print(3)", "ok"),
+    ]
+    text = tok.decode(step.response_ids, skip_special_tokens=True)
+    assert "prnt" not in text and "NameError" not in text and "corrected call" not in text
+    assert _tool_text(tok, step) == " <result>1</result> <result>2</result> <result>3</result>"
+    [rec] = step.meta.rollbacks
+    # Its checkpoint is where the previous call ends; the spliced span is the corrected call (and its eos).
+    assert rec.repaired and rec.attempts == 1 and "NameError" in rec.error
+    assert rec.position == len(encode(tok, _hermes("print(1)") + _hermes("print(2)")))
+    assert _model_part(tok, step, rec.position, rec.repaired_tokens) == _hermes("print(3)")
+    assert tools.retries == ["python"]
