@@ -1,21 +1,26 @@
 """``memrl bench memory``: evidence recall of memrl's retrieval on LoCoMo / LongMemEval, with baselines.
 
-For every conversation the history is ingested once (rule extractor, one batched call for all
-conversations), then every question with gold evidence is retrieved. Reported, in one run:
+Conversations are streamed: each history is ingested (rule extractor, batched), its questions are retrieved, and
+its memory is released before the next one, so a LongMemEval ``_s``/``_m`` file (one ~115 k-token haystack per
+question) never holds more than one haystack's index. Reported, in one run:
 
-* ``recall@K``: mean over questions of the fraction of gold ids found among the source ids of the top-K
-  retrieved items (LoCoMo: dialog ids, categories 1–4 by default; LongMemEval: answer session ids, a
-  retrieved turn ``<session>:<i>`` counts for its session).
-* ``baseline_dense_recall@K`` / ``baseline_bm25_recall@K``: plain MiniLM cosine and plain BM25 over the raw
-  turn texts, one item per turn.
+* ``recall@K`` (K = 5, 10, 25): mean over questions of the fraction of gold ids found among the source ids of the
+  top-K retrieved items (LoCoMo: dialog ids, categories 1–4 by default; LongMemEval: answer session ids, a
+  retrieved turn ``<session>:<i>`` counts for its session). ``turn_recall@K``: the same over gold *turns*
+  (LoCoMo: the evidence dialog ids; LongMemEval: the ``has_answer`` turns, where flagged). Per category / question
+  type: ``recall@10_by_category``.
+* ``baseline_dense_recall@K`` / ``baseline_bm25_recall@K`` (and ``..._by_category``): plain MiniLM cosine and
+  plain BM25 over the raw turn texts, one item per turn, in the same run.
 * ``context_token_fraction``: tokens of the top-``top_k`` retrieved texts / tokens of the whole history
   (``speaker: text`` per turn), averaged over questions (embedder tokenizer). This keeps recall honest: an item
   that swallowed a whole session would otherwise win.
-* ``ingest_ratio``: ingest throughput / bare ``encode()`` throughput of the same fact texts (same run).
+* ``ingest_turns_per_s``, ``wall_seconds`` and the persistent embedding cache's hits, misses and hit rate
+  (``memory.embedding_cache``: a second run over the same data encodes nothing again).
 
-Options: ``--dataset locomo|longmemeval``, ``--path``, ``--limit N`` (conversations / questions),
-``--categories 1,2,3,4``, ``--repeats R`` (timing repeats; min is taken), and ``key=value`` MemoryConfig
-overrides (``neighbour_turns=1 retrieval=dense``).
+Options: ``--dataset locomo|longmemeval``, ``--path`` (default: the small bundled fixture of the format, for a
+smoke run; pass your copy of the data for real numbers), ``--limit N`` (conversations / questions),
+``--categories 1,2,3,4``, ``--no-baselines``, and ``key=value`` MemoryConfig overrides
+(``neighbour_turns=1 retrieval=dense``).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import argparse
 import dataclasses
 import logging
 import re
+import sys
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
@@ -32,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 from rank_bm25 import BM25Okapi
+from tqdm import tqdm
 
 from memrl.bench import BENCHES
 from memrl.memory.config import MemoryConfig
@@ -41,12 +48,15 @@ from memrl.types import BatchInput, TurnSpec
 
 logger = logging.getLogger(__name__)
 
-DATA_ROOT = Path(__file__).resolve().parents[2].parent / "shared" / "data"
-DEFAULT_PATHS = {
-    "locomo": DATA_ROOT / "locomo" / "locomo10.json",
-    "longmemeval": DATA_ROOT / "longmemeval" / "longmemeval_oracle.json",
-}
+DATASETS = ("locomo", "longmemeval")
 KS = (5, 10, 25)
+
+
+def fixture_path(dataset: str) -> Path:
+    """The small bundled sample of ``dataset``'s format (``memrl_adapters``)."""
+    from memrl_adapters import LOCOMO_FIXTURE, LONGMEMEVAL_FIXTURE
+
+    return LOCOMO_FIXTURE if dataset == "locomo" else LONGMEMEVAL_FIXTURE
 
 
 @dataclass
@@ -63,6 +73,7 @@ class Question:
     text: str
     gold: tuple[str, ...]  # dialog ids (LoCoMo) or session ids (LongMemEval)
     category: str
+    gold_turns: tuple[str, ...] = ()  # evidence turn ids (LongMemEval: has_answer turns, when flagged)
 
 
 GoldMapper = Callable[[Sequence[str]], set[str]]
@@ -105,11 +116,14 @@ def _question(dataset: str, ep: BatchInput, categories: set[int]) -> Question | 
     if dataset == "locomo":
         if int(meta["category"]) not in categories or not meta.get("evidence_turn_ids"):
             return None
-        return Question(ep.final_query, tuple(meta["evidence_turn_ids"]), str(meta["category"]))
+        ids = tuple(meta["evidence_turn_ids"])
+        return Question(ep.final_query, ids, str(meta["category"]), ids)
     gold = tuple(meta.get("answer_session_ids") or ())
     if not gold or meta.get("abstention"):
         return None
-    return Question(ep.final_query, gold, str(meta["question_type"]))
+    return Question(
+        ep.final_query, gold, str(meta["question_type"]), tuple(meta.get("evidence_turn_ids") or ())
+    )
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -146,67 +160,61 @@ def baseline_rankings(
     return dense, lexical
 
 
-def ingest(system: MemorySystem, convs: Sequence[Conversation]) -> tuple[float, float]:
-    """Rule-extract every history turn of every conversation in one batched call; (wall, cpu) seconds."""
-    items = [(system.manager(c.key), t) for c in convs for t in c.turns]
-    wall, cpu = time.perf_counter(), time.process_time()
-    system.extract_facts_batch(items)
-    return time.perf_counter() - wall, time.process_time() - cpu
+class Scores:
+    """Per-question recall lists for one ranking method, by K and by category."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+        self.by_k: dict[str, list[float]] = defaultdict(list)
+        self.by_cat: dict[str, list[float]] = defaultdict(list)
+
+    def add(self, ranked: Sequence[Sequence[str]], q: Question, to_gold: GoldMapper) -> None:
+        for k in KS:
+            self.by_k[f"recall@{k}"].append(recall(ranked, q.gold, k, to_gold))
+            if q.gold_turns:
+                self.by_k[f"turn_recall@{k}"].append(recall(ranked, q.gold_turns, k, set))
+        self.by_cat[q.category].append(self.by_k["recall@10"][-1])
+
+    def summary(self) -> dict:
+        out = {f"{self.prefix}{name}": float(np.mean(v)) for name, v in self.by_k.items()}
+        out[f"{self.prefix}recall@10_by_category"] = {
+            c: round(float(np.mean(v)), 4) for c, v in sorted(self.by_cat.items())
+        }
+        return out
 
 
-def _timed_encode(embedder: Embedder, texts: list[str]) -> tuple[float, float]:
-    wall, cpu = time.perf_counter(), time.process_time()
-    embedder.encode(texts)
-    return time.perf_counter() - wall, time.process_time() - cpu
-
-
-def evaluate(system: MemorySystem, convs: Sequence[Conversation], to_gold: GoldMapper) -> dict:
-    """memrl retrieval recall@K and context fraction (the system must already hold the conversations)."""
-    kmax = max(KS)
-    per_cat: dict[str, list[float]] = defaultdict(list)
-    recalls: dict[int, list[float]] = {k: [] for k in KS}
-    fractions = []
-    for conv in convs:
-        mgr = system.manager(conv.key)
-        history_tokens = sum(system.embedder.count_tokens([f.text for f in mgr.facts()]))
-        hits_per_q = system.retrieve_batch([(mgr, q.text) for q in conv.questions], kmax)
-        for q, hits in zip(conv.questions, hits_per_q, strict=True):
-            sources = [h.source_ids for h in hits]
-            for k in KS:
-                recalls[k].append(recall(sources, q.gold, k, to_gold))
-            per_cat[q.category].append(recalls[10][-1])
-            fractions.append(_context_tokens(system, hits[: system.cfg.top_k]) / max(1, history_tokens))
-    out = {f"recall@{k}": float(np.mean(v)) for k, v in recalls.items()}
-    out["context_token_fraction"] = float(np.mean(fractions))
-    out["recall@10_by_category"] = {c: round(float(np.mean(v)), 4) for c, v in sorted(per_cat.items())}
-    return out
+def evaluate_conversation(
+    system: MemorySystem, conv: Conversation, to_gold: GoldMapper, scores: Scores, fractions: list[float]
+) -> None:
+    """Retrieve every question of ``conv`` (already ingested) and score it."""
+    mgr = system.manager(conv.key)
+    history_tokens = sum(system.embedder.count_tokens([f.text for f in mgr.facts()]))
+    hits_per_q = system.retrieve_batch([(mgr, q.text) for q in conv.questions], max(KS))
+    for q, hits in zip(conv.questions, hits_per_q, strict=True):
+        scores.add([h.source_ids for h in hits], q, to_gold)
+        fractions.append(_context_tokens(system, hits[: system.cfg.top_k]) / max(1, history_tokens))
 
 
 def _context_tokens(system: MemorySystem, hits: Sequence[RetrievedFact]) -> int:
     return sum(system.embedder.count_tokens([h.text for h in hits])) if hits else 0
 
 
-def evaluate_baselines(embedder: Embedder, convs: Sequence[Conversation], to_gold: GoldMapper) -> dict:
-    dense_r, bm25_r = [], []
-    for conv in convs:
-        qvecs = embedder.encode([q.text for q in conv.questions])
-        dense, lexical = baseline_rankings(embedder, conv, qvecs, max(KS))
-        for q, d, b in zip(conv.questions, dense, lexical, strict=True):
-            dense_r.append(recall([[i] for i in d], q.gold, 10, to_gold))
-            bm25_r.append(recall([[i] for i in b], q.gold, 10, to_gold))
-    return {
-        "baseline_dense_recall@10": float(np.mean(dense_r)),
-        "baseline_bm25_recall@10": float(np.mean(bm25_r)),
-    }
+def score_baselines(
+    embedder: Embedder, conv: Conversation, to_gold: GoldMapper, dense: Scores, bm25: Scores
+) -> None:
+    qvecs = embedder.encode([q.text for q in conv.questions])
+    by_dense, by_bm25 = baseline_rankings(embedder, conv, qvecs, max(KS))
+    for q, d, b in zip(conv.questions, by_dense, by_bm25, strict=True):
+        dense.add([[i] for i in d], q, to_gold)
+        bm25.add([[i] for i in b], q, to_gold)
 
 
 def _parse(argv: list[str]) -> tuple[argparse.Namespace, MemoryConfig]:
     p = argparse.ArgumentParser(prog="memrl bench memory", description=__doc__.split("\n\n")[0])
-    p.add_argument("--dataset", choices=sorted(DEFAULT_PATHS), default="locomo")
-    p.add_argument("--path", help="dataset file (default: ../shared/data/...)")
+    p.add_argument("--dataset", choices=DATASETS, default="locomo")
+    p.add_argument("--path", help="dataset file (default: the bundled fixture of the format, a smoke run)")
     p.add_argument("--limit", type=int, help="first N conversations (LoCoMo) / questions (LongMemEval)")
     p.add_argument("--categories", default="1,2,3,4", help="LoCoMo QA categories to score")
-    p.add_argument("--repeats", type=int, default=1, help="timing repeats for the ingest ratio (min taken)")
     p.add_argument("--no-baselines", action="store_true", help="skip the raw-turn baselines")
     p.add_argument("overrides", nargs="*", help="MemoryConfig key=value overrides")
     args = p.parse_args(argv)
@@ -223,44 +231,70 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, MemoryConfig]:
     return args, MemoryConfig(**kwargs)
 
 
+def _cache_delta(before: dict, after: dict) -> dict:
+    """This run's embedding-cache counts (the embedder, and its counters, outlive one bench call)."""
+    if not after:
+        return {}
+    hits = after["memory/embed_cache_hits"] - before["memory/embed_cache_hits"]
+    misses = after["memory/embed_cache_misses"] - before["memory/embed_cache_misses"]
+    return {
+        "memory/embed_cache_hits": hits,
+        "memory/embed_cache_misses": misses,
+        "memory/embed_cache_hit_rate": hits / (hits + misses) if hits + misses else 0.0,
+    }
+
+
 @BENCHES.register("memory")
 def bench_memory(argv: list[str]) -> dict:
     args, cfg = _parse(argv)
-    path = args.path or str(DEFAULT_PATHS[args.dataset])
+    if args.path is None:
+        logger.warning(
+            "bench memory: no --path, running on the bundled %s fixture (a smoke run)", args.dataset
+        )
+    path = args.path or str(fixture_path(args.dataset))
     convs = load_conversations(args.dataset, path, {int(c) for c in args.categories.split(",")}, args.limit)
     if not convs:
         raise ValueError(f"{path}: no questions with gold evidence (dataset {args.dataset})")
     to_gold = _locomo_ids if args.dataset == "locomo" else _session_ids
     embedder = build_embedder(cfg)
-    # Warm up on real texts (thread pools, allocator). Ingest runs first in each repeat, so any remaining
-    # warm-up advantage goes to the bare encode: the ratio errs on the conservative side.
-    embedder.encode([t.text for t in convs[0].turns[:128]])
-    ingest_s, bare_s = [], []
-    system = None
-    for _ in range(max(1, args.repeats)):
-        system = MemorySystem(cfg, embedder=embedder)
-        ingest_s.append(ingest(system, convs))
-        bare_s.append(_timed_encode(embedder, system.embedding_texts([t for c in convs for t in c.turns])))
-    assert system is not None
-    # Throughput ratio = bare time / ingest time for the same texts. The CPU-time ratio is the headline: on a
-    # shared machine wall time mostly measures the neighbours; both are reported.
-    wall_i, cpu_i = min(w for w, _ in ingest_s), min(c for _, c in ingest_s)
-    wall_b, cpu_b = min(w for w, _ in bare_s), min(c for _, c in bare_s)
+    system = MemorySystem(cfg, embedder=embedder)
+    cache_before = getattr(embedder, "stats", dict)()
+    memrl, dense, bm25 = Scores(""), Scores("baseline_dense_"), Scores("baseline_bm25_")
+    fractions: list[float] = []
+    facts = turns = 0
+    ingest_s = 0.0
+    t0 = time.perf_counter()
+    bar = tqdm(
+        convs, desc="bench memory", unit="history", file=sys.stderr, dynamic_ncols=True, mininterval=2.0
+    )
+    for conv in bar:
+        ta = time.perf_counter()
+        system.extract_facts_batch([(system.manager(conv.key), t) for t in conv.turns])
+        ingest_s += time.perf_counter() - ta
+        turns += len(conv.turns)
+        evaluate_conversation(system, conv, to_gold, memrl, fractions)
+        facts += len(system.manager(conv.key).facts())
+        system.release(conv.key)  # one haystack's index at a time
+        if not args.no_baselines:
+            score_baselines(embedder, conv, to_gold, dense, bm25)
+        bar.set_postfix(turns_per_s=f"{turns / max(ingest_s, 1e-9):.0f}")
     result = {
         "dataset": args.dataset,
+        "path": path,
         "conversations": len(convs),
         "questions": sum(len(c.questions) for c in convs),
-        "facts": sum(len(system.manager(c.key).facts()) for c in convs),
-        "ingest_seconds": round(wall_i, 3),
-        "bare_encode_seconds": round(wall_b, 3),
-        "ingest_cpu_seconds": round(cpu_i, 3),
-        "bare_encode_cpu_seconds": round(cpu_b, 3),
-        "ingest_ratio": cpu_b / cpu_i,
-        "ingest_ratio_wall": wall_b / wall_i,
+        "facts": facts,
+        "history_turns": turns,
+        "ingest_seconds": round(ingest_s, 3),
+        "ingest_turns_per_s": turns / max(ingest_s, 1e-9),
+        "wall_seconds": round(time.perf_counter() - t0, 3),
         "embedder_dtype": getattr(embedder, "dtype", "float32"),  # as resolved (the config may say auto)
         "config": dataclasses.asdict(cfg),
-        **evaluate(system, convs, to_gold),
+        "context_token_fraction": float(np.mean(fractions)),
+        **memrl.summary(),
+        **_cache_delta(cache_before, getattr(embedder, "stats", dict)()),
     }
     if not args.no_baselines:
-        result.update(evaluate_baselines(embedder, convs, to_gold))
+        result.update(dense.summary())
+        result.update(bm25.summary())
     return result

@@ -1,6 +1,6 @@
 """``memrl data``: validate a dataset through its adapter, or print one episode.
 
-    memrl data check locomo ../shared/data/locomo/locomo10.json --json
+    memrl data check locomo path/to/locomo10.json --json
     memrl data check synthetic - --option num_episodes=200 --split test
     memrl data show synthetic --index 3
 
