@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +37,7 @@ from memrl.policy.kv_cache import (
     shared_prefix_cache,
 )
 from memrl.policy.models import MODEL_ALIASES, policy_dtype, resolve_model_path
-from memrl.policy.prefix_cache import PrefixCache, PrefixEntry, shared_prefix_groups
+from memrl.policy.prefix_cache import PrefixCache, PrefixEntry, common_prefix_len, shared_prefix_groups
 from memrl.policy.sampling import StopChecker, choose_tokens
 from memrl.types import FinishReason, GenerationOutput
 
@@ -52,6 +52,10 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 # prefill on CPU per request; a conversation slice shared by its questions (LoCoMo, recent_history: ~7,500
 # tokens) is far above it.
 MIN_SHARED_PREFIX = 256
+# Shared prefixes kept across generate calls (most recent first out): the questions of one conversation come in
+# several batches over the same history slice (LoCoMo's full-context arm: ~7,500 tokens, ~14 s of prefill here per
+# batch), and a batch can straddle two conversations. Two states of SmolLM2 at 7.5 K tokens are ~0.7 GB.
+RECENT_SHARED_PREFIXES = 2
 
 
 @dataclass
@@ -155,6 +159,7 @@ class HFPolicy:
         # Model forwards: calls, rows (sum of batch sizes), tokens fed, seconds (host time: exact on CPU, launch
         # time on an asynchronous device). Benchmarks split a speed-up into fewer forwards vs cheaper ones with it.
         self.forward_stats: Counter[str] = Counter()
+        self._recent_shared: OrderedDict[tuple[int, ...], str] = OrderedDict()  # prefix → kept handle
 
     @classmethod
     def from_model(cls, model, tokenizer, cfg: PolicyConfig | None = None) -> HFPolicy:
@@ -192,6 +197,7 @@ class HFPolicy:
     def invalidate_cache(self) -> None:
         """Forget kept prefix states; call after changing the model's weights in place."""
         self.prefix_cache.clear()
+        self._recent_shared.clear()
 
     def release(self, handles: Sequence[str]) -> None:
         self.prefix_cache.release(handles)
@@ -222,14 +228,15 @@ class HFPolicy:
 
     def _share_prompts(
         self, requests: Sequence[GenerationRequest]
-    ) -> tuple[list[GenerationRequest], set[str]]:
+    ) -> tuple[list[GenerationRequest], set[str], set[str]]:
         """Compute prompt prefixes that several rows need once, as vLLM's prefix caching or SGLang's radix cache
         would serve them, instead of once per row: requests (without a prefix handle of their own) that share at
         least :data:`MIN_SHARED_PREFIX` leading tokens continue from one temporary kept state over their common
         prefix; a request for ``n > 1`` samples continues from one over its ``prompt[:-1]``. The states come from
         one nested :meth:`generate` call (one row per distinct prefix), which shares their own common prefixes in
-        turn. Greedy outputs are those of unshared prefills. Returns the requests to run and the temporary handles
-        (released by the caller)."""
+        turn, and the :data:`RECENT_SHARED_PREFIXES` most recent ones are kept for later calls (a conversation's
+        next batch of questions). Greedy outputs are those of unshared prefills. Returns the requests to run, the
+        temporary handles (released by the caller when their rows end) and the handles computed by this call."""
         free = [i for i, r in enumerate(requests) if r.prefix_handle is None and len(r.prompt_ids) > 2]
         starts: dict[int, tuple[int, ...]] = {}  # request index → the prefix its rows continue from
         for length, members in shared_prefix_groups(
@@ -241,18 +248,44 @@ class HFPolicy:
             if requests[i].params.n > 1:
                 starts[i] = requests[i].prompt_ids[:-1]
         if not starts:
-            return list(requests), set()
+            return list(requests), set(), set()
         prefixes = list(dict.fromkeys(starts.values()))
-        once = SamplingParams(temperature=0.0, max_tokens=1, keep_prefix=True)
-        warm = self.generate([GenerationRequest(p, once) for p in prefixes])
-        handle_of = {p: w.prefix_handle for p, [w] in zip(prefixes, warm, strict=True)}
-        out, handles = list(requests), set()
+        handle_of = {p: self._recent_shared[p] for p in prefixes if p in self._recent_shared}
+        for p in handle_of:
+            self._recent_shared.move_to_end(p)
+        cold = [p for p in prefixes if p not in handle_of]
+        if cold:
+            once = SamplingParams(temperature=0.0, max_tokens=1, keep_prefix=True)
+            warm = self.generate([GenerationRequest(p, once, self._nearest_recent(p)) for p in cold])
+            handle_of.update({p: w.prefix_handle for p, [w] in zip(cold, warm, strict=True)})
+        temporary, fresh = set(), set()
+        for p in cold:  # long new prefixes are kept for later calls; the rest go when their rows end
+            handle = handle_of[p]
+            if handle is None:
+                continue
+            fresh.add(handle)
+            if len(p) >= MIN_SHARED_PREFIX:
+                self._recent_shared[p] = handle
+            else:
+                temporary.add(handle)
+        while len(self._recent_shared) > RECENT_SHARED_PREFIXES:
+            _, old = self._recent_shared.popitem(last=False)
+            self.release([old])  # rows that took it hold its state; a later lookup would recompute
+        out = list(requests)
         for i, prefix in starts.items():
-            handle = handle_of[prefix]
-            if handle is not None:
-                out[i] = dataclasses.replace(requests[i], prefix_handle=handle)
-                handles.add(handle)
-        return out, handles
+            if handle_of[prefix] is not None:
+                out[i] = dataclasses.replace(requests[i], prefix_handle=handle_of[prefix])
+        return out, temporary, fresh
+
+    def _nearest_recent(self, prefix: tuple[int, ...]) -> str | None:
+        """A kept recent shared state that covers at least :data:`MIN_SHARED_PREFIX` tokens of ``prefix`` (the
+        longest such), so a new prefix over a known context computes only what is new."""
+        best, handle = MIN_SHARED_PREFIX - 1, None
+        for kept, h in self._recent_shared.items():
+            n = common_prefix_len(kept, prefix)
+            if n > best:
+                best, handle = n, h
+        return handle
 
     def _rows_for(self, index: int, req: GenerationRequest) -> list[_Row]:
         p = req.params

@@ -33,7 +33,7 @@ class HFStream:
         self._next = 0
 
     def add(self, requests: Sequence[GenerationRequest]) -> list[int]:
-        shared, internal = self.policy._share_prompts(requests)
+        shared, internal, fresh = self.policy._share_prompts(requests)
         ids, queue = [], []
         for req in shared:
             rid = self._next
@@ -42,6 +42,7 @@ class HFStream:
             rows = self.policy._rows_for(rid, req)
             if req.prefix_handle in internal:
                 self._internal[rid] = req.prefix_handle
+            if req.prefix_handle in fresh:
                 for row in rows:
                     row.reported_cached = 0  # computed for this request: not a cache hit
             self._rows[rid] = rows

@@ -79,7 +79,16 @@ def test_shared_prefill_equals_unshared_and_computes_the_prefix_once(policy):
     tail = len(prompts[0]) - prefix
     # The prefix once (one row), every request's own tail, then 7 decode steps of 4 rows.
     assert policy.forward_stats["tokens"] == prefix + 4 * tail + 7 * 4
-    assert len(policy.prefix_cache) == 0  # the temporary state is released
+    # The shared state is kept for the next call over the same context (a conversation's next batch of
+    # questions): it computes only the tails and reports the prefix as cached.
+    assert len(policy.prefix_cache) == 1
+    policy.forward_stats.clear()
+    again = policy.generate([GenerationRequest(p, _greedy(8)) for p in prompts])
+    assert [o.token_ids for [o] in again] == [o.token_ids for [o] in together]
+    assert policy.forward_stats["tokens"] == 4 * tail + 7 * 4
+    assert {o.cached_tokens for [o] in again} == {prefix}
+    policy.invalidate_cache()  # new weights: kept states are stale
+    assert len(policy.prefix_cache) == 0 and not policy._recent_shared
 
 
 def test_without_sharing_every_request_prefills_its_whole_prompt(policy, monkeypatch):
@@ -120,6 +129,6 @@ def test_groups_unrelated_prompts_and_n_samples_in_one_call(peaked_policy):
         for o, r in zip(done[rid], ref, strict=True):
             assert o.logprobs == pytest.approx(r.logprobs, abs=1e-4)
     assert len({done[rid][0].token_ids for rid in ids}) > 2  # not vacuous: the prompts decode differently
-    assert len(peaked_policy.prefix_cache) == 0
+    assert len(peaked_policy.prefix_cache) <= hf.RECENT_SHARED_PREFIXES  # only the recent shared states stay
     # Every prompt token is computed once at most (the contexts once each, not once per request).
     assert peaked_policy.forward_stats["tokens"] < sum(len(r.prompt_ids) for r in reqs) - len(CONTEXT)
