@@ -376,7 +376,7 @@ def parser() -> argparse.ArgumentParser:
         default=32,
         help="prompts per rollout call. 32 x 16 leaves = 16 full batches: decode throughput bounds both arms, as in "
         "an RL rollout batch. At 8 (4 batches) the tree's own sequential depth (chain + 3 rounds) bounds its wall "
-        "time instead (see README)",
+        "time instead (see docs/benchmarks.md)",
     )
     p.add_argument("--leaves", type=int, default=16)
     p.add_argument("--max-tokens", type=int, default=192)
