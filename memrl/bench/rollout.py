@@ -62,6 +62,8 @@ def _policy(model: str, cache_tokens: int, max_batch_size: int = 32):
 
 
 def _measure(policy, requests, tools, cfg: RolloutConfig) -> dict:
+    # Every arm starts cold: no prefix state kept from an earlier arm or repeat (HF keeps recent shared prompts).
+    getattr(policy, "invalidate_cache", lambda: None)()
     start = time.perf_counter()
     result = run_rollout(requests, policy, tools, cfg)
     wall = time.perf_counter() - start
@@ -169,8 +171,6 @@ def _tree_cfg(args, branch_at: str) -> TreeConfig:
         segment_tokens=args.segment_tokens,
         expansion_policy=args.expansion_policy,
         branch_at=branch_at,
-        overlap_segments=args.overlap_segments if branch_at == "segment" else 0,
-        schedule="rounds" if args.overlap_segments and branch_at == "segment" else args.schedule,
     )
 
 
@@ -400,18 +400,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--beam-size", type=int, default=6)
     p.add_argument("--segment-tokens", type=int, default=16)
     p.add_argument("--expansion-policy", default="entropy")
-    p.add_argument(
-        "--overlap-segments",
-        type=int,
-        default=0,
-        help="rollout.tree.overlap_segments for segment forks (0: each round waits for the previous one)",
-    )
-    p.add_argument(
-        "--schedule",
-        default="per_tree",
-        choices=["per_tree", "rounds"],
-        help="rollout.tree.schedule (overlap_segments > 0 runs rounds)",
-    )
     p.add_argument(
         "--branch-at",
         default="token",

@@ -40,25 +40,14 @@ class TreeConfig:
       model's LoCoMo-style prompt (0.78 vs 0.83), but more on its own task (0.85 vs 0.83), hence not the
       default.
 
-    ``overlap_segments`` (segment forks only; 0 = off) generates segment by segment (one
-    call per segment for every live branch) and starts each expansion round as soon as every branch of the
-    previous round has generated that many segments (or ended), instead of when they have all finished: the
-    rounds then decode side by side, so the tree's sequential decode steps drop from ``iterations + 1`` chains'
-    worth to about one chain plus ``iterations * overlap_segments`` segments. Candidates are the nodes that exist
-    when a round starts, so forks land earlier in the chains than without overlap (more tokens per fork).
-
-    ``schedule`` says when a round starts. ``per_tree`` (default): each tree starts its next round as soon as its
-    own branches have all ended, and the new forks join the rows still decoding (one generation stream,
-    :mod:`memrl.policy.stream`), so no tree waits for another tree's slowest branch. ``rounds``: the
-    synchronous schedule, every tree's round k in one batch once every branch of round k-1 has ended (needed
-    by ``overlap_segments``). A tree's forks depend only on its own branches (each tree draws from its own
-    random stream), so both schedules grow the same trees; ``per_tree`` takes fewer sequential decode steps.
-    Backends without a stream (vLLM, OpenAI) run ``per_tree`` as rounds.
+    Each tree starts its next round as soon as its own branches have all ended, and the new forks join the rows
+    still decoding (one generation stream, :mod:`memrl.policy.stream`), so no tree waits for another tree's
+    slowest branch (measured: ~11 % fewer sequential decode steps than stepping every tree's round together).
 
     ``expansion_policy`` is ``random`` or ``entropy`` (branch where entropy is high) or a dotted path.
     ``initial_rollouts_rule`` (:data:`memrl.rollout.expansion.INITIAL_ROLLOUT_RULES`) lets the number of initial
     chains differ per prompt: ``static`` (default) or ``disagreement`` (twice the chains where the first ones
-    disagree, fewer forks to keep the same number of leaves); it needs ``schedule: per_tree``.
+    disagree, fewer forks to keep the same number of leaves).
     ``expand_root`` lets the root (the bare prompt) be picked like any node; by default only response
     positions are branch points (the root is used only when a tree has no other candidate).
     """
@@ -73,32 +62,15 @@ class TreeConfig:
     entropy_window: int = 8
     expand_root: bool = False
     branch_at: str = "segment"
-    overlap_segments: int = 0
-    schedule: str = "per_tree"
 
     def __post_init__(self) -> None:
-        if self.schedule not in ("per_tree", "rounds"):
-            raise ValueError(f"rollout.tree.schedule must be 'per_tree' or 'rounds', got {self.schedule!r}")
-        if self.overlap_segments and self.schedule != "rounds":
+        if self.initial_rollouts_rule != "static" and self.expansion_iterations == 0:
             raise ValueError(
-                "rollout.tree.overlap_segments overlaps the synchronous rounds: it needs schedule='rounds', got "
-                f"schedule={self.schedule!r} with overlap_segments={self.overlap_segments}"
-            )
-        if self.initial_rollouts_rule != "static" and (
-            self.schedule != "per_tree" or self.expansion_iterations == 0
-        ):
-            raise ValueError(
-                f"rollout.tree.initial_rollouts_rule={self.initial_rollouts_rule!r} decides per tree once its first "
-                "chains end and takes the leaves from its expansion rounds: it needs schedule='per_tree' and "
-                f"expansion_iterations >= 1 (got {self.schedule!r}, {self.expansion_iterations})"
+                f"rollout.tree.initial_rollouts_rule={self.initial_rollouts_rule!r} takes its extra chains from the "
+                "tree's expansion rounds: it needs expansion_iterations >= 1"
             )
         if self.branch_at not in ("token", "segment"):
             raise ValueError(f"rollout.tree.branch_at must be 'token' or 'segment', got {self.branch_at!r}")
-        if self.overlap_segments and self.branch_at == "token":
-            raise ValueError(
-                "rollout.tree.overlap_segments needs branch_at='segment' (token forks pick points in finished "
-                f"branches), got overlap_segments={self.overlap_segments} with branch_at='token'"
-            )
         checks = (
             ("initial_rollouts", self.initial_rollouts, 1),
             ("expansion_iterations", self.expansion_iterations, 0),
@@ -106,7 +78,6 @@ class TreeConfig:
             ("beam_size", self.beam_size, 2),
             ("segment_tokens", self.segment_tokens, 1),
             ("entropy_window", self.entropy_window, 1),
-            ("overlap_segments", self.overlap_segments, 0),
         )
         for name, value, low in checks:
             if value < low:

@@ -84,8 +84,7 @@ class HandleRefs:
 
 
 class Engine:
-    """Drives branches to TERMINATED. ``segment_tokens`` caps model tokens per generate call (tree nodes);
-    ``None`` lets a branch generate until a stop (chain)."""
+    """Drives branches to TERMINATED; a branch generates until a stop (a tool call, the answer, eos, its budget)."""
 
     def __init__(
         self,
@@ -94,14 +93,12 @@ class Engine:
         cfg: RolloutConfig,
         metrics: RolloutMetrics,
         *,
-        segment_tokens: int | None = None,
         hooks: EngineHooks | None = None,
     ) -> None:
         self.policy = policy
         self.tools = tools
         self.cfg = cfg
         self.metrics = metrics
-        self.segment_tokens = segment_tokens
         self.hooks = hooks or EngineHooks()
         self.handles = HandleRefs(policy)
         self.tokenizer = policy.tokenizer
@@ -171,11 +168,7 @@ class Engine:
     def _budget(self, b: Branch) -> int:
         """Model tokens the next call may produce. A regeneration replaces everything after the checkpoint."""
         used = b.checkpoint if b.regenerating else b.response_len
-        left = self.cfg.max_response_tokens - used
-        if self.segment_tokens is not None and not b.regenerating:
-            # A regenerated turn is produced in one call: its continuation must see the error feedback.
-            left = min(left, self.segment_tokens)
-        return left
+        return self.cfg.max_response_tokens - used
 
     def _seed(self, key: str, segment: int) -> int:
         return zlib.crc32(f"{self.cfg.seed}/{key}/{segment}".encode()) & 0x7FFFFFFF

@@ -4,16 +4,14 @@ Phase 1 builds one tree per request (a root node = the prompt). Phase 2 grows ``
 tree (``initial_rollouts_rule`` may add chains to a tree once its first ones end, taken from its fork budget). Phase 3 runs ``expansion_iterations`` rounds: each picks ``nodes_per_expansion`` nodes per tree with the
 expansion policy and forks ``beam_size - 1`` new branches from each, which continue from the node's token state
 through its prefix handle (the shared prefix is never recomputed). Phase 4 samples exactly ``n`` leaves per tree
-(duplicating, flagged, only when the tree has fewer). ``cfg.tree.schedule``: ``per_tree`` (default) runs all
-branches on one generation stream and starts a tree's next round when its own branches have ended; ``rounds``
-steps every tree's round together. A tree's choices depend only on its own branches and its own random stream,
-so both grow the same trees.
+(duplicating, flagged, only when the tree has fewer). All branches run on one generation stream, and a tree
+starts its next round as soon as its own branches have ended (no tree waits for another tree's slowest branch);
+a tree's choices depend only on its own branches and its own random stream.
 
 Where a tree may branch is ``cfg.tree.branch_at``. ``segment``: a node is a point between two generation segments
 of a branch (a segment is at most ``segment_tokens`` model tokens, or ends at a tool call). Branches run to their
 stop in one call and their segment nodes are laid out afterwards (:func:`_lay_segment_nodes`), each holding the
-owner's final state; with ``overlap_segments`` the engine instead generates segment by segment and each node keeps
-the state it ends at. ``token``: branches run to their stop in one call and every model token they sampled is a
+owner's final state. ``token``: branches run to their stop in one call and every model token they sampled is a
 candidate fork point (its entropy is that of the distribution it was drawn from); a chosen point becomes a node by
 splitting its branch's segment there. Forks from a final state continue from it cropped to the fork point by the
 backend (one token is recomputed, to get the logits there).
@@ -54,7 +52,6 @@ class TreeNode:
     branch_depth: int = 0
     children: list[TreeNode] = field(default_factory=list)
     terminal: bool = False
-    detached: bool = False  # its owner rolled back past it after it was forked (see TreeHooks.on_restore)
     expansions: int = 0
     entropy_sum: float = 0.0
     entropy_n: int = 0
@@ -82,7 +79,7 @@ class Tree:
     nodes: list[TreeNode] = field(default_factory=list)
     branches: list[Branch] = field(default_factory=list)
     # Its own expansion draws (tie-breaks, the random policy), so its shape does not depend on when other trees
-    # expand: both schedules grow the same trees.
+    # expand.
     rng: random.Random = field(default_factory=random.Random)
     rounds: int = 0  # expansion rounds started
     final: bool = False  # its last round has started: nothing forks from its nodes any more
@@ -118,9 +115,9 @@ class TreeHooks(EngineHooks):
         self.cfg = cfg
         self._engine = engine_ref
         self.by_token = cfg.tree.branch_at == "token"
-        # Segment nodes without overlapping rounds are laid out after their branch has run to its stop in one
-        # call (see _lay_segment_nodes), instead of one generate call per segment.
-        self.lazy_segments = not self.by_token and cfg.tree.overlap_segments == 0
+        # Segment nodes are laid out after their branch has run to its stop in one call (see _lay_segment_nodes),
+        # instead of one generate call per segment.
+        self.lazy_segments = not self.by_token
         # Nodes at tool boundaries keep their state while a later expansion round may fork from them; forks at
         # token points and lazily laid segment points continue from the owner branch's own final state instead.
         self.keep_handles = cfg.tree.expansion_iterations > 0 and not self.by_token
@@ -169,13 +166,8 @@ class TreeHooks(EngineHooks):
             del link.entropies[pos]
         node = link.node
         while node.parent is not None and node.response_len > position:
-            if node.owner is branch and node.expansions:
-                # Forked while its owner was still running (overlap_segments): the forks hang below it and
-                # hold their own states, so it stays in the tree, but its owner's tokens past `position`
-                # are gone, so it is no fork point any more.
-                node.detached = True
-                self._engine[0].metrics.add("rollout/tree/detached_nodes", 1)
-            elif node.owner is branch:
+            # A tree forks only from nodes whose owner has ended, so a running branch's own nodes have no forks.
+            if node.owner is branch:
                 node.parent.children.remove(node)
                 link.tree.nodes.remove(node)
                 self.handles.drop(node.handle)
@@ -237,7 +229,7 @@ def _fork(engine: Engine, tree: Tree, node: TreeNode, uid: str, spawn_key: str) 
 
 
 def _candidates(tree: Tree, cfg: RolloutConfig) -> list[TreeNode]:
-    inner = [n for n in tree.nodes if not n.terminal and not n.detached]
+    inner = [n for n in tree.nodes if not n.terminal]
     if cfg.tree.expand_root or not inner:
         inner = [tree.root, *inner]
     return inner
@@ -331,11 +323,6 @@ def _lay_segment_nodes(engine: Engine, tree: Tree, cfg: RolloutConfig, *, keep: 
             _node_at(engine, tree, ForkPoint(b, pos, entropy, 0), keep=keep, tag="s")
 
 
-def _expand(engine: Engine, hooks: TreeHooks, trees: list[Tree], cfg: RolloutConfig) -> list[Branch]:
-    """One expansion round of every tree (the ``rounds`` schedule)."""
-    return [b for tree in trees for b in _expand_tree(engine, hooks, tree, cfg)]
-
-
 def _expand_tree(engine: Engine, hooks: TreeHooks, tree: Tree, cfg: RolloutConfig) -> list[Branch]:
     """Round ``tree.rounds`` of ``tree``: pick nodes with the expansion policy, fork ``beam_size - 1`` branches
     from each. After the last round its nodes' kept states are dropped (nothing forks from them any more)."""
@@ -409,8 +396,7 @@ def tree_rollout(
     metrics = RolloutMetrics()
     engine_ref: list[Engine] = []
     hooks = TreeHooks(cfg, engine_ref)
-    segment = None if hooks.by_token or hooks.lazy_segments else cfg.tree.segment_tokens
-    engine = Engine(policy, tools, cfg, metrics, segment_tokens=segment, hooks=hooks)
+    engine = Engine(policy, tools, cfg, metrics, hooks=hooks)
     engine_ref.append(engine)
     rng = random.Random(cfg.seed)
     # Phase 1: one tree per request; phase 2: the initial chains (one n-sample request per tree).
@@ -428,11 +414,8 @@ def tree_rollout(
     try:
         if cfg.tree.expansion_iterations == 0:
             _last_round(engine, hooks, trees)
-        # Phase 3: expansion rounds, per tree or batched across all trees.
-        if cfg.tree.schedule == "per_tree":
-            _grow_per_tree(engine, hooks, trees, cfg)
-        else:
-            _grow(engine, hooks, trees, cfg)
+        # Phase 3: expansion rounds, each tree on its own as soon as its branches have ended.
+        _grow_per_tree(engine, hooks, trees, cfg)
         # Phase 4: exactly n leaves per tree.
         if hooks.lazy_segments:
             for t in trees:
@@ -448,34 +431,10 @@ def tree_rollout(
     return RolloutResult(leaves=leaves, metrics=metrics.summary())
 
 
-def _grow(engine: Engine, hooks: TreeHooks, trees: list[Tree], cfg: RolloutConfig) -> None:
-    """The ``rounds`` schedule: step every live branch of every tree together; a round starts when each branch
-    of the previous one has ended, or (``overlap_segments`` = k > 0) is k segments in (a branch counts its own
-    segments from its fork)."""
-    k = cfg.tree.overlap_segments
-    live = [b for t in trees for b in t.branches]
-    last, it = list(live), 0
-    while True:
-        if it < cfg.tree.expansion_iterations and all(
-            b.state is AgentState.TERMINATED or (k > 0 and b.segments >= k) for b in last
-        ):
-            last = _expand(engine, hooks, trees, cfg)
-            if it == cfg.tree.expansion_iterations - 1:
-                _last_round(engine, hooks, trees)
-            live += last
-            it += 1
-            continue
-        live = [b for b in live if b.state is not AgentState.TERMINATED]
-        if not live:
-            return
-        engine.step(live)
-
-
 def _grow_per_tree(engine: Engine, hooks: TreeHooks, trees: list[Tree], cfg: RolloutConfig) -> None:
-    """The ``per_tree`` schedule: one generation stream for every branch of every tree; a tree starts its next
-    round as soon as its own branches have all ended, and the new branches join the rows still decoding. A
-    round's forks and their candidates are the same as in ``rounds`` (a tree's choices depend only on its own
-    branches), but no tree waits for the slowest branch of another."""
+    """One generation stream for every branch of every tree; a tree starts its next round as soon as its own
+    branches have all ended, and the new branches join the rows still decoding, so no tree waits for the slowest
+    branch of another."""
 
     budget = cfg.tree.leaves_per_tree()
 
@@ -514,13 +473,10 @@ def _extra_initial_chains(engine: Engine, tree: Tree, cfg: RolloutConfig) -> lis
 
 
 def _last_round(engine: Engine, hooks: TreeHooks, trees: list[Tree]) -> None:
-    """Nothing forks after this round (every tree's last one, whose expansion already dropped its node states):
-    no new node keeps a state, and branches generate to their next stop in one call instead of segment by
-    segment, which saves one batch re-assembly and one sequential generate call per segment."""
+    """Nothing forks after this round (trees without expansion rounds): no new node keeps a state."""
     hooks.keep_handles = False
     for t in trees:
         t.final = True
-    engine.segment_tokens = None
 
 
 def _drop_node_handles(engine: Engine, trees: list[Tree]) -> None:

@@ -51,13 +51,3 @@ def test_leaves_per_tree():
         ).leaves_per_tree()
         == 16
     )
-
-
-def test_tree_schedule_is_validated():
-    with pytest.raises(ValueError, match="schedule must be 'per_tree' or 'rounds', got 'async'"):
-        TreeConfig(schedule="async")
-    with pytest.raises(
-        ValueError, match="overlap_segments overlaps the synchronous rounds: it needs schedule='rounds'"
-    ):
-        TreeConfig(overlap_segments=2)
-    assert TreeConfig(overlap_segments=2, schedule="rounds").schedule == "rounds"

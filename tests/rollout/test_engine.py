@@ -163,46 +163,34 @@ def test_response_budget_bounds_tool_results(tok):
     assert len(step.response_ids) == 30 and step.meta.extra["finish"] == "length"
 
 
-@pytest.mark.parametrize("strategy", ["chain", "tree", "tree-token", "tree-overlap"])
+@pytest.mark.parametrize("strategy", ["chain", "tree", "tree-token"])
 def test_rollback_inside_trees_and_chains(tok, strategy):
     from memrl.rollout import TreeConfig
 
     rb = RollbackConfig(enable_tool_rollback=True)
-    overlap = strategy == "tree-overlap"
     tree = TreeConfig(
         initial_rollouts=2,
-        expansion_iterations=3 if overlap else 1,
+        expansion_iterations=1,
         # Segment forks: expand every node, so some forks certainly sit mid-turn (see the reattach check).
         nodes_per_expansion=40 if strategy == "tree" else 2,
         beam_size=2,
         segment_tokens=7,
         branch_at="token" if strategy == "tree-token" else "segment",
-        # Rounds start while their parents still generate, so forks are taken mid-turn before the owner's
-        # call fails and rolls back past them.
-        overlap_segments=1 if overlap else 0,
-        schedule="rounds" if overlap else "per_tree",
     )
-    strategy = strategy.removesuffix("-token").removesuffix("-overlap")
+    strategy = strategy.removesuffix("-token")
     result, _, _ = _run(tok, fixing_script(calls=2), n=4, rollback=rb, strategy=strategy, tree=tree)
     for step in result.leaves[0]:
         text = tok.decode(step.response_ids)
         assert "prnt" not in text
         assert text.endswith("<answer>2</answer>")
         assert all(r.repaired for r in step.meta.rollbacks)
-        for (
-            r
-        ) in step.meta.rollbacks:  # tree offsets: the span is the corrected call in the leaf's own response
+        # Tree offsets: the span is the corrected call in the leaf's own response.
+        for r in step.meta.rollbacks:
             span = tok.decode(step.response_ids[r.position : r.position + r.repaired_tokens])
             assert re.fullmatch(r"<python>print\(\d\)</python>", span), span
     if strategy == "tree" and tree.branch_at == "segment":
         # Some forks sat mid-turn: their rollback reached below the fork and re-attached them higher up.
         assert result.metrics.get("rollout/tree/rollback_reattached", 0) > 0
-    if overlap:
-        # Nodes forked before their owner rolled back stay (their forks hang below) but are no fork points.
-        assert result.metrics.get("rollout/tree/detached_nodes", 0) > 0
-        assert len({s.meta.node_path for s in result.leaves[0] if not s.meta.is_duplicate}) == len(
-            [s for s in result.leaves[0] if not s.meta.is_duplicate]
-        )
 
 
 def _hermes(code: str) -> str:

@@ -10,7 +10,6 @@ from tests.rollout.rollout_fixtures import PROMPT, encode
 
 
 def _cfg(n, init, iters, nodes, beam, seg=6, **kw):
-    overlap = kw.pop("overlap", 0)
     tree = TreeConfig(
         initial_rollouts=init,
         expansion_iterations=iters,
@@ -19,8 +18,6 @@ def _cfg(n, init, iters, nodes, beam, seg=6, **kw):
         segment_tokens=seg,
         expansion_policy=kw.pop("policy", "random"),
         branch_at=kw.pop("branch_at", "segment"),
-        overlap_segments=overlap,
-        schedule=kw.pop("schedule", "rounds" if overlap else "per_tree"),
     )
     return RolloutConfig(strategy="tree", n=n, tree=tree, max_response_tokens=kw.pop("max_tokens", 200), **kw)
 
@@ -29,17 +26,14 @@ def _requests(tok, k):
     return [RolloutRequest(encode(tok, f"#{i} {PROMPT}"), f"ep{i}") for i in range(k)]
 
 
-@pytest.mark.parametrize("branch_at", ["segment", "token", "overlap"])
+@pytest.mark.parametrize("branch_at", ["segment", "token"])
 @pytest.mark.parametrize(
     "shape",
     [(4, 2, 1, 1, 3), (16, 4, 3, 2, 3), (6, 1, 1, 1, 2), (5, 2, 2, 2, 2), (3, 1, 0, 1, 2)],
 )
 def test_tree_shape_and_leaf_count(tok, shape, branch_at):
     n, init, iters, nodes, beam = shape
-    overlap = 2 if branch_at == "overlap" else 0
-    cfg = _cfg(
-        n, init, iters, nodes, beam, branch_at=branch_at.replace("overlap", "segment"), overlap=overlap
-    )
+    cfg = _cfg(n, init, iters, nodes, beam, branch_at=branch_at)
     pol = ScriptedPolicy(tok, random_script(min_tokens=20, max_tokens=40))
     result = run_rollout(_requests(tok, 3), pol, None, cfg)
     built = init + iters * nodes * (beam - 1)
@@ -96,36 +90,6 @@ def test_one_generate_call_per_iteration_across_requests(tok):
         assert pol.stats.prefill_tokens == sum(len(r.prompt_ids) for r in _requests(tok, k))
     # One call per phase, whatever the request count.
     assert calls == [2, 2]
-
-
-def test_overlapped_rounds_decode_together(tok):
-    def fixed(ctx):  # every leaf is 24 tokens + eos, wherever it forked
-        return "x" * (24 - len(ctx.text.split("A:", 1)[1]))
-
-    runs = {}
-    for overlap in (0, 1):
-        pol = ScriptedPolicy(tok, fixed)
-        result = run_rollout(_requests(tok, 2), pol, None, _cfg(7, 1, 3, 1, 3, seg=4, overlap=overlap))
-        runs[overlap] = (pol, result)
-        for leaves in result.leaves:
-            assert len(leaves) == 7 and not any(s.meta.is_duplicate for s in leaves)
-            assert all(len(s.response_ids) == 25 for s in leaves)
-            assert len({s.meta.node_path for s in leaves}) == 7
-        assert pol.live_handles == 0 and pol.stats.handles_created == pol.stats.handles_released
-    (seq, _), (ovl, ovl_result) = runs[0], runs[1]
-    # Without overlap: the chain, then 3 rounds one after the other, each one call to the stop. With it, round
-    # r+1 starts one segment into round r (segment-by-segment calls), so the rounds decode side by side.
-    assert seq.stats.batch_sizes == [2, 2, 2, 2]
-    assert max(ovl.stats.batch_sizes) > max(seq.stats.batch_sizes)  # several rounds in one call
-    # Later rounds still fork from the previous rounds' (running) branches: some fork sits below a fork.
-    assert max(s.meta.branch_depth for leaves in ovl_result.leaves for s in leaves) >= 2
-
-
-def test_overlap_needs_segment_forks():
-    from memrl.rollout import TreeConfig
-
-    with pytest.raises(ValueError, match="overlap_segments needs branch_at='segment'"):
-        TreeConfig(branch_at="token", overlap_segments=1, schedule="rounds")
 
 
 def test_n_smaller_than_tree_samples_distinct_leaves(tok):
@@ -255,6 +219,6 @@ def test_disagreeing_prompts_get_more_initial_chains_and_still_exactly_n_leaves(
             assert len(leaves) == 8 and not any(s.meta.is_duplicate for s in leaves)
 
 
-def test_dynamic_initial_rollouts_need_the_per_tree_schedule():
-    with pytest.raises(ValueError, match="per_tree"):
-        TreeConfig(initial_rollouts_rule="disagreement", schedule="rounds")
+def test_dynamic_initial_rollouts_need_expansion_rounds():
+    with pytest.raises(ValueError, match="expansion_iterations >= 1"):
+        TreeConfig(initial_rollouts_rule="disagreement", expansion_iterations=0)
