@@ -250,6 +250,8 @@ class HFPolicy:
         if not starts:
             return list(requests), set(), set()
         prefixes = list(dict.fromkeys(starts.values()))
+        for p in [p for p, h in self._recent_shared.items() if not self.prefix_cache.alive(h)]:
+            del self._recent_shared[p]  # evicted by the cache's token budget: compute it again
         handle_of = {p: self._recent_shared[p] for p in prefixes if p in self._recent_shared}
         for p in handle_of:
             self._recent_shared.move_to_end(p)
@@ -266,6 +268,7 @@ class HFPolicy:
             fresh.add(handle)
             if len(p) >= MIN_SHARED_PREFIX:
                 self._recent_shared[p] = handle
+                self.prefix_cache.pinned.add(handle)  # rows' own kept states must not push it out
             else:
                 temporary.add(handle)
         while len(self._recent_shared) > RECENT_SHARED_PREFIXES:

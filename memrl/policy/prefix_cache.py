@@ -84,6 +84,7 @@ class PrefixCache:
         self._issued: set[str] = set()
         self._counter = itertools.count()
         self.evictions = 0
+        self.pinned: set[str] = set()  # never evicted for budget (the backend's recent shared prefixes)
         # Running sum of the entries' kv_len: put runs per kept row, often with thousands of entries.
         self._tokens = 0
 
@@ -105,8 +106,10 @@ class PrefixCache:
         self._entries[handle] = entry
         self._tokens += entry.kv_len
         while self._tokens > self.budget_tokens:
-            old, gone = self._entries.popitem(last=False)
-            self._tokens -= gone.kv_len
+            old = next((h for h in self._entries if h not in self.pinned and h != handle), None)
+            if old is None:  # only pinned states (and the new one) left: they stay over budget
+                break
+            self._tokens -= self._entries.pop(old).kv_len
             self.evictions += 1
             logger.debug("evicted prefix handle %s (budget %d tokens)", old, self.budget_tokens)
         return handle
@@ -122,8 +125,13 @@ class PrefixCache:
         usable = min(common_prefix_len(entry.tokens, prompt), entry.kv_len, len(prompt) - 1)
         return entry, max(usable, 0)
 
+    def alive(self, handle: str) -> bool:
+        """Whether ``handle``'s state is still held (not evicted or released)."""
+        return handle in self._entries
+
     def release(self, handles: Sequence[str]) -> None:
         for h in handles:
+            self.pinned.discard(h)
             gone = self._entries.pop(h, None)
             if gone is not None:
                 self._tokens -= gone.kv_len
@@ -131,4 +139,5 @@ class PrefixCache:
     def clear(self) -> None:
         """Drop every state (after a weight update the cached keys/values are stale). Handles stay valid names."""
         self._entries.clear()
+        self.pinned.clear()
         self._tokens = 0

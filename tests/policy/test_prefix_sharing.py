@@ -132,3 +132,18 @@ def test_groups_unrelated_prompts_and_n_samples_in_one_call(peaked_policy):
     assert len(peaked_policy.prefix_cache) <= hf.RECENT_SHARED_PREFIXES  # only the recent shared states stay
     # Every prompt token is computed once at most (the contexts once each, not once per request).
     assert peaked_policy.forward_stats["tokens"] < sum(len(r.prompt_ids) for r in reqs) - len(CONTEXT)
+
+
+def test_a_kept_shared_prefix_evicted_by_the_cache_budget_is_computed_again(policy):
+    """Rows' own kept states can push the recent shared prefix out of the cache's token budget: the next call
+    must compute the prefix once again (one row), not fall back to every row prefilling its whole prompt."""
+    prompts = [_ids(policy, CONTEXT + q) for q in QUESTIONS]
+    prefix = min(common_prefix_len(prompts[0], p) for p in prompts[1:])
+    policy.invalidate_cache()
+    policy.generate([GenerationRequest(p, _greedy(4)) for p in prompts])
+    [(_, handle)] = policy._recent_shared.items()
+    policy.prefix_cache.release([handle])  # as an eviction would
+    policy.forward_stats.clear()
+    policy.generate([GenerationRequest(p, _greedy(4)) for p in prompts])
+    tail = len(prompts[0]) - prefix
+    assert policy.forward_stats["tokens"] == prefix + 4 * tail + 3 * 4
