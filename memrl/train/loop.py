@@ -247,7 +247,7 @@ def train(cfg: Any, *, resources: TrainResources | None = None) -> dict[str, Any
             counters["eval_wall_s"] = counters.get("eval_wall_s", 0.0) + time.perf_counter() - t0
             log.log(0, {**start, **{f"counters/{k}": v for k, v in counters.items()}})
         step = _train_steps(res, state.step, counters, log, ckpt_root, evaluating)
-        if evaluating:
+        if evaluating and (step != state.step or "em_final" not in counters):  # not again on a finished run
             t0 = time.perf_counter()
             final = _eval(res, step, res.final_eval_inputs)
             _counters_from_eval(counters, "em_final", final)
