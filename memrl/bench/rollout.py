@@ -1,19 +1,23 @@
-"""``memrl bench rollout``: tree search vs independent chains at 16 leaves per prompt, and tool rollback.
+"""``memrl bench rollout``: independent chains vs tree search (entropy and random expansion) at 16 leaves per
+prompt, and tool rollback.
 
-Part 1 (HF model, real forward passes): the same prompts through ``chain`` and ``tree`` in one run. The
-chain baseline computes each prompt once too (its ``n`` samples share one request), so only the tree's shared
-*response* prefixes count as savings. Reported per leaf: forwarded tokens (prefill + decode, as the backend
-reports them) and wall time; plus the tree's prefix-cache hit rate and how many of its leaves are distinct.
-When the arms' leaves differ in length (a model with eos: tree forks may land where text runs on),
-``token_ratio_per_response_token`` / ``wall_ratio_per_response_token`` give the same ratios per response token.
-The tree runs with ``--branch-at`` (headline keys) and, in the same run, with the other granularity
-(``tree_<other>`` and ``alt_token_ratio`` / ``alt_wall_ratio``).
+Part 1 (HF model, real forward passes): the same prompts (:mod:`memrl.bench.rollout_workloads`) through every
+arm in one run, each seed interleaved so machine noise hits every arm alike:
+
+- ``chain``: ``n`` independent samples (each prompt computed once: its samples share one request, so only a
+  tree's shared *response* prefixes count as savings);
+- ``tree``: tree search with entropy expansion (fork where the model was uncertain) at ``--branch-at``;
+- ``tree_random``: the same tree shape with random expansion (fork anywhere);
+- with ``--alt-branch-at``: the entropy tree at the other granularity.
+
+Reported per arm: forwarded tokens (prefill + decode, as the backend reports them), generated (decoded) tokens
+and wall time per leaf; the leaves' answers scored strict (``<answer>`` tag equals the gold) and lenient (gold in
+the prose): best-of-n and mean, distinct answers per group and the share of groups with mixed rewards (the GRPO
+signal). Ratios ``<arm> / chain`` per leaf (``token_ratio``, ``decode_token_ratio``, ``wall_ratio``; the
+entropy tree's are the unprefixed headline keys).
 
 Models: ``smollm2-135m`` (the default; any model alias or HF path works) or ``random``, a random-init tiny
-Llama from :mod:`memrl.testing` that measures the machinery in seconds. Workloads: ``locomo`` (one
-LoCoMo-style prompt per request, no tools) or ``synthetic`` (test-split synthetic episodes, each prompt built by
-the episode pipeline's :class:`~memrl.episode.prompt.PromptBuilder` from its gold facts and latest turns,
-``<python>`` calls answered by a safe arithmetic evaluator, so tool turns are real but cost no sandbox process).
+Llama from :mod:`memrl.testing` that measures the machinery in seconds.
 
 Part 2 (scripted policy and scripted tools): an error-prone workload where every call is first written wrong;
 response tokens with rollback vs. keeping the failed attempts in context.
@@ -22,13 +26,12 @@ response tokens with rollback vs. keeping the failed attempts in context.
 from __future__ import annotations
 
 import argparse
-import ast
 import logging
-import operator
 import re
 import time
 
 from memrl.bench import BENCHES
+from memrl.bench.rollout_workloads import WORKLOADS, Workload, build_workload, score_groups
 from memrl.policy.scripted import ScriptedPolicy
 from memrl.rollout import RollbackConfig, RolloutConfig, RolloutRequest, TreeConfig, run_rollout
 from memrl.tools.base import ToolResult
@@ -61,11 +64,11 @@ def _policy(model: str, cache_tokens: int, max_batch_size: int = 32):
     return HFPolicy(cfg), f"{model} (HF)"
 
 
-def _measure(policy, requests, tools, cfg: RolloutConfig) -> dict:
+def _measure(policy, work: Workload, cfg: RolloutConfig) -> dict:
     # Every arm starts cold: no prefix state kept from an earlier arm or repeat (HF keeps recent shared prompts).
     getattr(policy, "invalidate_cache", lambda: None)()
     start = time.perf_counter()
-    result = run_rollout(requests, policy, tools, cfg)
+    result = run_rollout(work.requests, policy, work.tools, cfg)
     wall = time.perf_counter() - start
     leaves = sum(len(x) for x in result.leaves)
     distinct = sum(len({s.response_ids for s in x if not s.meta.is_duplicate}) for x in result.leaves)
@@ -73,7 +76,7 @@ def _measure(policy, requests, tools, cfg: RolloutConfig) -> dict:
     return {
         "wall_s": wall,
         "leaves": leaves,
-        "distinct_leaves_per_prompt": distinct / len(requests),
+        "distinct_leaves_per_prompt": distinct / len(work.requests),
         "forwarded_tokens_per_leaf": m["rollout/forwarded_tokens"] / leaves,
         "decode_tokens_per_leaf": m["rollout/decode_tokens"] / leaves,
         "wall_s_per_leaf": wall / leaves,
@@ -82,94 +85,18 @@ def _measure(policy, requests, tools, cfg: RolloutConfig) -> dict:
         "generate_calls": m.get("rollout/generate_calls", 0.0),
         "stream_waits": m.get("rollout/stream_waits", 0.0),
         "mean_response_tokens": sum(len(s.response_ids) for x in result.leaves for s in x) / leaves,
+        **score_groups(policy.tokenizer, result.leaves, work),
     }
 
 
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv}
-
-
-def arithmetic_tool(code: str) -> str:
-    """Runs ``print(<integer arithmetic>)`` and nothing else, by evaluating its AST (no code is executed): the
-    synthetic task's programs are one such line, and the bench times generation, not the sandbox."""
-
-    def ev(node):
-        if isinstance(node, ast.Constant) and isinstance(node.value, int):
-            return node.value
-        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
-            return _OPS[type(node.op)](ev(node.left), ev(node.right))
-        raise ValueError("unsupported")
-
-    try:
-        tree = ast.parse(code.strip(), mode="eval").body
-        if not (
-            isinstance(tree, ast.Call) and getattr(tree.func, "id", None) == "print" and len(tree.args) == 1
-        ):
-            raise ValueError("not a print call")
-        return str(ev(tree.args[0]))
-    except (SyntaxError, ValueError, ZeroDivisionError) as exc:
-        return f"Error: {exc}"
-
-
-class ArithmeticTools:
-    """``<python>`` calls answered by :func:`arithmetic_tool`."""
-
-    def record_rollback(self, tool: str) -> None:
-        pass
-
-    def execute(self, calls):
-        return [ToolResult(text=arithmetic_tool(call.arguments), status="ok") for call, _ in calls]
-
-
-def synthetic_prompts(tok, n: int, facts_per_prompt: int = 4) -> list[tuple[int, ...]]:
-    """Target-turn prompt ids of ``n`` test-split synthetic episodes, built as the episode runner builds them
-    (:class:`~memrl.episode.prompt.PromptBuilder`, default episode config, ``python`` tool). The facts stand in
-    for retrieval without running the memory: the gold evidence turns plus the latest other turns up to
-    ``facts_per_prompt``, rule-extractor text, oldest first."""
-    from memrl.data.adapters import run_adapter
-    from memrl.episode.config import EpisodeConfig
-    from memrl.episode.prompt import PromptBuilder, order_facts
-    from memrl.memory.extract import rule_fact_texts
-
-    episodes, _ = run_adapter("synthetic", None, split="test", options={"num_episodes": n, "seed": 0})
-    cfg = EpisodeConfig()
-    builder = PromptBuilder(cfg, tok)
-    prompts = []
-    for ep in episodes:
-        gold = set(ep.metadata.get("evidence_turn_ids", ()))
-        history = list(enumerate(ep.history))
-        picked = [(i, t) for i, t in history if t.turn_id in gold]
-        others = [(i, t) for i, t in reversed(history) if t.turn_id not in gold]
-        picked += others[: max(0, facts_per_prompt - len(picked))]
-        facts = [
-            {"id": i, "text": text, "timestamp": t.timestamp, "speaker": t.speaker, "source_ids": [t.turn_id]}
-            for i, t in picked
-            for text in rule_fact_texts(t)[:1]
-        ]
-        prompts.append(builder.build(ep.final_query, order_facts(facts, cfg.fact_order), "", ["python"]).ids)
-    return prompts
-
-
-def _workload(name: str, tok, prompts: int) -> tuple[list[RolloutRequest], object]:
-    if name == "locomo":
-        reqs = [
-            RolloutRequest(tok.encode(PROMPT.format(i=i), add_special_tokens=False), f"q{i}")
-            for i in range(prompts)
-        ]
-        return reqs, None
-    if name != "synthetic":
-        raise ValueError(f"memrl bench rollout --workload: unknown {name!r}; valid: locomo, synthetic")
-    reqs = [RolloutRequest(ids, f"q{i}") for i, ids in enumerate(synthetic_prompts(tok, prompts))]
-    return reqs, ArithmeticTools()
-
-
-def _tree_cfg(args, branch_at: str) -> TreeConfig:
+def _tree_cfg(args, branch_at: str, expansion_policy: str) -> TreeConfig:
     return TreeConfig(
         initial_rollouts=args.initial_rollouts,
         expansion_iterations=args.expansion_iterations,
         nodes_per_expansion=args.nodes_per_expansion,
         beam_size=args.beam_size,
         segment_tokens=args.segment_tokens,
-        expansion_policy=args.expansion_policy,
+        expansion_policy=expansion_policy,
         branch_at=branch_at,
     )
 
@@ -181,23 +108,23 @@ def _tree_vs_chain(args) -> dict:
         # forked from chains that survived, run longer: per-leaf numbers would compare unequal work. As in
         # `memrl bench policy`, the random model decodes to the length limit in both arms.
         policy.eos_ids = []
-    requests, tools = _workload(args.workload, policy.tokenizer, args.prompts)
-    other = "segment" if args.branch_at == "token" else "token"
-    per_seed = _measure_seeds(policy, requests, tools, args, other)
+    work = build_workload(args.workload, policy.tokenizer, args.prompts, args.path)
+    cfgs = _arm_configs(args, 0)
+    per_seed = _measure_seeds(policy, work, args)
     res = {k: _mean(v) for k, v in per_seed.items()}
-    c, t, o = res["chain"], res["tree"], res[f"tree_{other}"]
-    return {
+    c, t = res["chain"], res["tree"]
+    out = {
         "model": model_name,
         "config": {
             "workload": args.workload,
-            "prompts": args.prompts,
-            "prompt_tokens": len(requests[0].prompt_ids),
+            "prompts": len(work.requests),
+            "prompt_tokens": sum(len(r.prompt_ids) for r in work.requests) / len(work.requests),
             "leaves_per_prompt": args.leaves,
             "max_response_tokens": args.max_tokens,
             "prefix_cache_tokens": args.prefix_cache_tokens,
             "max_batch_size": args.max_batch_size,
             "eos_disabled": args.model == "random",
-            "tree": dict(vars(_tree_cfg(args, args.branch_at))),
+            "arms": {k: _describe(v) for k, v in cfgs.items()},
             "seeds": args.seeds,
         },
         "prefix_cache_evictions": policy.prefix_cache.evictions,
@@ -212,39 +139,54 @@ def _tree_vs_chain(args) -> dict:
         / (c["wall_s_per_leaf"] / c["mean_response_tokens"]),
         "prefix_hit_rate": t["prefix_hit_rate"],
         "distinct_leaves": t["distinct_leaves_per_prompt"],
-        "alt_branch_at": other,
-        **{f"alt_{k}": v for k, v in _ratios(c, o).items()},
     }
+    for arm in res:
+        if arm.startswith("tree_"):
+            out.update({f"{arm}_{k}": v for k, v in _ratios(c, res[arm]).items()})
+    return out
 
 
-def _arm_configs(args, seed: int, other: str) -> dict[str, RolloutConfig]:
+def _describe(cfg: RolloutConfig) -> dict:
+    if cfg.strategy == "chain":
+        return {"strategy": "chain", "n": cfg.n}
+    return {"strategy": "tree", **vars(cfg.tree)}
+
+
+def _arm_configs(args, seed: int) -> dict[str, RolloutConfig]:
+    """``chain`` (n independent samples), ``tree`` (entropy expansion at ``--branch-at``), ``tree_random``
+    (random expansion, same shape) and, with ``--alt-branch-at``, ``tree_<other granularity>`` (entropy)."""
     common = dict(
         n=args.leaves,
         max_response_tokens=args.max_tokens,
-        temperature=1.0,
+        temperature=args.temperature,
         top_logprobs=5,
         seed=seed,
         max_tool_calls=2,
     )
+    arms = {"tree": (args.branch_at, "entropy"), "tree_random": (args.branch_at, "random")}
+    if args.alt_branch_at:
+        other = "segment" if args.branch_at == "token" else "token"
+        arms[f"tree_{other}"] = (other, "entropy")
     cfgs = {"chain": RolloutConfig(strategy="chain", **common)}
-    for name, at in (("tree", args.branch_at), (f"tree_{other}", other)):
-        cfgs[name] = RolloutConfig(strategy="tree", tree=_tree_cfg(args, at), **common)
+    for name, (at, how) in arms.items():
+        cfgs[name] = RolloutConfig(strategy="tree", tree=_tree_cfg(args, at, how), **common)
     return cfgs
 
 
-def _measure_seeds(policy, requests, tools, args, other: str) -> dict[str, list[dict]]:
+def _measure_seeds(policy, work: Workload, args) -> dict[str, list[dict]]:
     """Each arm's measurement (best of ``args.repeats``) for each of ``args.seeds`` sampling seeds.
 
     Where a tree forks depends on what it sampled, so one seed is one draw of its token count (the random-init
     model's token ratio spans ~0.45-0.64 over seeds): every arm runs every seed, and the headline is the mean."""
-    _measure(policy, requests[:1], tools, RolloutConfig(strategy="chain", n=2, max_response_tokens=8))
+    warm = Workload(work.requests[:1], work.tools, work.golds[:1], work.questions[:1])
+    _measure(policy, warm, RolloutConfig(strategy="chain", n=2, max_response_tokens=8))
     per_seed: dict[str, list[dict]] = {}
     for seed in range(args.seeds):
-        cfgs = _arm_configs(args, seed, other)
+        cfgs = _arm_configs(args, seed)
         runs: dict[str, list[dict]] = {k: [] for k in cfgs}
         for _ in range(args.repeats):  # interleaved, so machine noise hits every arm alike
             for name, cfg in cfgs.items():
-                runs[name].append(_measure(policy, requests, tools, cfg))
+                runs[name].append(_measure(policy, work, cfg))
         for name, r in runs.items():
             per_seed.setdefault(name, []).append(_combine(r))
         logger.info("seed %d: %s", seed, {k: v[-1] for k, v in per_seed.items()})
@@ -256,9 +198,10 @@ def _mean(runs: list[dict]) -> dict:
 
 
 def _ratios(chain: dict, tree: dict) -> dict[str, float]:
-    """Tree / chain per leaf: forwarded tokens and wall time."""
+    """Tree / chain per leaf: forwarded tokens, generated (decoded) tokens and wall time."""
     return {
         "token_ratio": tree["forwarded_tokens_per_leaf"] / chain["forwarded_tokens_per_leaf"],
+        "decode_token_ratio": tree["decode_tokens_per_leaf"] / chain["decode_tokens_per_leaf"],
         "wall_ratio": tree["wall_s_per_leaf"] / chain["wall_s_per_leaf"],
     }
 
@@ -399,14 +342,26 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes-per-expansion", type=int, default=1)
     p.add_argument("--beam-size", type=int, default=6)
     p.add_argument("--segment-tokens", type=int, default=16)
-    p.add_argument("--expansion-policy", default="entropy")
+    p.add_argument(
+        "--temperature", type=float, default=1.0, help="sampling temperature of every arm (the same for all)"
+    )
     p.add_argument(
         "--branch-at",
         default="token",
         choices=["token", "segment"],
-        help="headline tree granularity (the other one is measured too: alt_* keys)",
+        help="tree granularity of the entropy and random tree arms",
     )
-    p.add_argument("--workload", default="locomo", help="'locomo' (one prompt, no tools) or 'synthetic'")
+    p.add_argument(
+        "--alt-branch-at",
+        action="store_true",
+        help="also run the entropy tree at the other granularity (arm tree_token or tree_segment)",
+    )
+    p.add_argument(
+        "--workload", default="locomo", choices=WORKLOADS, help="see memrl.bench.rollout_workloads"
+    )
+    p.add_argument(
+        "--path", help="dataset file for --workload locomo (default: the bundled 8-question fixture)"
+    )
     p.add_argument(
         "--prefix-cache-tokens",
         type=int,
