@@ -3,9 +3,11 @@
     memrl data check locomo path/to/locomo10.json --json
     memrl data check synthetic - --option num_episodes=200 --split test
     memrl data show synthetic --index 3
+    memrl data haystack --oracle longmemeval_oracle.json --sessions 50 --out longmemeval_s_like.json
 
 ``check`` prints ``{"episodes": N, "skipped": M, "errors": [...]}``; each error names file, record, field and
-what was expected. Exit code: 0 ok, 1 the dataset is invalid (strict mode) or unreadable, 2 bad usage
+what was expected. ``haystack`` builds LongMemEval ``_S``-like haystacks from the oracle file
+(:mod:`memrl.data.haystack`) and prints ``{"out", "questions", "sessions_min", "sessions_max", "bytes"}``. Exit code: 0 ok, 1 the dataset is invalid (strict mode) or unreadable, 2 bad usage
 (unknown adapter, unknown option).
 """
 
@@ -59,6 +61,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     _common(show)
     show.add_argument("--index", type=int, default=0, help="episode index (default 0)")
     show.set_defaults(func=run_show)
+    hay = data_sub.add_parser(
+        "haystack", help="build LongMemEval _S-like haystacks (evidence among other questions' sessions)"
+    )
+    hay.add_argument("--oracle", required=True, help="longmemeval_oracle.json (evidence sessions only)")
+    hay.add_argument("--out", required=True, help="output file, official _s format")
+    hay.add_argument("--sessions", type=int, default=50, help="sessions per haystack (default 50)")
+    hay.add_argument(
+        "--filler-days",
+        type=int,
+        default=30,
+        help="filler dates start this long before the first evidence session (default 30)",
+    )
+    hay.add_argument("--seed", type=int, default=0, help="random seed of the filler draws (default 0)")
+    hay.add_argument(
+        "--questions", type=int, default=None, help="N questions spread evenly over the file (default: all)"
+    )
+    hay.set_defaults(func=run_haystack)
     p.set_defaults(func=lambda args: (p.print_help(), EXIT_USAGE)[1])
 
 
@@ -115,4 +134,22 @@ def run_show(args: argparse.Namespace) -> int:
         print(f"{turn.role.value:>7} {turn.turn_id:>10} {stamp}{turn.speaker}: {turn.text}")
     print(f"answer: {ep.target_answer!r}")
     print(f"metadata: {json.dumps(dict(ep.metadata), default=str)}")
+    return 0
+
+
+def run_haystack(args: argparse.Namespace) -> int:
+    from memrl.data.adapters import AdapterError
+    from memrl.data.haystack import HaystackSpec, write_haystacks
+
+    try:
+        spec = HaystackSpec(args.sessions, args.seed, args.filler_days, args.questions)
+    except ValueError as exc:
+        print(f"memrl data haystack: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        summary = write_haystacks(args.oracle, args.out, spec)
+    except AdapterError as exc:
+        print(f"memrl data haystack: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    print(json.dumps(summary, indent=2))
     return 0
