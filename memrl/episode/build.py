@@ -55,6 +55,11 @@ class CachingEmbedder:
     def count_tokens(self, texts: Sequence[str]) -> list[int]:
         return self.inner.count_tokens(texts)
 
+    def split_to_window(self, texts: Sequence[str]) -> list[list[str]]:
+        from memrl.memory.embedder import window_chunks
+
+        return window_chunks(self.inner, texts)  # chunks are cached here like any other text
+
 
 def build_memory(cfg: Any, *, cache_embeddings: bool = True) -> Any:
     from memrl.memory import MemorySystem

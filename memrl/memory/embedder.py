@@ -2,6 +2,13 @@
 
 One embedder instance is shared by every episode of a batch; callers gather all texts of a phase and make one
 ``encode`` call (the per-episode MemoryManager never encodes on its own).
+
+Long texts are chunked, not truncated: a sentence-transformers model reads at most ``max_seq_length`` word pieces
+(MiniLM: 256) and silently drops the rest. :func:`window_chunks` splits a longer fact text, by the model's own
+tokenizer, into windows of ``max_seq_length - 2`` pieces (room for [CLS]/[SEP]) that overlap by
+:data:`CHUNK_OVERLAP` pieces, so a sentence cut by one boundary is whole in the next window. Each chunk is
+embedded (and cached) as its own text, the fact store keeps every chunk vector of the fact, and dense search
+scores the fact by its best chunk (max over chunks). Queries are short and are embedded as they are.
 """
 
 from __future__ import annotations
@@ -35,6 +42,32 @@ class Embedder(Protocol):
     def count_tokens(self, texts: Sequence[str]) -> list[int]:
         """Model tokens per text (no truncation), for budgets and context-size reporting."""
         ...
+
+
+# Optional on an Embedder: ``split_to_window(texts) -> list[list[str]]`` (each text as the pieces that fit the
+# model's window). Embedders without it get one piece per text (see window_chunks).
+CHUNK_OVERLAP = 32  # word pieces shared by consecutive windows of one text
+
+
+def window_chunks(embedder: Embedder, texts: Sequence[str]) -> list[list[str]]:
+    """Each text as the list of pieces ``embedder`` embeds without truncation (one piece when it fits)."""
+    split = getattr(embedder, "split_to_window", None)
+    return split(texts) if split is not None else [[t] for t in texts]
+
+
+def split_by_offsets(text: str, offsets: Sequence[tuple[int, int]], window: int, overlap: int) -> list[str]:
+    """``text`` cut into pieces of at most ``window`` tokens (token character spans ``offsets``), consecutive
+    pieces sharing ``overlap`` tokens. A text of ≤ ``window`` tokens comes back whole."""
+    if len(offsets) <= window:
+        return [text]
+    step = max(1, window - overlap)
+    pieces = []
+    for start in range(0, len(offsets), step):
+        span = offsets[start : start + window]
+        pieces.append(text[span[0][0] : span[-1][1]])
+        if start + window >= len(offsets):
+            break
+    return pieces
 
 
 EmbedderFactory = Callable[[MemoryConfig], Embedder]
@@ -113,6 +146,22 @@ class SentenceTransformerEmbedder:
     def count_tokens(self, texts: Sequence[str]) -> list[int]:
         tok = self.model.tokenizer
         return [len(ids) for ids in tok(list(texts), add_special_tokens=False)["input_ids"]]
+
+    @property
+    def window(self) -> int:
+        """Word pieces of one text the model reads (``max_seq_length`` less [CLS] and [SEP])."""
+        return int(self.model.max_seq_length) - 2
+
+    def split_to_window(self, texts: Sequence[str]) -> list[list[str]]:
+        if not texts:
+            return []
+        # Re-tokenising a cut can shift a piece or two at its edges: leave that much room inside the window.
+        window = self.window - 4
+        enc = self.model.tokenizer(list(texts), add_special_tokens=False, return_offsets_mapping=True)
+        return [
+            split_by_offsets(t, offs, window, CHUNK_OVERLAP)
+            for t, offs in zip(texts, enc["offset_mapping"], strict=True)
+        ]
 
 
 def _st_embedder(model: str, cfg: MemoryConfig) -> SentenceTransformerEmbedder:

@@ -27,7 +27,7 @@ import numpy as np
 from memrl.formats import extract_answer
 from memrl.memory.compress import COMPRESSORS, CompressRequest
 from memrl.memory.config import MemoryConfig
-from memrl.memory.embedder import Embedder, build_embedder
+from memrl.memory.embedder import Embedder, build_embedder, window_chunks
 from memrl.memory.extract import EXTRACTORS, ExtractionRequest, FactDecision, TextGenerator
 from memrl.memory.retrieval import RETRIEVERS, Query, neighbour_smooth, speaker_rescore, time_rescore
 from memrl.memory.store import FACT_STORES, FactRecord, FactStore, FactStoreError, NewFact
@@ -149,7 +149,7 @@ class MemorySystem:
             for d in ds
             if d.op in (MemoryOpType.ADD, MemoryOpType.UPDATE)
         ]
-        vecs = iter(self.embedder.encode(texts))
+        vecs = iter(self.encode_chunked(texts))
         out = []
         for (mgr, turn), ds in zip(items, decisions, strict=True):
             ops = self._apply(mgr, turn, ds, vecs)
@@ -161,7 +161,7 @@ class MemorySystem:
         self, mgr: MemoryManager, turn: TurnSpec, decisions: Sequence[FactDecision], vecs
     ) -> list[MemoryOp]:
         ns = mgr.episode_id
-        # Vectors arrive in decision order for ADD/UPDATE decisions (see extract_facts_batch).
+        # Vectors ([n_chunks, dim] each) arrive in decision order for ADD/UPDATE decisions (extract_facts_batch).
         dvecs = [next(vecs) if d.op in (MemoryOpType.ADD, MemoryOpType.UPDATE) else None for d in decisions]
         add_idx = [i for i, d in enumerate(decisions) if d.op is MemoryOpType.ADD]
         new = [
@@ -178,7 +178,7 @@ class MemorySystem:
         added = dict(
             zip(
                 add_idx,
-                self.store.add(ns, new, np.stack([dvecs[i] for i in add_idx])) if new else [],
+                self.store.add(ns, new, [dvecs[i] for i in add_idx]) if new else [],
                 strict=True,
             )
         )
@@ -187,6 +187,14 @@ class MemorySystem:
             ops.append(self._apply_one(ns, turn, d, added.get(i), dvecs[i]))
             self.metrics[f"memory/{ops[-1].op.value.lower()}"] += 1
         return ops
+
+    def encode_chunked(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """One ``[n_chunks, dim]`` array per text: texts longer than the embedder's window are embedded chunk by
+        chunk (:func:`~memrl.memory.embedder.window_chunks`), all chunks of all texts in one encode call."""
+        pieces = window_chunks(self.embedder, texts)
+        flat = self.embedder.encode([p for ps in pieces for p in ps])
+        bounds = np.cumsum([0] + [len(ps) for ps in pieces])
+        return [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
     def _apply_one(self, ns: str, turn: TurnSpec, d: FactDecision, added_id: int | None, vec) -> MemoryOp:
         src = (turn.turn_id,)
@@ -328,12 +336,13 @@ class MemorySystem:
         return [o or [] for o in out]
 
     def embedding_texts(self, turns: Sequence[TurnSpec]) -> list[str]:
-        """The texts ``extract_facts_batch`` would embed for ``turns`` with an extractor that needs no
-        neighbours (rule). Benches use it to time a bare ``encode`` of exactly the same texts."""
+        """The texts (window chunks) ``extract_facts_batch`` would encode for ``turns`` with an extractor that
+        needs no neighbours (rule). Benches use it to time a bare ``encode`` of exactly the same texts."""
         if self.extractor.needs_neighbours:
             raise ValueError("embedding_texts needs an extractor without neighbour lookups (e.g. rule)")
         decisions = self.extractor.extract([ExtractionRequest(t) for t in turns])
-        return [d.embed_text or d.text for ds in decisions for d in ds if d.op is MemoryOpType.ADD]
+        texts = [d.embed_text or d.text for ds in decisions for d in ds if d.op is MemoryOpType.ADD]
+        return [p for ps in window_chunks(self.embedder, texts) for p in ps]
 
     # -- persistence ----------------------------------------------------------------------------------
     def save(self, path: str) -> None:

@@ -2,9 +2,10 @@
 
 Layout (little-endian)::
 
-    b"MEMRLFS1" | u64 header_len | header (UTF-8 JSON) | vectors (float32, [n_facts, dim]) | sha256(header+vectors)
+    b"MEMRLFS1" | u64 header_len | header (UTF-8 JSON) | vectors (float32, [n_vectors, dim]) | sha256(header+vectors)
 
-The header lists every namespace's records in ingest order; vectors follow in the same order. FAISS indices
+The header lists every namespace's records in ingest order; vectors follow in the same order, ``chunks`` rows
+per record (the field is written only for chunked facts; absent = 1). FAISS indices
 are rebuilt on load rather than serialised, so a file is independent of the index kind and of GPU/CPU.
 
 Saving writes ``<path>.tmp-<pid>``, fsyncs it, ``os.replace``s it over ``path`` and fsyncs the directory: a
@@ -52,8 +53,11 @@ def _encode(store: FaissFactStore) -> bytes:
             }
             for r in recs
         ]
-        if recs:
-            chunks.append(store.vectors(ns, [r.fact_id for r in recs]).astype("<f4"))
+        for rec, r in zip(spaces[ns], recs, strict=True):
+            mat = store.chunk_vectors(ns, r.fact_id)
+            if len(mat) > 1:
+                rec["chunks"] = len(mat)
+            chunks.append(mat.astype("<f4"))
     header = json.dumps(
         {
             "version": VERSION,
@@ -118,19 +122,20 @@ def read_store(path: str | os.PathLike, cfg: MemoryConfig, cls: type[FaissFactSt
         raise FactStoreError(f"fact store file {str(p)!r} does not exist")
     header, payload = _decode_header(p, p.read_bytes())
     dim = int(header["dim"])
-    n_facts = sum(len(v) for v in header["namespaces"].values())
-    if len(payload) != n_facts * dim * 4:
-        raise _corrupt(p, f"expected {n_facts}x{dim} float32 vectors, found {len(payload)} bytes")
-    mat = np.frombuffer(payload, dtype="<f4").reshape(n_facts, dim).astype(np.float32)
+    n_rows = sum(int(r.get("chunks", 1)) for v in header["namespaces"].values() for r in v)
+    if len(payload) != n_rows * dim * 4:
+        raise _corrupt(p, f"expected {n_rows}x{dim} float32 vectors, found {len(payload)} bytes")
+    mat = np.frombuffer(payload, dtype="<f4").reshape(n_rows, dim).astype(np.float32)
     store = cls(cfg, dim)
     row = 0
     for ns, recs in header["namespaces"].items():
         space = store._space(ns, create=True)
         for r in recs:
+            n = int(r.pop("chunks", 1))
             rec = FactRecord(namespace=ns, **{**r, "source_ids": tuple(r["source_ids"])})
             space.records[rec.fact_id] = rec
-            space.vectors[rec.fact_id] = mat[row].copy()
-            row += 1
+            space.put(rec.fact_id, mat[row : row + n])
+            row += n
         space.dirty = True
     store._next_id = int(header["next_id"])
     store._next_order = int(header["next_order"])

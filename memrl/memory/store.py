@@ -8,6 +8,9 @@ Contract (every implementation is tested against it, ``tests/memory/test_store.p
 * Fact ids are stable int64s, unique across the whole store and never reused after a delete.
 * Namespaces (one per episode) are isolated: a search in one never returns another's facts.
 * ``update`` keeps the id; ``delete`` removes the fact from search and from ``records``.
+* A fact may hold several vectors (the chunks of a text longer than the embedder's window, see
+  :func:`memrl.memory.embedder.window_chunks`): ``search`` scores it by its **best** vector (max over chunks) and
+  returns it once.
 """
 
 from __future__ import annotations
@@ -59,21 +62,25 @@ class NewFact:
     extra: dict = field(default_factory=dict, compare=False)
 
 
+FactVectors = np.ndarray | Sequence[np.ndarray]
+"""``[n_facts, dim]`` (one vector per fact), or one ``[n_chunks_i, dim]`` array per fact (chunked facts)."""
+
+
 class FactStore(abc.ABC):
     """Namespaced vector store of :class:`FactRecord`. See the module docstring for the contract."""
 
     dim: int
 
     @abc.abstractmethod
-    def add(self, namespace: str, facts: Sequence[NewFact], vectors: np.ndarray) -> list[int]:
-        """Add ``facts`` with ``vectors`` ``[len(facts), dim]``; returns the new fact ids in order."""
+    def add(self, namespace: str, facts: Sequence[NewFact], vectors: FactVectors) -> list[int]:
+        """Add ``facts`` with their vectors (:data:`FactVectors`); returns the new fact ids in order."""
 
     @abc.abstractmethod
     def update(
         self, namespace: str, fact_id: int, text: str, vector: np.ndarray, turn_id: str, **changes
     ) -> FactRecord:
-        """Replace a fact's text/vector (``[dim]``) keeping its id; ``changes`` may set speaker/timestamp/
-        source_ids."""
+        """Replace a fact's text/vector (``[dim]``, or ``[n_chunks, dim]``) keeping its id; ``changes`` may set
+        speaker/timestamp/source_ids."""
 
     @abc.abstractmethod
     def delete(self, namespace: str, fact_ids: Sequence[int]) -> None:
@@ -92,7 +99,11 @@ class FactStore(abc.ABC):
 
     @abc.abstractmethod
     def vectors(self, namespace: str, fact_ids: Sequence[int]) -> np.ndarray:
-        """Stored vectors ``[len(fact_ids), dim]`` (reranking and saving without re-encoding)."""
+        """Each fact's leading vector ``[len(fact_ids), dim]`` (a chunked fact's first chunk)."""
+
+    def chunk_vectors(self, namespace: str, fact_id: int) -> np.ndarray:
+        """All vectors of one fact ``[n_chunks, dim]`` (saving without re-encoding)."""
+        return self.vectors(namespace, [fact_id])
 
     @abc.abstractmethod
     def namespaces(self) -> list[str]: ...
@@ -159,6 +170,14 @@ INDEX_KINDS: dict[str, tuple[IndexBuilder, bool, bool]] = {
 }
 
 
+# A fact's chunk j has FAISS id ``fact_id * CHUNK_SLOTS + j``: search maps a hit back with one division.
+CHUNK_SLOTS = 1 << 12  # a 200 k-character turn (the adapters' limit) is ~250 MiniLM windows
+
+
+def _chunk_ids(fact_id: int, n: int) -> np.ndarray:
+    return np.arange(n, dtype=np.int64) + fact_id * CHUNK_SLOTS
+
+
 def _maybe_gpu(index: faiss.Index, cfg: MemoryConfig) -> faiss.Index:
     if not cfg.use_gpu or not hasattr(faiss, "get_num_gpus") or faiss.get_num_gpus() == 0:
         return index
@@ -170,21 +189,24 @@ def _maybe_gpu(index: faiss.Index, cfg: MemoryConfig) -> faiss.Index:
 
 
 class _Namespace:
-    """One episode's facts: records, their vectors (kept for rebuilds and saving) and the FAISS index."""
+    """One episode's facts: records, their vectors ``[n_chunks, dim]`` each (kept for rebuilds and saving) and
+    the FAISS index over every chunk vector."""
 
     def __init__(self, dim: int, cfg: MemoryConfig) -> None:
         self.dim = dim
         self.cfg = cfg
         self.records: dict[int, FactRecord] = {}
         self.vectors: dict[int, np.ndarray] = {}
+        self.n_vectors = 0
         self.index: faiss.Index | None = None
         self.dirty = True  # index must be rebuilt from ``vectors`` before the next search
         self.revision = 0
 
     def rebuild(self) -> None:
         builder, needs_train, _ = INDEX_KINDS[self.cfg.index]
-        ids = np.fromiter(self.records, dtype=np.int64, count=len(self.records))
-        mat = np.stack([self.vectors[i] for i in ids]) if len(ids) else np.zeros((0, self.dim), np.float32)
+        fids = list(self.records)
+        ids = np.concatenate([_chunk_ids(f, len(self.vectors[f])) for f in fids] or [np.zeros(0, np.int64)])
+        mat = np.concatenate([self.vectors[f] for f in fids]) if fids else np.zeros((0, self.dim), np.float32)
         base = builder(self.dim, self.cfg, mat if needs_train else mat[:0])
         index = faiss.IndexIDMap2(base)
         if len(ids):
@@ -192,16 +214,21 @@ class _Namespace:
         self.index = _maybe_gpu(index, self.cfg)
         self.dirty = False
 
-    def add(self, ids: np.ndarray, mat: np.ndarray) -> None:
+    def put(self, fact_id: int, mat: np.ndarray) -> None:
+        self.vectors[fact_id] = mat.copy()
+        self.n_vectors += len(mat)
         if self.dirty or self.index is None:
             return  # rebuilt lazily from self.vectors
-        self.index.add_with_ids(mat, ids)
+        self.index.add_with_ids(mat, _chunk_ids(fact_id, len(mat)))
 
-    def remove(self, ids: Sequence[int]) -> None:
-        if self.dirty or self.index is None:
+    def remove(self, fact_ids: Sequence[int]) -> None:
+        chunks = [_chunk_ids(f, len(self.vectors[f])) for f in fact_ids]
+        for f in fact_ids:
+            self.n_vectors -= len(self.vectors.pop(f))
+        if self.dirty or self.index is None or not chunks:
             return
         if INDEX_KINDS[self.cfg.index][2]:
-            self.index.remove_ids(np.asarray(ids, dtype=np.int64))
+            self.index.remove_ids(np.concatenate(chunks))
         else:
             self.dirty = True  # rebuilt from self.vectors on the next search
 
@@ -232,13 +259,23 @@ class FaissFactStore(FactStore):
             space = self._spaces[namespace] = _Namespace(self.dim, self.cfg)
         return space
 
-    def _check_vectors(self, vectors: np.ndarray, n: int, what: str) -> np.ndarray:
+    def _check_vectors(self, vectors: np.ndarray, n: int | None, what: str) -> np.ndarray:
+        """``vectors`` as float32 ``[n, dim]`` (``n=None``: any number of rows from 1 to CHUNK_SLOTS)."""
         mat = np.ascontiguousarray(vectors, dtype=np.float32)
-        if mat.ndim != 2 or mat.shape != (n, self.dim):
-            raise FactStoreError(f"{what}: expected vectors of shape {(n, self.dim)}, got {mat.shape}")
+        rows_ok = mat.ndim == 2 and (len(mat) == n if n is not None else 1 <= len(mat) <= CHUNK_SLOTS)
+        if not rows_ok or mat.shape[1] != self.dim:
+            want = (n if n is not None else "n_chunks", self.dim)
+            raise FactStoreError(f"{what}: expected vectors of shape {want}, got {mat.shape}")
         if not np.isfinite(mat).all():
             raise FactStoreError(f"{what}: vectors contain NaN/inf")
         return mat
+
+    def _per_fact(self, vectors: FactVectors, n: int, what: str) -> list[np.ndarray]:
+        if isinstance(vectors, np.ndarray):
+            return list(self._check_vectors(vectors, n, what)[:, None, :])
+        if len(vectors) != n:
+            raise FactStoreError(f"{what}: {len(vectors)} vector arrays for {n} facts")
+        return [self._check_vectors(v, None, f"{what}, fact {i}") for i, v in enumerate(vectors)]
 
     def _record(self, namespace: str, fact_id: int) -> FactRecord:
         space = self._space(namespace)
@@ -247,12 +284,12 @@ class FaissFactStore(FactStore):
         return space.records[fact_id]
 
     # -- contract --------------------------------------------------------------------------------------
-    def add(self, namespace: str, facts: Sequence[NewFact], vectors: np.ndarray) -> list[int]:
-        mat = self._check_vectors(vectors, len(facts), f"add to {namespace!r}")
+    def add(self, namespace: str, facts: Sequence[NewFact], vectors: FactVectors) -> list[int]:
+        mats = self._per_fact(vectors, len(facts), f"add to {namespace!r}")
         space = self._space(namespace, create=True)
         ids = np.arange(self._next_id, self._next_id + len(facts), dtype=np.int64)
         self._next_id += len(facts)
-        for fid, fact, vec in zip(ids.tolist(), facts, mat, strict=True):
+        for fid, fact, mat in zip(ids.tolist(), facts, mats, strict=True):
             space.records[fid] = FactRecord(
                 fact_id=fid,
                 namespace=namespace,
@@ -266,8 +303,7 @@ class FaissFactStore(FactStore):
                 extra=dict(fact.extra),
             )
             self._next_order += 1
-            space.vectors[fid] = vec.copy()
-        space.add(ids, mat)
+            space.put(fid, mat)
         space.revision = self._tick()
         return ids.tolist()
 
@@ -275,7 +311,10 @@ class FaissFactStore(FactStore):
         self, namespace: str, fact_id: int, text: str, vector: np.ndarray, turn_id: str, **changes
     ) -> FactRecord:
         old = self._record(namespace, fact_id)
-        vec = self._check_vectors(np.asarray(vector).reshape(1, -1), 1, f"update fact {fact_id}")
+        vec = np.asarray(vector)
+        vec = self._check_vectors(
+            vec.reshape(1, -1) if vec.ndim == 1 else vec, None, f"update fact {fact_id}"
+        )
         allowed = {"speaker", "timestamp", "source_ids", "extra"}
         if set(changes) - allowed:
             raise FactStoreError(f"update: unknown fields {sorted(set(changes) - allowed)}; valid {allowed}")
@@ -284,9 +323,8 @@ class FaissFactStore(FactStore):
         new = replace(old, text=text, updated_turn=turn_id, **changes)
         space = self._space(namespace)
         space.records[fact_id] = new
-        space.vectors[fact_id] = vec[0].copy()
         space.remove([fact_id])
-        space.add(np.array([fact_id], dtype=np.int64), vec)
+        space.put(fact_id, vec)
         space.revision = self._tick()
         return new
 
@@ -296,7 +334,6 @@ class FaissFactStore(FactStore):
         space = self._space(namespace)
         for fid in fact_ids:
             del space.records[fid]
-            del space.vectors[fid]
         space.remove(list(fact_ids))
         space.revision = self._tick()
 
@@ -309,11 +346,10 @@ class FaissFactStore(FactStore):
             return [[] for _ in range(len(q))]
         if space.dirty or space.index is None:
             space.rebuild()
-        sims, ids = space.index.search(q, min(k, len(space.records)))
-        return [
-            [(int(i), float(s)) for i, s in zip(row_ids, row_sims, strict=True) if i >= 0]
-            for row_ids, row_sims in zip(ids, sims, strict=True)
-        ]
+        # Enough chunk hits that k distinct facts are among them even if other facts' extra chunks come first.
+        n_hits = min(space.n_vectors, k + space.n_vectors - len(space.records))
+        sims, ids = space.index.search(q, n_hits)
+        return [_best_per_fact(row_ids, row_sims, k) for row_ids, row_sims in zip(ids, sims, strict=True)]
 
     def get(self, namespace: str, fact_id: int) -> FactRecord:
         return self._record(namespace, fact_id)
@@ -323,11 +359,14 @@ class FaissFactStore(FactStore):
         return sorted(space.records.values(), key=lambda r: r.order) if space else []
 
     def vectors(self, namespace: str, fact_ids: Sequence[int]) -> np.ndarray:
-        """Stored vectors ``[len(fact_ids), dim]`` (used for reranking without re-encoding)."""
         space = self._space(namespace)
         if not fact_ids:
             return np.zeros((0, self.dim), np.float32)
-        return np.stack([space.vectors[int(i)] for i in fact_ids])
+        return np.stack([space.vectors[int(i)][0] for i in fact_ids])
+
+    def chunk_vectors(self, namespace: str, fact_id: int) -> np.ndarray:
+        self._record(namespace, fact_id)
+        return self._space(namespace).vectors[int(fact_id)].copy()
 
     def namespaces(self) -> list[str]:
         return sorted(self._spaces)
@@ -350,6 +389,18 @@ class FaissFactStore(FactStore):
         from memrl.memory.persist import read_store
 
         return read_store(path, cfg, cls)
+
+
+def _best_per_fact(chunk_ids: np.ndarray, sims: np.ndarray, k: int) -> list[tuple[int, float]]:
+    """Chunk hits (best first) → the first k distinct facts, each scored by its best chunk."""
+    out: dict[int, float] = {}
+    for cid, sim in zip(chunk_ids.tolist(), sims.tolist(), strict=True):
+        if cid < 0:
+            continue
+        out.setdefault(cid // CHUNK_SLOTS, sim)
+        if len(out) == k:
+            break
+    return list(out.items())
 
 
 @FACT_STORES.register("faiss")

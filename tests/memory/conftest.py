@@ -33,6 +33,11 @@ class CountingEmbedder:
     def count_tokens(self, texts):
         return self.inner.count_tokens(texts)
 
+    def split_to_window(self, texts):
+        from memrl.memory.embedder import window_chunks
+
+        return window_chunks(self.inner, texts)
+
 
 @pytest.fixture
 def counting(minilm):
