@@ -1,1 +1,1 @@
-"""Optional integrations with other training frameworks (``memrl.integrations.verl``: verl rollout hook)."""
+"""Optional integrations with other training frameworks (``memrl.integrations.verl``: memrl as a verl agent loop)."""

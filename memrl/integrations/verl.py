@@ -1,44 +1,22 @@
-"""verl hook: memrl's episode pipeline as the rollout of verl's ``RayPPOTrainer.fit``.
+"""verl integration, data side: dataset rows for verl's ``RLHFDataset`` and the mapping back to memrl episodes.
 
-:class:`MemrlRollout` has verl's rollout interface, ``generate_sequences(DataProto) -> DataProto``. Inside
-``fit`` verl builds the generation batch (one row per prompt, ``repeat(n, interleave=True)``, a ``uid`` per prompt)
-and calls the rollout; we run one memrl episode per ``uid`` (memory ingest of the history turns → prompt with
-retrieved facts → chain or tree rollout producing exactly as many leaves as that uid has rows → reward) and
-return a padded ``DataProto`` whose rows line up with the input rows, with the fields verl's trainer reads:
-``prompts``, ``responses``, ``response_mask``, ``input_ids``, ``attention_mask``, ``position_ids``,
-``rollout_log_probs``, token-level scores (``rm_scores`` / ``token_level_scores``: the episode reward on the
-last trained token), and ``uid`` (verl's GRPO grouping key; all leaves of one tree share it). ``step_meta``
-(tree path, tool calls, rollbacks, memory ops) travels as a non-tensor sidecar and never enters the loss.
-Field names and layout come from :func:`memrl.data.dataproto.to_dataproto`.
+memrl runs inside verl's own trainer as a verl *agent loop* (:mod:`memrl.integrations.verl_agent_loop`,
+registered as ``memrl``): verl's dataloader hands each sample's dataset row to the loop, which runs memrl's
+episode (memory ingest + retrieval → prompt → generation through verl's servers, tools, rollback → reward) and
+returns one trainable sequence. This module holds what needs no verl import:
 
-Each input row names its memrl episode: ``non_tensor_batch["memrl_input"][i]`` or
-``non_tensor_batch["extra_info"][i]["memrl_input"]`` holds a :class:`~memrl.types.BatchInput` or its dict form
-(:func:`memrl.types.to_dict`). :func:`verl_dataset_rows` writes such rows for verl's ``RLHFDataset``.
+- :func:`verl_dataset_rows` writes the rows (the whole :class:`~memrl.types.BatchInput` as one JSON string in
+  ``extra_info["memrl_input"]``: a string column survives Parquet, where nested dicts with empty or varying
+  ``metadata`` do not);
+- :func:`episode_input` reads a row's episode back (JSON string, dict or ``BatchInput``);
+- :func:`select_leaves` turns an episode's trajectories into exactly ``n`` leaves, one per verl sample.
 
-Recipe (verl ≥ 0.5; ``pip install 'memrl[verl]'``)::
-
-    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
-    from memrl.config import load_config
-    from memrl.integrations.verl import MemrlRollout, verl_dataset_rows
-
-    cfg = load_config("configs/synthetic_tree.yaml")
-    pd.DataFrame(verl_dataset_rows(train_inputs)).to_parquet("train.parquet")   # data.train_files
-    trainer = RayPPOTrainer(config=verl_cfg, ...)        # algorithm.adv_estimator=grpo, rollout.n = cfg.rollout.n
-    trainer.init_workers()
-    rollout = MemrlRollout.from_config(cfg)              # policy backend: vLLM with LoRA requests, or HF
-    trainer.async_rollout_manager = rollout              # verl 0.6+: fit calls async_rollout_manager.generate_sequences
-    # older verl: trainer.actor_rollout_wg.generate_sequences = rollout.generate_sequences
-    trainer.fit()
-
-After each actor update verl syncs weights to its own rollout engine; when memrl generates, point the memrl
-policy at the new adapter (``rollout.policy.load_adapter(path)`` after verl saves it, or share the HF module).
+Recipe, config and limits: ``docs/verl.md``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import logging
-import time
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -53,61 +31,79 @@ from memrl.types import (
     to_dict,
 )
 
-logger = logging.getLogger(__name__)
-
 INPUT_KEY = "memrl_input"
+AGENT_NAME = "memrl"
+INSTALL_HINT = (
+    "memrl's verl agent loop needs verl 0.9.x and the packages its agent loop imports; "
+    "`.ci/verl.sh --install-only` builds such an environment (see docs/verl.md)"
+)
 
 
-class VerlHookError(ValueError):
-    """A verl batch cannot be mapped to memrl episodes; the message names the row and the key."""
+class VerlDataError(ValueError):
+    """A verl sample cannot be mapped to a memrl episode; the message names the sample and the key."""
 
 
 def verl_dataset_rows(inputs: Sequence[BatchInput], data_source: str = "memrl") -> list[dict[str, Any]]:
-    """Rows for verl's ``RLHFDataset`` parquet: a chat prompt (the question; memrl builds the real prompt with
-    memory itself), the gold answer for verl's reward bookkeeping, and the whole episode in ``extra_info``."""
+    """Rows for verl's ``RLHFDataset`` Parquet (``pd.DataFrame(rows).to_parquet(path)``).
+
+    ``prompt`` is the question as a chat message (verl's dataset filters and logs it; memrl builds the real
+    prompt, with memory, itself), ``reward_model.ground_truth`` the gold answer for verl's bookkeeping,
+    ``agent_name`` selects memrl's agent loop, and ``extra_info`` carries the episode as JSON plus verl's
+    ``index``.
+
+    >>> rows = verl_dataset_rows(inputs)
+    >>> pd.DataFrame(rows).to_parquet("train.parquet")   # data.train_files=train.parquet
+    """
     return [
         {
             "data_source": data_source,
+            "agent_name": AGENT_NAME,
             "prompt": [{"role": "user", "content": inp.final_query}],
             "reward_model": {"style": "rule", "ground_truth": inp.target_answer or ""},
-            "extra_info": {INPUT_KEY: to_dict(inp), "index": i},
+            "extra_info": {INPUT_KEY: json.dumps(to_dict(inp)), "index": i},
         }
         for i, inp in enumerate(inputs)
     ]
 
 
-def _row_input(non_tensor: Mapping[str, Any], i: int) -> BatchInput:
-    raw = None
-    if INPUT_KEY in non_tensor:
-        raw = non_tensor[INPUT_KEY][i]
-    elif "extra_info" in non_tensor and isinstance(non_tensor["extra_info"][i], Mapping):
-        raw = non_tensor["extra_info"][i].get(INPUT_KEY)
+def episode_input(extra_info: Any, *, sample: str = "?") -> BatchInput:
+    """The episode of one verl sample from its ``extra_info`` (as :func:`verl_dataset_rows` wrote it)."""
+    raw = extra_info.get(INPUT_KEY) if isinstance(extra_info, Mapping) else None
     if raw is None:
-        raise VerlHookError(
-            f"verl batch row {i}: no memrl episode; put a BatchInput (or its dict) in "
-            f"non_tensor_batch[{INPUT_KEY!r}] or extra_info[{INPUT_KEY!r}] (see verl_dataset_rows)"
+        raise VerlDataError(
+            f"verl sample {sample}: extra_info has no {INPUT_KEY!r}; write the dataset with "
+            "memrl.integrations.verl.verl_dataset_rows"
         )
-    return raw if isinstance(raw, BatchInput) else batch_input_from_dict(raw)
+    if isinstance(raw, BatchInput):
+        return raw
+    if isinstance(raw, str):
+        try:
+            raw = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise VerlDataError(
+                f"verl sample {sample}: extra_info[{INPUT_KEY!r}] is not JSON: {exc}"
+            ) from exc
+    if not isinstance(raw, Mapping):
+        raise VerlDataError(
+            f"verl sample {sample}: extra_info[{INPUT_KEY!r}] must be a BatchInput, its dict or its JSON; "
+            f"got {type(raw).__name__}"
+        )
+    return batch_input_from_dict(raw)
 
 
-def group_rows(prompts: Any) -> list[tuple[str, list[int], BatchInput]]:
-    """``(uid, row indices, episode input)`` per uid, in order of first appearance."""
-    nt = prompts.non_tensor_batch
-    if "uid" not in nt:
-        raise VerlHookError(
-            "verl batch has no non_tensor_batch['uid'] (RayPPOTrainer.fit sets it per prompt)"
+def target_step(traj: EpisodeTrajectory) -> StepTrajectory:
+    """The one trainable (target) step of a leaf; history steps, if kept, are memory bookkeeping only."""
+    steps = [s for s in traj.steps if s.turn_role is TurnRole.TARGET]
+    if len(steps) != 1:
+        raise VerlDataError(
+            f"episode {traj.episode_id}: a verl sample takes exactly one target step, found {len(steps)}"
         )
-    groups: dict[str, tuple[list[int], BatchInput]] = {}
-    for i, uid in enumerate(nt["uid"]):
-        uid = str(uid)
-        if uid not in groups:
-            groups[uid] = ([], _row_input(nt, i))
-        groups[uid][0].append(i)
-    return [(uid, rows, inp) for uid, (rows, inp) in groups.items()]
+    return steps[0]
 
 
 def _placeholder(inp: BatchInput, leaf: int, reason: str) -> EpisodeTrajectory:
-    """A row for a leaf that could not be produced: masked out (mask 0, reward 0) so verl's shapes hold."""
+    """A leaf that could not be produced (its episode failed on its data): one masked token, reward 0, so
+    verl's batch keeps its shape and the sample trains on nothing."""
     step = StepTrajectory(
         step_id=f"{inp.episode_id}#{leaf}:failed",
         prompt_ids=(0,),
@@ -127,72 +123,20 @@ def _placeholder(inp: BatchInput, leaf: int, reason: str) -> EpisodeTrajectory:
     )
 
 
-def _leaves_for(inp: BatchInput, trajs: list[EpisodeTrajectory], n: int) -> list[EpisodeTrajectory]:
+def select_leaves(inp: BatchInput, trajs: Sequence[EpisodeTrajectory], n: int) -> list[EpisodeTrajectory]:
+    """Exactly ``n`` leaves of ``inp``'s episode: its trajectories that reached the target turn, in order, then
+    FAILED placeholders for the rest (with the episode's failure reason)."""
     ok = [t for t in trajs if any(s.turn_role is TurnRole.TARGET for s in t.steps)]
     for t in ok:
-        if sum(s.turn_role is TurnRole.TARGET for s in t.steps) != 1:
-            raise VerlHookError(
-                f"episode {t.episode_id}: a leaf must have exactly one target step for verl rows"
-            )
-    reason = next((t.failure_reason for t in trajs if t.failure_reason), "no trajectory")
-    leaves = ok[:n] + [_placeholder(inp, k, reason or "failed") for k in range(len(ok), n)]
-    return leaves
+        target_step(t)  # validates: one target step per leaf
+    reason = next((t.failure_reason for t in trajs if t.failure_reason), None) or "no trajectory"
+    return ok[:n] + [_placeholder(inp, k, reason) for k in range(len(ok), n)]
 
 
-class MemrlRollout:
-    """Stand-in for verl's rollout (``generate_sequences``) backed by a memrl :class:`EpisodeRunner`."""
+def __getattr__(name: str) -> Any:
+    # The agent loop imports verl; keep ``import memrl.integrations.verl`` free of it.
+    if name == "MemrlAgentLoop":
+        from memrl.integrations.verl_agent_loop import MemrlAgentLoop
 
-    def __init__(self, runner: Any, builder: Any = None) -> None:
-        from memrl.data.batch import TrajectoryBatchBuilder
-
-        self.runner = runner
-        self.builder = builder or TrajectoryBatchBuilder()
-        self.policy = runner.policy
-
-    @classmethod
-    def from_config(cls, cfg: Any, policy: Any = None) -> MemrlRollout:
-        from memrl.data.batch import TrajectoryBatchBuilder
-        from memrl.episode.build import build_runner
-
-        return cls(build_runner(cfg, policy=policy), TrajectoryBatchBuilder(cfg.data.batch))
-
-    def _run(self, groups: list[tuple[str, list[int], BatchInput]]) -> dict[str, list[EpisodeTrajectory]]:
-        """Run each uid's episode with ``rollout.n`` = that uid's row count (one call per distinct count)."""
-        out: dict[str, list[EpisodeTrajectory]] = {}
-        base = self.runner.rollout_cfg
-        by_size: dict[int, list[tuple[str, BatchInput]]] = {}
-        for uid, rows, inp in groups:
-            by_size.setdefault(len(rows), []).append((uid, dataclasses.replace(inp, group_id=uid)))
-        try:
-            for n, items in by_size.items():
-                self.runner.rollout_cfg = dataclasses.replace(base, n=n)
-                trajs = self.runner.run_batch([inp for _, inp in items])
-                for uid, inp in items:
-                    mine = [t for t in trajs if t.group_id == uid]
-                    out[uid] = _leaves_for(inp, mine, n)
-        finally:
-            self.runner.rollout_cfg = base
-        return out
-
-    def generate_sequences(self, prompts: Any) -> Any:
-        """verl ``DataProto`` in (rows repeated per sample, ``uid`` per prompt) → ``DataProto`` out, row-aligned."""
-        from memrl.data.dataproto import to_dataproto
-
-        t0 = time.perf_counter()
-        groups = group_rows(prompts)
-        leaves = self._run(groups)
-        ordered: list[EpisodeTrajectory | None] = [None] * len(prompts)
-        for uid, rows, _ in groups:
-            for row, leaf in zip(rows, leaves[uid], strict=True):
-                ordered[row] = leaf
-        batch = self.builder.build(ordered, layout="padded")
-        if batch.num_steps != len(prompts):
-            raise VerlHookError(
-                f"built {batch.num_steps} rows for {len(prompts)} verl rows (history steps kept?)"
-            )
-        out = to_dataproto(batch)
-        out.meta_info.update(prompts.meta_info)
-        out.meta_info["timing"] = {"gen": time.perf_counter() - t0}
-        failed = sum(leaf.status is EpisodeStatus.FAILED for leaf in ordered)
-        out.meta_info["memrl/failed_rows"] = failed
-        return out
+        return MemrlAgentLoop
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

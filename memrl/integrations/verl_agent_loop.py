@@ -1,0 +1,236 @@
+"""memrl as a verl agent loop: :class:`MemrlAgentLoop`, registered with verl as ``memrl``.
+
+verl's ``AgentLoopWorker`` runs one agent loop per sample (``rollout.n`` samples per prompt, one ``uid`` per
+prompt) and awaits ``run(sampling_params, **row)``. :class:`MemrlAgentLoop` reads the sample's episode from
+``row["extra_info"]`` (:func:`memrl.integrations.verl.verl_dataset_rows`) and hands it to the worker's
+:class:`EpisodeService`, which gathers the samples that arrive together and runs them as *one* memrl batch:
+samples of one ``uid`` become the ``n`` leaves of one episode (memory ingested once; with
+``rollout.strategy=tree`` they are one tree), every phase is one batched call, and generation goes through
+verl's servers (:class:`~memrl.integrations.verl_policy.VerlServerPolicy`). Each sample gets one leaf back as
+verl's ``AgentLoopOutput``: the target turn's prompt ids, response ids (model tokens and tool results),
+``response_mask`` (0 on tool results and feedback), the behaviour log-probs, the episode reward as
+``reward_score``, and memrl's step metadata in ``extra_fields`` (``memrl_step_meta``, never in the loss).
+
+Configuration lives in verl's config under ``memrl`` (``+memrl.config=<memrl yaml>``,
+``+memrl.overrides=[key=value,...]``); the recipe is in ``docs/verl.md``. Importing this module needs verl.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from memrl.integrations.verl import INSTALL_HINT, episode_input, select_leaves, target_step
+from memrl.integrations.verl_policy import VerlServerPolicy
+from memrl.types import BatchInput, EpisodeTrajectory, to_dict
+
+try:
+    from verl.experimental.agent_loop.agent_loop import (
+        AgentLoopBase,
+        AgentLoopMetrics,
+        AgentLoopOutput,
+        register,
+    )
+except ImportError as exc:  # pragma: no cover - exercised only where verl is missing
+    raise ImportError(f"{INSTALL_HINT} (import failed: {exc})") from exc
+
+logger = logging.getLogger(__name__)
+
+
+class VerlConfigError(ValueError):
+    """memrl's config and verl's config disagree in a way that would break verl's batch; says which keys."""
+
+
+def memrl_config(verl_config: Any) -> Any:
+    """memrl's root config from verl's ``memrl`` section (``config``: YAML path, ``overrides``: list)."""
+    from memrl.config import load_config
+
+    section = verl_config.get("memrl", None) or {}
+    return load_config(section.get("config", None), list(section.get("overrides", None) or ()))
+
+
+def check_lengths(cfg: Any, rollout_config: Any) -> None:
+    """Fail at start-up when memrl's episodes cannot fit verl's fixed prompt/response widths."""
+    if cfg.rollout.max_response_tokens > rollout_config.response_length:
+        raise VerlConfigError(
+            f"memrl rollout.max_response_tokens={cfg.rollout.max_response_tokens} exceeds verl's "
+            f"actor_rollout_ref.rollout.response_length={rollout_config.response_length}: lower the first "
+            "(+memrl.overrides=[rollout.max_response_tokens=...]) or raise data.max_response_length"
+        )
+
+
+@dataclasses.dataclass
+class _Pending:
+    inp: BatchInput
+    uid: str
+    sampling: dict[str, Any]
+    future: asyncio.Future
+
+
+class EpisodeService:
+    """One per agent-loop worker: a memrl :class:`~memrl.episode.runner.EpisodeRunner` whose policy is verl's
+    server client, fed in batches. memrl code runs on one worker thread (never two batches at once); the
+    worker's event loop stays free to serve the generate calls and the other samples."""
+
+    def __init__(self, cfg: Any, policy: VerlServerPolicy) -> None:
+        from memrl.episode.build import build_runner
+
+        self.cfg = cfg
+        self.policy = policy
+        self.runner = build_runner(cfg, policy=policy)
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memrl-episodes")
+        self._pending: list[_Pending] = []
+        self._lock = asyncio.Lock()
+        self._draining = False
+
+    async def submit(self, inp: BatchInput, uid: str, sampling: Mapping[str, Any]) -> tuple[Any, dict]:
+        """The leaf for one verl sample and the timings of the batch it ran in."""
+        loop = asyncio.get_running_loop()
+        item = _Pending(inp, uid, dict(sampling), loop.create_future())
+        self._pending.append(item)
+        if not self._draining:
+            self._draining = True
+            loop.create_task(self._drain())
+        return await item.future
+
+    async def _drain(self) -> None:
+        # Yield once so the samples verl started in the same gather all enqueue before the batch is cut.
+        await asyncio.sleep(0)
+        async with self._lock:
+            self._draining = False
+            items, self._pending = self._pending, []
+            if not items:
+                return
+            loop = asyncio.get_running_loop()
+            try:
+                results = await loop.run_in_executor(self._executor, self._run, items)
+            except BaseException as exc:  # infrastructure: every waiting sample sees the error
+                for it in items:
+                    if not it.future.done():
+                        it.future.set_exception(exc)
+                return
+            for it, result in zip(items, results, strict=True):
+                it.future.set_result(result)
+
+    def _run(self, items: list[_Pending]) -> list[tuple[EpisodeTrajectory, dict]]:
+        """Runs on the memrl thread: per sampling setting, per group size, one ``run_batch``."""
+        out: dict[int, tuple[EpisodeTrajectory, dict]] = {}
+        by_sampling: dict[tuple, list[int]] = {}
+        for i, it in enumerate(items):
+            by_sampling.setdefault(tuple(sorted(it.sampling.items())), []).append(i)
+        for idx in by_sampling.values():
+            self.policy.set_sampling(items[idx[0]].sampling)
+            groups: dict[str, list[int]] = {}
+            for i in idx:
+                groups.setdefault(items[i].uid, []).append(i)
+            by_size: dict[int, list[list[int]]] = {}
+            for members in groups.values():
+                by_size.setdefault(len(members), []).append(members)
+            for n, uid_groups in by_size.items():
+                self._run_groups(items, uid_groups, n, out)
+        return [out[i] for i in range(len(items))]
+
+    def _run_groups(self, items, uid_groups: list[list[int]], n: int, out: dict) -> None:
+        runner = self.runner
+        base = runner.rollout_cfg
+        before = dict(runner.metrics)
+        inputs = [
+            dataclasses.replace(
+                items[m[0]].inp,
+                episode_id=f"{items[m[0]].inp.episode_id}@{items[m[0]].uid}",
+                group_id=items[m[0]].uid,
+            )
+            for m in uid_groups
+        ]
+        runner.rollout_cfg = dataclasses.replace(base, n=n)
+        try:
+            trajs = runner.run_batch(inputs)
+        finally:
+            runner.rollout_cfg = base
+        timing = {
+            "generate_sequences": runner.metrics["episode/time_generate_s"]
+            - before.get("episode/time_generate_s", 0),
+            "tool_calls": runner.metrics["episode/time_tools_s"] - before.get("episode/time_tools_s", 0),
+        }
+        timing["generate_sequences"] -= timing["tool_calls"]  # tools run inside the generation phase
+        for inp, members in zip(inputs, uid_groups, strict=True):
+            mine = [t for t in trajs if t.group_id == inp.group_id]
+            for i, leaf in zip(members, select_leaves(inp, mine, n), strict=True):
+                out[i] = (leaf, timing)
+
+
+# Services are per worker process and event loop: verl instantiates one agent loop per sample.
+_SERVICES: dict[tuple[int, int], EpisodeService] = {}
+
+
+def service_for(agent: AgentLoopBase) -> EpisodeService:
+    loop = asyncio.get_running_loop()
+    key = (id(loop), id(agent.server_manager))
+    service = _SERVICES.get(key)
+    if service is None:
+        cfg = memrl_config(agent.config)
+        check_lengths(cfg, agent.rollout_config)
+        rc = agent.rollout_config
+        policy = VerlServerPolicy(
+            agent.server_manager, agent.tokenizer, loop, max_model_len=rc.prompt_length + rc.response_length
+        )
+        service = _SERVICES[key] = EpisodeService(cfg, policy)
+    return service
+
+
+@register("memrl")
+class MemrlAgentLoop(AgentLoopBase):
+    """verl agent loop that runs a memrl episode per sample (see the module docstring)."""
+
+    def __init__(self, *args: Any, tools: Any = None, **kwargs: Any) -> None:
+        # verl passes its own tool list; memrl's tools come from memrl's config (sandbox, rollback).
+        super().__init__(*args, **kwargs)
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+        uid = str(kwargs.get("uid", kwargs.get("index", "0")))
+        inp = episode_input(kwargs.get("extra_info"), sample=f"uid={uid}")
+        leaf, timing = await service_for(self).submit(inp, uid, sampling_params)
+        return self.output(leaf, timing)
+
+    def output(self, leaf: EpisodeTrajectory, timing: Mapping[str, float]) -> AgentLoopOutput:
+        """verl's output for one leaf: the target step, with the episode reward on its last token."""
+        step = target_step(leaf)
+        prompt_length = self.rollout_config.prompt_length
+        if len(step.prompt_ids) > prompt_length:
+            raise VerlConfigError(
+                f"memrl's prompt for {leaf.episode_id} has {len(step.prompt_ids)} tokens, over verl's "
+                f"actor_rollout_ref.rollout.prompt_length={prompt_length}: lower episode.prompt_token_budget "
+                "(+memrl.overrides) or raise data.max_prompt_length"
+            )
+        width = self.rollout_config.response_length
+        extra = {
+            "turn_scores": [],
+            "tool_rewards": [],
+            "memrl_step_meta": to_dict(step.meta),
+            "memrl_episode_id": leaf.episode_id,
+            "memrl_status": leaf.status.value,
+        }
+        return AgentLoopOutput(
+            prompt_ids=list(step.prompt_ids),
+            response_ids=list(step.response_ids[:width]),
+            response_mask=list(step.response_mask[:width]),
+            response_logprobs=[float(x) for x in step.logprobs[:width]],
+            reward_score=float(leaf.reward),
+            num_turns=2 + 2 * len(step.meta.tool_calls),
+            metrics=AgentLoopMetrics(**timing),
+            extra_fields=extra,
+        )
+
+
+def shutdown_services() -> None:
+    """Stop the memrl threads of this process (tests; verl's workers end with their process)."""
+    for service in _SERVICES.values():
+        service._executor.shutdown(wait=True)
+    _SERVICES.clear()
+
+
+__all__ = ["EpisodeService", "MemrlAgentLoop", "VerlConfigError", "memrl_config", "shutdown_services"]

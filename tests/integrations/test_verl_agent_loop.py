@@ -1,0 +1,167 @@
+"""MemrlAgentLoop inside verl's agent-loop interface (verl 0.9): instantiated as verl's AgentLoopWorker does, the
+samples of one step run concurrently, and each returns verl's AgentLoopOutput for one memrl leaf. A scripted policy
+behind a stand-in server client makes tool calls (real sandbox, rollback); the rows come through Parquet and verl's
+own RLHFDataset."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+import pandas as pd
+import pytest
+from transformers import ByT5Tokenizer
+
+pytest.importorskip("verl.experimental.agent_loop", reason="verl's agent loop not importable (.ci/verl.sh)")
+from omegaconf import OmegaConf  # noqa: E402
+from verl.experimental.agent_loop.agent_loop import (  # noqa: E402
+    AgentLoopOutput,
+    DictConfigWrap,
+    _agent_loop_registry,
+)
+
+from memrl.config import load_config  # noqa: E402
+from memrl.data.adapters import load_dataset  # noqa: E402
+from memrl.episode.build import build_runner  # noqa: E402
+from memrl.integrations.verl import verl_dataset_rows  # noqa: E402
+from memrl.integrations.verl_agent_loop import (  # noqa: E402
+    MemrlAgentLoop,
+    VerlConfigError,
+    shutdown_services,
+)
+from memrl.policy.scripted import ScriptedPolicy  # noqa: E402
+from memrl.testing import CHAT_TEMPLATE  # noqa: E402
+from tests.integrations.verl_standins import PolicyServerClient  # noqa: E402
+
+pytestmark = pytest.mark.verl
+N = 2
+OVERRIDES = [
+    "data.adapter=synthetic",
+    "data.options={num_episodes: 2}",
+    "tools.enabled=[python]",
+    "rollout.max_response_tokens=200",
+    "rollout.rollback.enable_tool_rollback=true",
+    "episode.reward=composite",
+    "episode.reward_options={parts: {exact_match: 1.0, format: 0.5}}",
+]
+
+
+def _script(ctx):
+    """A broken call (NameError → rollback), the fixed call, then an answer quoting the tool's result."""
+    tail = ctx.text.rsplit("<|assistant|>", 1)[-1]
+    if "Write a corrected call" in tail and tail.count("<python>") == 1:
+        return "<python>print(6 * 7)</python>"
+    if "<result>" not in tail:
+        return "<python>print(undefined_name)</python>"
+    results = re.findall(r"<result>(.*?)</result>", tail, re.DOTALL)
+    return f"<answer>{results[-1].strip()}</answer>"
+
+
+@pytest.fixture
+def tok():
+    tok = ByT5Tokenizer()
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def _verl_config(overrides=OVERRIDES, response_length=256, prompt_length=2048):
+    return OmegaConf.create(
+        {
+            "actor_rollout_ref": {
+                "rollout": {"prompt_length": prompt_length, "response_length": response_length}
+            },
+            "data": {},
+            "memrl": {"config": None, "overrides": list(overrides)},
+        }
+    )
+
+
+def _agent(config, server, tok):
+    """As AgentLoopWorker._run_agent_loop builds one (hydra.utils.instantiate of the registry entry)."""
+    import hydra
+
+    return hydra.utils.instantiate(
+        config=_agent_loop_registry["memrl"],
+        trainer_config=DictConfigWrap(config),
+        server_manager=server,
+        tokenizer=tok,
+        processor=None,
+        hf_model_type=None,
+        dataset_cls=None,
+        data_config=DictConfigWrap(config.data),
+        tools=None,
+    )
+
+
+def _rows_through_verl_dataset(tmp_path, tok):
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    inputs, _ = load_dataset(load_config(None, OVERRIDES).data)
+    path = tmp_path / "train.parquet"
+    pd.DataFrame(verl_dataset_rows(inputs)).to_parquet(path)
+    data_cfg = OmegaConf.create(
+        {"prompt_key": "prompt", "max_prompt_length": 512, "filter_overlong_prompts": False}
+    )
+    dataset = RLHFDataset(data_files=[str(path)], tokenizer=tok, config=data_cfg)
+    return inputs, [dataset[i] for i in range(len(dataset))]
+
+
+def test_registered_and_runs_episodes_per_uid(tmp_path, tok):
+    assert _agent_loop_registry["memrl"]["_target_"].endswith("verl_agent_loop.MemrlAgentLoop")
+    inputs, rows = _rows_through_verl_dataset(tmp_path, tok)
+    assert rows[0]["agent_name"] == "memrl" and "raw_prompt" in rows[0]
+    server = PolicyServerClient(ScriptedPolicy(tok, _script))
+    config = _verl_config()
+    sampling = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": False}
+
+    async def step():
+        # verl: rows repeated n times (interleaved), one uid per prompt, one agent loop per sample
+        samples = [(f"uid-{i}", row) for i, row in enumerate(rows) for _ in range(N)]
+        tasks = [_agent(config, server, tok).run(dict(sampling), uid=uid, **row) for uid, row in samples]
+        return await asyncio.gather(*tasks)
+
+    try:
+        outs = asyncio.run(step())
+    finally:
+        shutdown_services()
+    assert len(outs) == len(rows) * N and all(isinstance(o, AgentLoopOutput) for o in outs)
+    # memrl's own runner on the same episodes with the same script: the same sequences, masks and rewards
+    runner = build_runner(
+        load_config(None, [*OVERRIDES, f"rollout.n={N}"]), policy=ScriptedPolicy(tok, _script)
+    )
+    try:
+        own = runner.run_batch(inputs)
+    finally:
+        runner.tools.close()
+    for out, traj in zip(outs, own, strict=True):
+        step = traj.steps[-1]
+        assert out.prompt_ids == list(step.prompt_ids)
+        assert out.response_ids == list(step.response_ids) and out.response_mask == list(step.response_mask)
+        assert out.reward_score == traj.reward
+        assert 0 in out.response_mask  # the tool result is not trained on
+        meta = out.extra_fields["memrl_step_meta"]
+        assert len(meta["rollbacks"]) == 1 and meta["tool_calls"][0]["status"] == "ok"
+    assert {o.extra_fields["memrl_episode_id"].split("@")[1].split("#")[0] for o in outs} == {
+        "uid-0",
+        "uid-1",
+    }
+    # one batched episode per step: both uids' memory ingested in one runner call, leaves of a uid distinct
+    assert len({o.extra_fields["memrl_episode_id"] for o in outs}) == len(outs)
+    as_dict = outs[0].as_dict()  # verl's own conversion to tensors (rm_scores on the last token)
+    assert as_dict["rm_scores"][-1] == outs[0].reward_score
+
+
+def test_lengths_that_cannot_fit_verl_fail_at_start(tmp_path, tok):
+    _, rows = _rows_through_verl_dataset(tmp_path, tok)
+    server = PolicyServerClient(ScriptedPolicy(tok, _script))
+    sampling = {"temperature": 1.0}
+    try:
+        with pytest.raises(VerlConfigError, match="response_length"):
+            asyncio.run(
+                _agent(_verl_config(response_length=64), server, tok).run(sampling, uid="u", **rows[0])
+            )
+        with pytest.raises(VerlConfigError, match="prompt_length"):
+            asyncio.run(_agent(_verl_config(prompt_length=8), server, tok).run(sampling, uid="u", **rows[0]))
+    finally:
+        shutdown_services()
+    assert MemrlAgentLoop.__name__ == "MemrlAgentLoop"
