@@ -158,7 +158,7 @@ def build_workload(name: str, tok, prompts: int, path: str | None = None) -> Wor
 
 def score_groups(tok, leaves, workload: Workload) -> dict[str, float]:
     """Per arm: best-of-n and mean of strict and lenient reward, distinct answers per group, and the share of
-    groups whose rewards differ (the groups that give GRPO a signal)."""
+    groups whose rewards differ (the groups that give GRPO a signal); the share of leaves with an answer tag."""
     from memrl.rewards.base import RewardContext, RewardInput
     from memrl.rewards.text import make_exact_match, make_lenient_match, normalize_answer
 
@@ -176,6 +176,8 @@ def score_groups(tok, leaves, workload: Workload) -> dict[str, float]:
         out[f"{name}_best_of_n"] = sum(max(s) for s in scores) / len(scores)
         out[f"{name}_mean"] = sum(sum(s) for s in scores) / sum(len(s) for s in scores)
         out[f"{name}_mixed_groups"] = sum(len(set(s)) > 1 for s in scores) / len(scores)
+    tagged = [[float(x.tagged) for x in g] for g in groups]
+    out["answer_tag_mean"] = sum(map(sum, tagged)) / sum(map(len, tagged))  # format-following leaves
     out["distinct_answers_per_group"] = sum(
         len({normalize_answer(x.answer) for x in g}) for g in groups
     ) / len(groups)

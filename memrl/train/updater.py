@@ -17,6 +17,7 @@ distribution it actually sampled from, and the PPO ratio starts at exactly 1.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 
@@ -53,6 +54,7 @@ class PolicyUpdater:
         self.temperature = temperature if temperature > 0 else 1.0
         self.agg = LOSS_AGGREGATIONS.get(cfg.loss_agg)
         self.params = trainable_parameters(model)
+        self._times: dict[str, float] = defaultdict(float)
         self.optimizer = torch.optim.AdamW(
             self.params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
         )
@@ -66,8 +68,10 @@ class PolicyUpdater:
         records = unpack(batch, adv, weights)
         local_abs = self._add_tree_local(batch, scores, weights, records)
         n_updates = self.cfg.ppo_epochs * self.cfg.ppo_mini_batches
+        self._times = defaultdict(float)
         if n_updates > 1:
-            self._recompute_old_logp(records)
+            with self._timed("old_logprob"):
+                self._recompute_old_logp(records)
         sums: dict[str, list[float]] = defaultdict(list)
         self.model.train()
         for epoch in range(self.cfg.ppo_epochs):
@@ -86,7 +90,18 @@ class PolicyUpdater:
                 "train/sequences": float(len(records)),
             }
         )
+        # Where an update's time goes (the step profile): reference / old log-probs, policy forward+backward,
+        # replay loss, optimizer step.
+        metrics.update({f"time/{name}_s": value for name, value in self._times.items()})
         return metrics
+
+    @contextlib.contextmanager
+    def _timed(self, name: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._times[name] += time.perf_counter() - t0
 
     # ------------------------------------------------------------------ internals
     def _add_tree_local(self, batch: PackedBatch, scores, weights, records: list[SeqRecord]) -> float:
@@ -137,18 +152,21 @@ class PolicyUpdater:
         if replay is not None:
             from memrl.train.replay import replay_loss
 
-            _, rmetrics = replay_loss(self.model, replay, self.cfg)  # backpropagates per micro-batch
+            with self._timed("replay"):
+                _, rmetrics = replay_loss(self.model, replay, self.cfg)  # backpropagates per micro-batch
             for name, value in rmetrics.items():
                 metrics[name].append(value)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        with self._timed("optimizer"):
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
         out = {name: sum(v) / len(v) for name, v in metrics.items()}
         out["train/grad_norm"] = float(grad_norm)
         return out
 
     def _micro_step(self, mb: MicroBatch, normaliser: float, on_policy: bool) -> dict[str, float]:
         cfg = self.cfg
+        t0 = time.perf_counter()
         logits = self._logits(mb)
         logp = token_logprobs(logits, mb.input_ids)
         # One update per batch is on-policy (old = current); several recompute old_logp first: either way the
@@ -164,10 +182,15 @@ class PolicyUpdater:
             tok_loss = tok_loss - cfg.entropy_coef * entropy
         kl = None
         if cfg.kl_coef > 0:
-            kl = kl_to_reference(logp, self._reference_logp(mb))
+            t_ref = time.perf_counter()
+            ref = self._reference_logp(mb)
+            self._times["ref_logprob"] += time.perf_counter() - t_ref
+            t0 += time.perf_counter() - t_ref  # the policy's clock excludes the reference pass
+            kl = kl_to_reference(logp, ref)
             tok_loss = tok_loss + cfg.kl_coef * kl
         loss = (tok_loss * self.agg.weights(mb.loss_mask, mb.seq_index)).sum() / normaliser
         loss.backward()
+        self._times["policy_forward_backward"] += time.perf_counter() - t0
         out = {
             "train/pg_loss": float(loss.detach()),
             "train/clip_frac": float(pg["clip_frac"]),

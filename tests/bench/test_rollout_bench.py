@@ -64,6 +64,7 @@ def test_scores_count_best_of_n_mean_and_mixed_groups():
     assert out["strict_best_of_n"] == 0.5 and out["strict_mean"] == pytest.approx(1 / 6)
     assert out["lenient_best_of_n"] == 0.5 and out["lenient_mean"] == pytest.approx(2 / 6)
     assert out["strict_mixed_groups"] == out["lenient_mixed_groups"] == 0.5
+    assert out["answer_tag_mean"] == pytest.approx(5 / 6)
     # {lisbon, she lives in lisbon, porto} and {7}: (3 + 1) / 2
     assert out["distinct_answers_per_group"] == 2.0
 

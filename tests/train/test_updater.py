@@ -188,6 +188,9 @@ def test_kl_reference_is_adapter_disabled_and_zero_at_start():
     second = PolicyUpdater(model, _cfg(kl_coef=0.1, ppo_mini_batches=2, ppo_epochs=2)).update(batch)
     assert second["train/kl_ref"] > 1e-7
     assert second["train/approx_kl"] != 0
+    # The step profile: every phase that ran is timed; the first update had one on-policy pass (no old log-probs).
+    assert all(first[f"time/{k}_s"] > 0 for k in ("policy_forward_backward", "ref_logprob", "optimizer"))
+    assert "time/old_logprob_s" not in first and second["time/old_logprob_s"] > 0
 
 
 def test_duplicate_leaves_get_no_gradient():
