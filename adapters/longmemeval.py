@@ -22,6 +22,7 @@ Splits: ``all`` is the whole file; ``train``/``test`` by a hash of ``question_id
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterator
 from typing import Any
 
 from memrl.data.adapters import (
@@ -140,15 +141,15 @@ def longmemeval(
     report: SkipReport,
     test_fraction: float = 0.5,
     max_turn_chars: int = DEFAULT_MAX_TURN_CHARS,
-) -> list[BatchInput]:
-    """One episode per question record in ``path`` (a LongMemEval JSON array, or JSONL)."""
+) -> Iterator[BatchInput]:
+    """One episode per question record in ``path`` (a LongMemEval JSON array, or JSONL), yielded as each
+    record is converted: a consumer that lets each episode go holds one haystack at a time."""
     if not path:
         raise AdapterError("<no path>", None, None, "the path of a LongMemEval JSON file")
-    episodes: list[BatchInput] = []
     for idx, record in iter_json_records(path, lenient=lenient, report=report):
         view = RecordView(path, idx, int(max_turn_chars))
+        episode = None
         with record_guard(report, lenient):
             episode = _episode(view, record)
-            if in_split(episode.metadata["question_id"], split, float(test_fraction)):
-                episodes.append(episode)
-    return episodes
+        if episode is not None and in_split(episode.metadata["question_id"], split, float(test_fraction)):
+            yield episode

@@ -1,8 +1,10 @@
 """``memrl bench memory``: evidence recall of memrl's retrieval on LoCoMo / LongMemEval, with baselines.
 
-Conversations are streamed: each history is ingested (rule extractor, batched), its questions are retrieved, and
-its memory is released before the next one, so a LongMemEval ``_s``/``_m`` file (one ~115 k-token haystack per
-question) never holds more than one haystack's index. Reported, in one run:
+Conversations are streamed: the adapter hands over one history's episodes at a time
+(:func:`~memrl.data.adapters.stream_adapter`), the history is ingested (rule extractor, batched), its questions are
+retrieved, and its memory is released before the next one, so a LongMemEval ``_s``/``_m`` file (one ~115 k-token
+haystack per question) never holds more than one haystack's episodes and index (the file's text is read whole).
+Reported, in one run:
 
 * ``recall@K`` (K = 5, 10, 25): mean over questions of the fraction of gold ids found among the source ids of the
   top-K retrieved items (LoCoMo: dialog ids, categories 1–4 by default; LongMemEval: answer session ids, a
@@ -29,10 +31,11 @@ import argparse
 import dataclasses
 import logging
 import re
+import resource
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,26 +92,39 @@ def _session_ids(source_ids: Sequence[str]) -> set[str]:
     return {re.sub(r"#\d+$", "", s.rsplit(":", 1)[0]) for s in source_ids}
 
 
-def load_conversations(
+def iter_conversations(
     dataset: str, path: str, categories: set[int], limit: int | None
-) -> list[Conversation]:
-    """Episodes from the dataset adapters (``memrl_adapters``), grouped by shared history."""
-    from memrl.data.adapters import run_adapter
+) -> Iterator[Conversation]:
+    """Episodes from the dataset adapters (``memrl_adapters``), streamed and grouped by shared history (the
+    adapters yield one history's episodes consecutively; one episode is read ahead to see where a history ends);
+    histories without a scored question are passed over, ``limit`` counts histories read."""
+    from memrl.data.adapters import stream_adapter
 
-    episodes, report = run_adapter(dataset, path, split="all")
+    episodes, report = stream_adapter(dataset, path, split="all")
+    current: Conversation | None = None
+    done: set[str] = set()
+    for ep in episodes:
+        key = str(ep.metadata.get("sample_id", ep.episode_id))
+        if current is None or key != current.key:
+            if key in done:
+                raise ValueError(
+                    f"{path}: the episodes of history {key!r} are not consecutive in the adapter's output"
+                )
+            if current is not None:
+                done.add(current.key)
+                if current.questions:
+                    yield current
+            if limit is not None and len(done) >= limit:
+                current = None
+                break
+            current = Conversation(key, ep.history, [])
+        question = _question(dataset, ep, categories)
+        if question is not None:
+            current.questions.append(question)
+    if current is not None and current.questions:
+        yield current
     if report.skipped:
         logger.warning("%s: adapter skipped %d records: %s", path, report.skipped, report.reasons()[:3])
-    convs: dict[str, Conversation] = {}
-    for ep in episodes:
-        question = _question(dataset, ep, categories)
-        key = str(ep.metadata.get("sample_id", ep.episode_id))
-        if key not in convs:
-            if limit is not None and len(convs) >= limit:
-                continue
-            convs[key] = Conversation(key, ep.history, [])
-        if question is not None:
-            convs[key].questions.append(question)
-    return [c for c in convs.values() if c.questions]
 
 
 def _question(dataset: str, ep: BatchInput, categories: set[int]) -> Question | None:
@@ -252,16 +268,14 @@ def bench_memory(argv: list[str]) -> dict:
             "bench memory: no --path, running on the bundled %s fixture (a smoke run)", args.dataset
         )
     path = args.path or str(fixture_path(args.dataset))
-    convs = load_conversations(args.dataset, path, {int(c) for c in args.categories.split(",")}, args.limit)
-    if not convs:
-        raise ValueError(f"{path}: no questions with gold evidence (dataset {args.dataset})")
+    convs = iter_conversations(args.dataset, path, {int(c) for c in args.categories.split(",")}, args.limit)
     to_gold = _locomo_ids if args.dataset == "locomo" else _session_ids
     embedder = build_embedder(cfg)
     system = MemorySystem(cfg, embedder=embedder)
     cache_before = getattr(embedder, "stats", dict)()
     memrl, dense, bm25 = Scores(""), Scores("baseline_dense_"), Scores("baseline_bm25_")
     fractions: list[float] = []
-    facts = turns = 0
+    facts = turns = n_convs = n_questions = 0
     ingest_s = 0.0
     t0 = time.perf_counter()
     bar = tqdm(
@@ -277,17 +291,22 @@ def bench_memory(argv: list[str]) -> dict:
         system.release(conv.key)  # one haystack's index at a time
         if not args.no_baselines:
             score_baselines(embedder, conv, to_gold, dense, bm25)
+        n_convs, n_questions = n_convs + 1, n_questions + len(conv.questions)
         bar.set_postfix(turns_per_s=f"{turns / max(ingest_s, 1e-9):.0f}")
+    if not n_questions:
+        raise ValueError(f"{path}: no questions with gold evidence (dataset {args.dataset})")
     result = {
         "dataset": args.dataset,
         "path": path,
-        "conversations": len(convs),
-        "questions": sum(len(c.questions) for c in convs),
+        "conversations": n_convs,
+        "questions": n_questions,
         "facts": facts,
         "history_turns": turns,
         "ingest_seconds": round(ingest_s, 3),
         "ingest_turns_per_s": turns / max(ingest_s, 1e-9),
         "wall_seconds": round(time.perf_counter() - t0, 3),
+        # ru_maxrss is in KiB on Linux: the process's peak, model and file text included
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "embedder_dtype": getattr(embedder, "dtype", "float32"),  # as resolved (the config may say auto)
         "config": dataclasses.asdict(cfg),
         "context_token_fraction": float(np.mean(fractions)),

@@ -4,7 +4,13 @@ An adapter is one registered function with one signature::
 
     @ADAPTERS.register("my_format")
     def my_format(path: str | None, *, split: str, lenient: bool, report: SkipReport,
-                  **options) -> list[BatchInput]: ...
+                  **options) -> Iterable[BatchInput]: ...
+
+An adapter may return a list or be a generator (``longmemeval`` is: one ``_s`` haystack is ~115 k tokens, an
+``_m`` one ~1.5 M). :func:`run_adapter` returns the list; :func:`stream_adapter` hands the episodes over one at
+a time, so a consumer that releases each episode (``memrl bench memory``) never holds more than one haystack's
+episodes (the file's text itself is read whole). When streaming, a strict error surfaces where the bad record
+is reached; ``memrl data check`` validates a whole file first.
 
 Failure policy (the same for every adapter):
 
@@ -36,7 +42,7 @@ import inspect
 import json
 import logging
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -57,7 +63,7 @@ SPLITS = ("train", "test", "all")
 class AdapterFn(Protocol):
     def __call__(
         self, path: str | None, *, split: str, lenient: bool, report: SkipReport, **options: Any
-    ) -> list[BatchInput]: ...
+    ) -> Iterable[BatchInput]: ...
 
 
 class AdapterError(ValueError):
@@ -375,17 +381,31 @@ def run_adapter(
     options: Mapping[str, Any] | None = None,
 ) -> tuple[list[BatchInput], SkipReport]:
     """Look up adapter ``name`` (registry name or ``pkg.mod:fn``), run it, return episodes and skip report."""
+    stream, report = stream_adapter(name, path, split=split, lenient=lenient, options=options)
+    episodes = list(stream)
+    logger.info(
+        "adapter %s: %d episodes, %d skipped (%s)", name, len(episodes), report.skipped, path or "generated"
+    )
+    return episodes, report
+
+
+def stream_adapter(
+    name: str,
+    path: str | None,
+    *,
+    split: str = "train",
+    lenient: bool = False,
+    options: Mapping[str, Any] | None = None,
+) -> tuple[Iterator[BatchInput], SkipReport]:
+    """:func:`run_adapter` one episode at a time: the report fills in as the iterator advances. Name, options
+    and split are checked before anything is read."""
     fn = ADAPTERS.get(name)
     options = dict(options or {})
     check_options(name, fn, options)
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
     report = SkipReport()
-    episodes = fn(path, split=split, lenient=lenient, report=report, **options)
-    logger.info(
-        "adapter %s: %d episodes, %d skipped (%s)", name, len(episodes), report.skipped, path or "generated"
-    )
-    return episodes, report
+    return iter(fn(path, split=split, lenient=lenient, report=report, **options)), report
 
 
 def load_dataset(cfg: DataConfig) -> tuple[list[BatchInput], SkipReport]:

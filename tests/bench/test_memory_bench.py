@@ -86,3 +86,37 @@ def test_bench_on_real_locomo_subset():
         ["--dataset", "locomo", "--path", str(REAL_LOCOMO), "--limit", "1", "--no-baselines"]
     )
     assert result["recall@10"] >= 0.6 and result["context_token_fraction"] <= 0.1
+
+
+def test_histories_are_streamed_one_at_a_time(tmp_path):
+    """The bench reads a history's episodes only when it gets to it (one episode ahead, to see where the
+    history ends): a broken later record surfaces there, not before the first history is scored."""
+    import json
+
+    from memrl.bench.memory import iter_conversations
+    from memrl.data.adapters import AdapterError
+
+    records = json.loads((FIXTURES / "longmemeval_mini.json").read_text())
+    records[2]["question_date"] = "someday"
+    path = tmp_path / "lme.json"
+    path.write_text(json.dumps(records))
+    convs = iter_conversations("longmemeval", str(path), set(), None)
+    first = next(convs)
+    assert first.key == "longmemeval-0f05491a" and first.questions[0].gold == (
+        "answer_d6d2eba8_1",
+        "answer_d6d2eba8_2",
+    )
+    with pytest.raises(AdapterError, match="record 2, field 'question_date'"):
+        next(convs)
+    limited = list(iter_conversations("locomo", str(FIXTURES / "locomo_mini.json"), {1, 2, 3, 4}, 1))
+    assert len(limited) == 1 and len(limited[0].questions) > 1  # one conversation, all its questions
+
+
+def test_bench_on_a_built_haystack_reports_peak_memory(tmp_path):
+    from memrl.data.haystack import HaystackSpec, write_haystacks
+
+    out = tmp_path / "s.json"
+    write_haystacks(str(FIXTURES / "longmemeval_mini.json"), str(out), HaystackSpec(sessions=3))
+    result = BENCHES.get("memory")(["--dataset", "longmemeval", "--path", str(out), "--no-baselines"])
+    assert result["questions"] == 2 and result["history_turns"] > 0 and result["peak_rss_mb"] > 100
+    assert 0.0 <= result["recall@10"] <= 1.0 and "turn_recall@10" in result
