@@ -98,5 +98,5 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = (), c
         raise ConfigError(f"invalid config: {exc}") from exc
 
 
-def to_yaml(cfg: Any) -> str:
+def to_yaml(cfg: Config) -> str:
     return OmegaConf.to_yaml(OmegaConf.structured(cfg))

@@ -17,47 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-
-class ContractError(ValueError):
-    """A contract was built with an invalid field. The message names the type, the field and the rule."""
-
-
-def _fail(obj: object, name: str, why: str) -> None:
-    raise ContractError(f"{type(obj).__name__}.{name}: {why}")
-
-
-def _as_tuple(obj: object, name: str, value: Any, item_type: type | tuple[type, ...] | None = None) -> tuple:
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
-        # numpy arrays / tensors are not Sequences; accept anything with tolist().
-        if hasattr(value, "tolist"):
-            value = value.tolist()
-        else:
-            _fail(obj, name, f"expected a sequence, got {type(value).__name__}")
-    out = tuple(value)
-    # Fast path for token ids (hundreds per output, every generate call): `type(x) is int` also rejects bool.
-    if item_type is int and all(type(x) is int for x in out):
-        item_type = None
-    if item_type is not None:
-        for i, item in enumerate(out):
-            if not isinstance(item, item_type) or isinstance(item, bool) and item_type is int:
-                _fail(obj, name, f"item {i} is {type(item).__name__}, expected {item_type}")
-    object.__setattr__(obj, name, out)
-    return out
-
-
-def _require_str(obj: object, name: str, value: Any, *, non_empty: bool = True) -> None:
-    if not isinstance(value, str):
-        _fail(obj, name, f"expected str, got {type(value).__name__}")
-    if non_empty and not value.strip():
-        _fail(obj, name, "must be a non-empty string")
-
-
-def _freeze_mapping(obj: object, name: str, value: Any) -> None:
-    if value is None:
-        value = {}
-    if not isinstance(value, Mapping):
-        _fail(obj, name, f"expected a mapping, got {type(value).__name__}")
-    object.__setattr__(obj, name, dict(value))
+from memrl.checks import ContractError, as_tuple, enum_field, fail, freeze_mapping, require_str
 
 
 class TurnRole(str, enum.Enum):
@@ -81,6 +41,28 @@ class EpisodeStatus(str, enum.Enum):
     TRUNCATED = "truncated"  # ran out of token budget; still trainable
     ABORTED = "aborted"  # stopped from outside (shutdown, actor loss); re-run it
     FAILED = "failed"  # an error inside this episode; carries failure_reason
+
+
+class ToolStatus(str, enum.Enum):
+    """How one tool call ended. A failing call is an observation the model reads, never an exception."""
+
+    OK = "ok"
+    ERROR = "error"  # the program raised or exited non-zero, or the call was malformed / named no tool
+    TIMEOUT = "timeout"  # killed at the wall-clock limit
+
+    def __str__(self) -> str:  # the value in f-strings and logs on every Python version
+        return self.value
+
+
+class BranchFinish(str, enum.Enum):
+    """Why a rollout branch stopped; a leaf's ``StepMeta.finish``. Only ``LENGTH`` makes an episode TRUNCATED."""
+
+    ANSWER = "answer"  # the model closed its answer tag
+    EOS = "eos"  # eos / a stop token without an answer
+    LENGTH = "length"  # the response budget ran out
+    ABORT = "abort"  # the backend gave up (e.g. context overflow)
+    TOOL_LIMIT = "tool_limit"  # a turn asked for a call past rollout.max_tool_calls
+    RETRY_LIMIT = "retry_limit"  # a failing call was regenerated rollback.max_retries times
 
 
 class MemoryOpType(str, enum.Enum):
@@ -109,16 +91,13 @@ class TurnSpec:
     metadata: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        try:
-            object.__setattr__(self, "role", TurnRole(self.role))
-        except ValueError:
-            _fail(self, "role", f"expected one of {[r.value for r in TurnRole]}, got {self.role!r}")
-        _require_str(self, "turn_id", self.turn_id)
-        _require_str(self, "text", self.text, non_empty=False)
-        _require_str(self, "speaker", self.speaker, non_empty=False)
+        enum_field(self, "role", TurnRole)
+        require_str(self, "turn_id", self.turn_id)
+        require_str(self, "text", self.text, non_empty=False)
+        require_str(self, "speaker", self.speaker, non_empty=False)
         if self.timestamp is not None:
-            _require_str(self, "timestamp", self.timestamp, non_empty=False)
-        _freeze_mapping(self, "metadata", self.metadata)
+            require_str(self, "timestamp", self.timestamp, non_empty=False)
+        freeze_mapping(self, "metadata", self.metadata)
 
 
 @dataclass(frozen=True)
@@ -139,24 +118,24 @@ class BatchInput:
     sample_index: int = -1
 
     def __post_init__(self) -> None:
-        _require_str(self, "episode_id", self.episode_id)
-        _require_str(self, "group_id", self.group_id)
-        turns = _as_tuple(self, "turns", self.turns, TurnSpec)
+        require_str(self, "episode_id", self.episode_id)
+        require_str(self, "group_id", self.group_id)
+        turns = as_tuple(self, "turns", self.turns, TurnSpec)
         if not turns:
-            _fail(self, "turns", "must contain at least one turn (the target)")
+            fail(self, "turns", "must contain at least one turn (the target)")
         targets = [i for i, t in enumerate(turns) if t.role is TurnRole.TARGET]
         if targets != [len(turns) - 1]:
-            _fail(
+            fail(
                 self,
                 "turns",
                 f"exactly one target turn, last; got target positions {targets} of {len(turns)}",
             )
-        _require_str(self, "final_query", self.final_query)
+        require_str(self, "final_query", self.final_query)
         if self.target_answer is not None:
-            _require_str(self, "target_answer", self.target_answer, non_empty=False)
+            require_str(self, "target_answer", self.target_answer, non_empty=False)
         if not isinstance(self.sample_index, int) or isinstance(self.sample_index, bool):
-            _fail(self, "sample_index", f"expected int, got {type(self.sample_index).__name__}")
-        _freeze_mapping(self, "metadata", self.metadata)
+            fail(self, "sample_index", f"expected int, got {type(self.sample_index).__name__}")
+        freeze_mapping(self, "metadata", self.metadata)
 
     @property
     def history(self) -> tuple[TurnSpec, ...]:
@@ -188,23 +167,20 @@ class GenerationOutput:
     prefix_handle: str | None = None
 
     def __post_init__(self) -> None:
-        ids = _as_tuple(self, "token_ids", self.token_ids, int)
-        lps = _as_tuple(self, "logprobs", self.logprobs)
+        ids = as_tuple(self, "token_ids", self.token_ids, int)
+        lps = as_tuple(self, "logprobs", self.logprobs)
         if len(lps) != len(ids):
-            _fail(self, "logprobs", f"length {len(lps)} != len(token_ids) {len(ids)}")
+            fail(self, "logprobs", f"length {len(lps)} != len(token_ids) {len(ids)}")
         for i, lp in enumerate(lps):
             if not isinstance(lp, (int, float)) or math.isnan(lp) or lp > 1e-4:
-                _fail(self, "logprobs", f"item {i} = {lp!r} is not a log-probability (finite, <= 0)")
-        tops = _as_tuple(self, "top_logprobs", self.top_logprobs)
+                fail(self, "logprobs", f"item {i} = {lp!r} is not a log-probability (finite, <= 0)")
+        tops = as_tuple(self, "top_logprobs", self.top_logprobs)
         if tops and len(tops) != len(ids):
-            _fail(self, "top_logprobs", f"length {len(tops)} != len(token_ids) {len(ids)} (or empty)")
-        try:
-            object.__setattr__(self, "finish_reason", FinishReason(self.finish_reason))
-        except ValueError:
-            _fail(self, "finish_reason", f"expected one of {[r.value for r in FinishReason]}")
-        _as_tuple(self, "prompt_token_ids", self.prompt_token_ids, int)
+            fail(self, "top_logprobs", f"length {len(tops)} != len(token_ids) {len(ids)} (or empty)")
+        enum_field(self, "finish_reason", FinishReason)
+        as_tuple(self, "prompt_token_ids", self.prompt_token_ids, int)
         if self.cached_tokens < 0:
-            _fail(self, "cached_tokens", "must be >= 0")
+            fail(self, "cached_tokens", "must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -220,18 +196,15 @@ class MemoryOp:
     source_ids: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        try:
-            object.__setattr__(self, "op", MemoryOpType(self.op))
-        except ValueError:
-            _fail(self, "op", f"expected one of {[o.value for o in MemoryOpType]}, got {self.op!r}")
-        _require_str(self, "turn_id", self.turn_id)
-        _as_tuple(self, "fact_ids", self.fact_ids, int)
-        _as_tuple(self, "scores", self.scores)
-        _as_tuple(self, "source_ids", self.source_ids, str)
+        enum_field(self, "op", MemoryOpType)
+        require_str(self, "turn_id", self.turn_id)
+        as_tuple(self, "fact_ids", self.fact_ids, int)
+        as_tuple(self, "scores", self.scores)
+        as_tuple(self, "source_ids", self.source_ids, str)
         if self.op is MemoryOpType.COMPRESS and self.summary_id is None:
-            _fail(self, "summary_id", "a COMPRESS op must carry the summary id it produced")
+            fail(self, "summary_id", "a COMPRESS op must carry the summary id it produced")
         if self.op in (MemoryOpType.UPDATE, MemoryOpType.DELETE) and not self.fact_ids:
-            _fail(self, "fact_ids", f"a {self.op.value} op must name the fact ids it touched")
+            fail(self, "fact_ids", f"a {self.op.value} op must name the fact ids it touched")
 
 
 @dataclass(frozen=True)
@@ -241,14 +214,13 @@ class ToolCallRecord:
     name: str
     arguments: str
     result: str
-    status: str  # "ok" | "error" | "timeout"
+    status: ToolStatus
     position: int
     latency_s: float = 0.0
     error: str | None = None
 
     def __post_init__(self) -> None:
-        if self.status not in ("ok", "error", "timeout"):
-            _fail(self, "status", f"expected 'ok', 'error' or 'timeout', got {self.status!r}")
+        enum_field(self, "status", ToolStatus)
 
 
 @dataclass(frozen=True)
@@ -271,16 +243,45 @@ class RollbackRecord:
 
     def __post_init__(self) -> None:
         if self.attempts < 1:
-            _fail(self, "attempts", "must be >= 1")
+            fail(self, "attempts", "must be >= 1")
         if self.tokens_removed < 0:
-            _fail(self, "tokens_removed", "must be >= 0")
+            fail(self, "tokens_removed", "must be >= 0")
         if self.repaired_tokens < 0 or (self.repaired_tokens and not self.repaired):
-            _fail(self, "repaired_tokens", "must be >= 0, and 0 unless the call was repaired")
+            fail(self, "repaired_tokens", "must be >= 0, and 0 unless the call was repaired")
+
+
+@dataclass(frozen=True)
+class PathNode:
+    """One node on a tree leaf's root-to-leaf path (``StepMeta.tree_path``).
+
+    The node's tokens end at response position ``pos`` (its children continue from there; the root has 0 and
+    the leaf the response length). ``entropy`` is the mean normalised entropy of the tokens generated right
+    after the node (what the entropy expansion policy ranks; ``None`` where not measured), ``children`` its
+    number of children when the tree was finished.
+    """
+
+    uid: str
+    pos: int
+    entropy: float | None = None
+    children: int = 0
+
+    def __post_init__(self) -> None:
+        require_str(self, "uid", self.uid)
+        if not isinstance(self.pos, int) or isinstance(self.pos, bool) or self.pos < 0:
+            fail(self, "pos", f"expected a response position (int >= 0), got {self.pos!r}")
+        if self.entropy is not None:
+            object.__setattr__(self, "entropy", float(self.entropy))
 
 
 @dataclass(frozen=True)
 class StepMeta:
-    """Sidecar of one trainable step. Aligned 1:1 with rows of the training batch; never enters the loss."""
+    """Sidecar of one trainable step. Aligned 1:1 with rows of the training batch; never enters the loss.
+
+    Tree search fills the tree fields (``tree_path``: root-to-leaf nodes, read by tree advantages and
+    ``memrl inspect``); every rollout ``finish``, ``tool_calls``, ``rollbacks``. The episode runner adds
+    ``leaf_index``, ``source_episode_id`` (the input episode; its leaves are trajectories ``<id>#<j>``),
+    ``response_text`` (what the reward scored), the prompt's ``included_fact_ids`` / ``cut_fact_ids`` and the
+    memory fields. ``extra`` holds display-only values (question, gold evidence, decoded spans)."""
 
     turn_id: str = ""
     turn_role: TurnRole = TurnRole.TARGET
@@ -288,24 +289,38 @@ class StepMeta:
     node_path: tuple[int, ...] = ()
     branch_depth: int = 0
     is_duplicate: bool = False
+    tree_path: tuple[PathNode, ...] = ()
+    finish: BranchFinish | None = None
     tool_calls: tuple[ToolCallRecord, ...] = ()
     rollbacks: tuple[RollbackRecord, ...] = ()
     memory_ops: tuple[MemoryOp, ...] = ()
     retrieved_ids: tuple[int, ...] = ()
+    included_fact_ids: tuple[int, ...] = ()
     cut_fact_ids: tuple[int, ...] = ()
+    leaf_index: int = 0
+    source_episode_id: str = ""
+    response_text: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "turn_role", TurnRole(self.turn_role))
-        _as_tuple(self, "node_path", self.node_path, int)
-        _as_tuple(self, "tool_calls", self.tool_calls, ToolCallRecord)
-        _as_tuple(self, "rollbacks", self.rollbacks, RollbackRecord)
-        _as_tuple(self, "memory_ops", self.memory_ops, MemoryOp)
-        _as_tuple(self, "retrieved_ids", self.retrieved_ids, int)
-        _as_tuple(self, "cut_fact_ids", self.cut_fact_ids, int)
+        enum_field(self, "turn_role", TurnRole)
+        as_tuple(self, "node_path", self.node_path, int)
+        as_tuple(self, "tree_path", self.tree_path, PathNode)
+        if self.finish is not None:
+            enum_field(self, "finish", BranchFinish)
+        as_tuple(self, "tool_calls", self.tool_calls, ToolCallRecord)
+        as_tuple(self, "rollbacks", self.rollbacks, RollbackRecord)
+        as_tuple(self, "memory_ops", self.memory_ops, MemoryOp)
+        as_tuple(self, "retrieved_ids", self.retrieved_ids, int)
+        as_tuple(self, "included_fact_ids", self.included_fact_ids, int)
+        as_tuple(self, "cut_fact_ids", self.cut_fact_ids, int)
         if self.branch_depth < 0:
-            _fail(self, "branch_depth", "must be >= 0")
-        _freeze_mapping(self, "extra", self.extra)
+            fail(self, "branch_depth", "must be >= 0")
+        if self.leaf_index < 0:
+            fail(self, "leaf_index", "must be >= 0")
+        require_str(self, "source_episode_id", self.source_episode_id, non_empty=False)
+        require_str(self, "response_text", self.response_text, non_empty=False)
+        freeze_mapping(self, "extra", self.extra)
 
 
 @dataclass(frozen=True)
@@ -326,30 +341,30 @@ class StepTrajectory:
     meta: StepMeta = field(default_factory=StepMeta)
 
     def __post_init__(self) -> None:
-        _require_str(self, "step_id", self.step_id)
-        _require_str(self, "turn_id", self.turn_id)
-        prompt = _as_tuple(self, "prompt_ids", self.prompt_ids, int)
-        resp = _as_tuple(self, "response_ids", self.response_ids, int)
-        mask = _as_tuple(self, "response_mask", self.response_mask, int)
-        lps = _as_tuple(self, "logprobs", self.logprobs)
+        require_str(self, "step_id", self.step_id)
+        require_str(self, "turn_id", self.turn_id)
+        prompt = as_tuple(self, "prompt_ids", self.prompt_ids, int)
+        resp = as_tuple(self, "response_ids", self.response_ids, int)
+        mask = as_tuple(self, "response_mask", self.response_mask, int)
+        lps = as_tuple(self, "logprobs", self.logprobs)
         if not prompt:
-            _fail(self, "prompt_ids", "must be non-empty")
+            fail(self, "prompt_ids", "must be non-empty")
         if len(mask) != len(resp):
-            _fail(
+            fail(
                 self,
                 "response_mask",
                 f"length {len(mask)} != len(response_ids) {len(resp)} (step {self.step_id})",
             )
         if len(lps) != len(resp):
-            _fail(
+            fail(
                 self, "logprobs", f"length {len(lps)} != len(response_ids) {len(resp)} (step {self.step_id})"
             )
         bad = [i for i, m in enumerate(mask) if m not in (0, 1)]
         if bad:
-            _fail(self, "response_mask", f"values must be 0 or 1; position {bad[0]} is {mask[bad[0]]}")
+            fail(self, "response_mask", f"values must be 0 or 1; position {bad[0]} is {mask[bad[0]]}")
         object.__setattr__(self, "turn_role", TurnRole(self.turn_role))
         if not isinstance(self.meta, StepMeta):
-            _fail(self, "meta", f"expected StepMeta, got {type(self.meta).__name__}")
+            fail(self, "meta", f"expected StepMeta, got {type(self.meta).__name__}")
 
     @property
     def trainable(self) -> bool:
@@ -391,21 +406,24 @@ class EpisodeTrajectory:
     step_rewards_ext: tuple[float | None, ...] = ()
 
     def __post_init__(self) -> None:
-        _require_str(self, "episode_id", self.episode_id)
-        _require_str(self, "group_id", self.group_id)
-        _as_tuple(self, "steps", self.steps, StepTrajectory)
-        try:
-            object.__setattr__(self, "status", EpisodeStatus(self.status))
-        except ValueError:
-            _fail(self, "status", f"expected one of {[s.value for s in EpisodeStatus]}, got {self.status!r}")
+        require_str(self, "episode_id", self.episode_id)
+        require_str(self, "group_id", self.group_id)
+        as_tuple(self, "steps", self.steps, StepTrajectory)
+        enum_field(self, "status", EpisodeStatus)
         if not isinstance(self.reward, (int, float)) or math.isnan(self.reward):
-            _fail(self, "reward", f"expected a finite float, got {self.reward!r}")
+            fail(self, "reward", f"expected a finite float, got {self.reward!r}")
         if self.status is EpisodeStatus.FAILED and not self.failure_reason:
-            _fail(self, "failure_reason", "a FAILED episode must say why")
-        ext = _as_tuple(self, "step_rewards_ext", self.step_rewards_ext)
+            fail(self, "failure_reason", "a FAILED episode must say why")
+        ext = as_tuple(self, "step_rewards_ext", self.step_rewards_ext)
         if ext and len(ext) != len(self.steps):
-            _fail(self, "step_rewards_ext", f"length {len(ext)} != number of steps {len(self.steps)}")
-        _freeze_mapping(self, "metrics", self.metrics)
+            fail(self, "step_rewards_ext", f"length {len(ext)} != number of steps {len(self.steps)}")
+        freeze_mapping(self, "metrics", self.metrics)
+
+    @property
+    def source_episode_id(self) -> str:
+        """The input episode this trajectory came from (several leaves of one input share it)."""
+        src = self.steps[-1].meta.source_episode_id if self.steps else ""
+        return src or self.episode_id
 
 
 @dataclass
@@ -448,13 +466,13 @@ class PackedBatch:
 
     def __post_init__(self) -> None:
         if self.layout not in ("padded", "packed"):
-            _fail(self, "layout", f"expected 'padded' or 'packed', got {self.layout!r}")
+            fail(self, "layout", f"expected 'padded' or 'packed', got {self.layout!r}")
         n = len(self.step_ids)
         for name in ("group_ids", "episode_ids", "step_meta", "step_rewards_ext"):
             if len(getattr(self, name)) != n:
-                _fail(self, name, f"length {len(getattr(self, name))} != number of steps {n}")
+                fail(self, name, f"length {len(getattr(self, name))} != number of steps {n}")
         if self.layout == "packed" and self.cu_seqlens is None:
-            _fail(self, "cu_seqlens", "the packed layout needs cu_seqlens")
+            fail(self, "cu_seqlens", "the packed layout needs cu_seqlens")
 
     @property
     def num_steps(self) -> int:
@@ -502,11 +520,40 @@ def memory_op_from_dict(d: Mapping[str, Any]) -> MemoryOp:
     return _build(MemoryOp, d, {})
 
 
+# StepMeta fields that older writers kept in ``extra`` (dumps, replay checkpoints and run directories written
+# before they were typed): read from there when the field itself is absent, so old files keep loading.
+_FIELDS_ONCE_IN_EXTRA = (
+    "tree_path",
+    "finish",
+    "leaf_index",
+    "source_episode_id",
+    "response_text",
+    "included_fact_ids",
+)
+
+
+def _lift_from_extra(d: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(d)
+    extra = dict(out.get("extra") or {})
+    for name in _FIELDS_ONCE_IN_EXTRA:
+        if name in extra:
+            out.setdefault(name, extra.pop(name))
+    if out.get("finish") == "":  # branches that never finished were written as ""
+        out["finish"] = None
+    out["extra"] = extra
+    return out
+
+
+def path_node_from_dict(d: Mapping[str, Any]) -> PathNode:
+    return _build(PathNode, d, {})
+
+
 def step_meta_from_dict(d: Mapping[str, Any]) -> StepMeta:
     return _build(
         StepMeta,
-        d,
+        _lift_from_extra(d),
         {
+            "tree_path": lambda xs: tuple(path_node_from_dict(x) for x in xs),
             "tool_calls": lambda xs: tuple(_build(ToolCallRecord, x, {}) for x in xs),
             "rollbacks": lambda xs: tuple(_build(RollbackRecord, x, {}) for x in xs),
             "memory_ops": lambda xs: tuple(memory_op_from_dict(x) for x in xs),
@@ -524,6 +571,7 @@ def episode_from_dict(d: Mapping[str, Any]) -> EpisodeTrajectory:
 
 __all__ = [
     "BatchInput",
+    "BranchFinish",
     "ContractError",
     "EpisodeStatus",
     "EpisodeTrajectory",
@@ -532,15 +580,18 @@ __all__ = [
     "MemoryOp",
     "MemoryOpType",
     "PackedBatch",
+    "PathNode",
     "RollbackRecord",
     "StepMeta",
     "StepTrajectory",
     "ToolCallRecord",
+    "ToolStatus",
     "TurnRole",
     "TurnSpec",
     "asdict",
     "batch_input_from_dict",
     "episode_from_dict",
+    "path_node_from_dict",
     "step_from_dict",
     "step_meta_from_dict",
     "to_dict",

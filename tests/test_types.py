@@ -2,6 +2,7 @@ import pytest
 
 from memrl.types import (
     BatchInput,
+    BranchFinish,
     ContractError,
     EpisodeStatus,
     EpisodeTrajectory,
@@ -9,13 +10,16 @@ from memrl.types import (
     GenerationOutput,
     MemoryOp,
     MemoryOpType,
+    PathNode,
     StepMeta,
     StepTrajectory,
     ToolCallRecord,
+    ToolStatus,
     TurnRole,
     TurnSpec,
     batch_input_from_dict,
     episode_from_dict,
+    step_meta_from_dict,
     to_dict,
 )
 
@@ -146,3 +150,40 @@ def test_dict_round_trip_of_nested_contracts():
     assert batch_input_from_dict(to_dict(bi)) == bi
     with pytest.raises(ContractError, match="unknown fields"):
         batch_input_from_dict({**to_dict(bi), "bogus": 1})
+
+
+def test_step_meta_dicts_written_before_the_typed_fields_still_load():
+    """Dumps and replay checkpoints of older versions kept these fields in ``extra``."""
+    old = to_dict(StepMeta(turn_id="q0", extra={"question": "Where?"}))
+    for name in (
+        "tree_path",
+        "finish",
+        "leaf_index",
+        "source_episode_id",
+        "response_text",
+        "included_fact_ids",
+    ):
+        del old[name]
+    old["extra"].update(
+        tree_path=[{"uid": "root", "pos": 0, "entropy": 0.5, "children": 2}, {"uid": "a", "pos": 7}],
+        finish="length",
+        leaf_index=2,
+        source_episode_id="ep-1",
+        response_text="<answer>Oslo</answer>",
+        included_fact_ids=[3, 4],
+    )
+    meta = step_meta_from_dict(old)
+    assert meta.tree_path == (PathNode("root", 0, 0.5, 2), PathNode("a", 7))
+    assert meta.finish is BranchFinish.LENGTH and meta.leaf_index == 2 and meta.source_episode_id == "ep-1"
+    assert meta.response_text == "<answer>Oslo</answer>" and meta.included_fact_ids == (3, 4)
+    assert meta.extra == {"question": "Where?"}
+    assert step_meta_from_dict(to_dict(meta)) == meta
+
+
+def test_tool_status_is_an_enum_that_reads_as_its_value():
+    rec = ToolCallRecord(name="python", arguments="x", result="", status="timeout", position=0)
+    assert rec.status is ToolStatus.TIMEOUT and f"{rec.status}" == "timeout" and rec.status == "timeout"
+    with pytest.raises(
+        ContractError, match=r"ToolCallRecord.status: expected one of \['ok', 'error', 'timeout'\]"
+    ):
+        ToolCallRecord(name="python", arguments="x", result="", status="crashed", position=0)

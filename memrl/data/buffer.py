@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from memrl.data.config import DataConfig
 from memrl.data.datasource import RolloutDataSource, write_json_atomic
 from memrl.registry import Registry
 from memrl.types import (
@@ -245,8 +246,8 @@ class RolloutBuffer:
         }
 
     @classmethod
-    def from_config(cls, config: Any, data_source: RolloutDataSource) -> RolloutBuffer:
-        """Build from a :class:`memrl.data.config.DataConfig` (``buffer_sampler``, ``group_filter``, ``dump_dir``)."""
+    def from_config(cls, config: DataConfig, data_source: RolloutDataSource) -> RolloutBuffer:
+        """Build from the data config (``buffer_sampler``, ``group_filter``, ``dump_dir``)."""
         return cls(
             data_source,
             sampler=config.buffer_sampler,

@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from memrl.data.config import DataConfig
 from memrl.types import BatchInput
 
 logger = logging.getLogger(__name__)
@@ -112,8 +113,8 @@ class RolloutDataSource:
         self._order = np.arange(0)
 
     @classmethod
-    def from_config(cls, config: Any, inputs: Sequence[BatchInput]) -> RolloutDataSource:
-        """Build from a :class:`memrl.data.config.DataConfig` (``n_samples_per_prompt``, ``shuffle``, ``seed``)."""
+    def from_config(cls, config: DataConfig, inputs: Sequence[BatchInput]) -> RolloutDataSource:
+        """Build from the data config (``n_samples_per_prompt``, ``shuffle``, ``seed``)."""
         return cls(
             inputs,
             n_samples_per_prompt=config.n_samples_per_prompt,

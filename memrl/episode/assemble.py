@@ -13,7 +13,15 @@ from typing import Any
 
 from memrl.episode.config import EpisodeConfig
 from memrl.episode.state import EpisodeState
-from memrl.types import EpisodeStatus, EpisodeTrajectory, MemoryOpType, StepMeta, StepTrajectory, TurnRole
+from memrl.types import (
+    BranchFinish,
+    EpisodeStatus,
+    EpisodeTrajectory,
+    MemoryOpType,
+    StepMeta,
+    StepTrajectory,
+    TurnRole,
+)
 
 
 def history_step_prompt(tokenizer: Any, speaker: str, text: str) -> list[int]:
@@ -43,6 +51,7 @@ def history_steps(st: EpisodeState, tokenizer: Any) -> list[StepTrajectory]:
                     turn_id=turn.turn_id,
                     turn_role=TurnRole.HISTORY,
                     memory_ops=tuple(ops),
+                    source_episode_id=st.episode_id,
                     # the turn as read, for inspectors (memrl inspect) that have no tokenizer at hand
                     extra={"speaker": turn.speaker, "text": turn.text, "timestamp": turn.timestamp},
                 ),
@@ -55,24 +64,22 @@ def _target_meta(st: EpisodeState, leaf: StepTrajectory, leaf_index: int, respon
     """Attach the episode's prompt/memory facts to a leaf's StepMeta (the rollout filled tree/tool fields)."""
     ops = list(st.retrieve_ops) + (list(st.update_ops) if leaf_index == 0 else [])
     prompt = st.prompt
-    extra = dict(leaf.meta.extra)
-    extra.update(
-        {
-            "leaf_index": leaf_index,
-            "source_episode_id": st.episode_id,
-            "response_text": response,
-            "prompt_tokens": len(leaf.prompt_ids),
-            "summary_cut": bool(prompt.summary_cut),
-            "included_fact_ids": list(prompt.included_fact_ids),
-            **st.metrics,  # recent_history: turns / tokens of the history the prompt carries vs the whole
-        }
-    )
+    extra = {
+        **leaf.meta.extra,
+        "prompt_tokens": len(leaf.prompt_ids),
+        "summary_cut": bool(prompt.summary_cut),
+        **st.metrics,  # recent_history: turns / tokens of the history the prompt carries vs the whole
+    }
     meta = dataclasses.replace(
         leaf.meta,
         turn_id=st.inp.target.turn_id,
         memory_ops=tuple(leaf.meta.memory_ops) + tuple(ops),
         retrieved_ids=tuple(f.fact_id for f in st.retrieved),
+        included_fact_ids=tuple(prompt.included_fact_ids),
         cut_fact_ids=tuple(prompt.cut_fact_ids),
+        leaf_index=leaf_index,
+        source_episode_id=st.episode_id,
+        response_text=response,
         extra=extra,
     )
     return dataclasses.replace(leaf, meta=meta, step_id=f"{st.episode_id}/t{leaf_index}")
@@ -84,7 +91,7 @@ def _inspection_extra(st: EpisodeState, step: StepTrajectory, tokenizer: Any) ->
     from memrl.inspect.spans import decode_spans
 
     meta = st.inp.metadata
-    cuts = [node["pos"] for node in step.meta.extra.get("tree_path", ())]
+    cuts = [node.pos for node in step.meta.tree_path]
     extra = {
         **step.meta.extra,
         "question": st.inp.final_query,
@@ -111,12 +118,6 @@ def _memory_credit(st: EpisodeState, hist: list[StepTrajectory]) -> list[float |
     return out
 
 
-def _truncated(leaf: StepTrajectory) -> bool:
-    # The rollout engine records why a branch ended in extra["finish"]: answer | eos | length | abort |
-    # tool_limit | retry_limit. Only running out of response budget makes the episode TRUNCATED.
-    return str(leaf.meta.extra.get("finish", "")) == "length"
-
-
 def assemble_episode(st: EpisodeState, cfg: EpisodeConfig, tokenizer: Any) -> list[EpisodeTrajectory]:
     inp = st.inp
     if st.status is EpisodeStatus.FAILED or not st.leaves:
@@ -139,7 +140,9 @@ def assemble_episode(st: EpisodeState, cfg: EpisodeConfig, tokenizer: Any) -> li
         target = _inspection_extra(st, _target_meta(st, leaf, j, resp), tokenizer)
         steps = (hist if j == 0 else []) + [target]
         ext = (credit if j == 0 else []) + [None]
-        status = EpisodeStatus.TRUNCATED if _truncated(leaf) else EpisodeStatus.COMPLETED
+        # Only running out of response budget truncates; answer / eos / tool or retry limits complete.
+        truncated = leaf.meta.finish is BranchFinish.LENGTH
+        status = EpisodeStatus.TRUNCATED if truncated else EpisodeStatus.COMPLETED
         out.append(
             EpisodeTrajectory(
                 episode_id=inp.episode_id if n == 1 else f"{inp.episode_id}#{j}",

@@ -18,10 +18,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from memrl.config import Config
 from memrl.episode.output import write_json
 from memrl.episode.pipeline import load_inputs, peak_rss_mb, run_episodes
 from memrl.episode.prompt import encode_chat
 from memrl.episode.recent import turn_line
+from memrl.episode.rows import step_meta_of_row
 from memrl.policy.models import describe_policy
 from memrl.rewards.base import RewardContext, RewardInput, make_reward
 from memrl.rewards.benchmarks import LOCOMO_CATEGORY_NAMES
@@ -52,13 +54,9 @@ def full_history_tokens(tokenizer: Any, bi: BatchInput) -> int:
     return len(encode_chat(tokenizer, messages))
 
 
-def _source_id(t: EpisodeTrajectory) -> str:
-    return t.steps[-1].meta.extra.get("source_episode_id", t.episode_id) if t.steps else t.episode_id
-
-
 def _reward_input(bi: BatchInput, t: EpisodeTrajectory | None) -> tuple[RewardInput, bool]:
     """The scored answer of one leaf and whether it failed (a failed or missing leaf scores 0)."""
-    response = t.steps[-1].meta.extra.get("response_text", "") if t is not None and t.steps else ""
+    response = t.steps[-1].meta.response_text if t is not None and t.steps else ""
     failed = t is None or t.status.value == "failed"
     return RewardInput.from_response(response, bi.target_answer, bi.final_query, bi.metadata), failed
 
@@ -73,7 +71,7 @@ def score_ablation(
     ``<metric>_leaf_mean`` (the mean over all leaves: the expected score of one sample)."""
     leaves: dict[str, list[EpisodeTrajectory]] = defaultdict(list)
     for t in trajs:
-        leaves[_source_id(t)].append(t)
+        leaves[t.source_episode_id].append(t)
     rows = []
     for bi in inputs:
         t = leaves[bi.episode_id][0] if leaves.get(bi.episode_id) else None
@@ -157,7 +155,7 @@ def _sampled_scores(
 
 
 def evaluate(
-    cfg: Any, out_dir: str | Path | None = None, *, policy: Any = None, progress: bool = True
+    cfg: Config, out_dir: str | Path | None = None, *, policy: Any = None, progress: bool = True
 ) -> dict[str, Any]:
     """Run every ablation in ``episode.eval_ablations`` and write ``eval.json``; returns the report.
 
@@ -221,11 +219,9 @@ def evaluate(
 
 def _reload(writer: Any, inputs: Sequence[BatchInput]) -> list[EpisodeTrajectory]:
     """Leaf-0 trajectories rebuilt from the committed Parquet parts (also covers resumed runs)."""
-    import json
-
     import pandas as pd
 
-    from memrl.types import EpisodeStatus, StepMeta, StepTrajectory, TurnRole
+    from memrl.types import EpisodeStatus, StepTrajectory, TurnRole
 
     parts = sorted(writer.parts_dir.glob("part-*.parquet"))
     frame = pd.concat([pd.read_parquet(p) for p in parts]) if parts else pd.DataFrame()
@@ -233,7 +229,6 @@ def _reload(writer: Any, inputs: Sequence[BatchInput]) -> list[EpisodeTrajectory
     if not frame.empty:
         target = frame[frame.turn_role == "target"]
         for _, r in target.iterrows():
-            extra = json.loads(r.extra)
             step = StepTrajectory(
                 step_id=r.step_id,
                 prompt_ids=tuple(int(x) for x in r.prompt_ids),
@@ -242,7 +237,7 @@ def _reload(writer: Any, inputs: Sequence[BatchInput]) -> list[EpisodeTrajectory
                 logprobs=(),
                 turn_id=r.turn_id,
                 turn_role=TurnRole.TARGET,
-                meta=StepMeta(extra=extra),
+                meta=step_meta_of_row(r.to_dict()),
             )
             out.append(
                 EpisodeTrajectory(r.episode_id, r.group_id, (step,), float(r.reward), EpisodeStatus(r.status))

@@ -10,22 +10,25 @@ deleted and its episodes re-run, so no episode is lost or written twice.
 
 Read back with ``pandas.read_parquet(out / "trajectories")`` or
 ``datasets.load_dataset("parquet", data_files=str(out / "trajectories" / "*.parquet"))``.
-Nested step_meta records (tool calls, rollbacks, memory ops, extra) are JSON strings so every part has the same
-schema; ids and masks are native integer lists.
+Nested step_meta records (tree path, tool calls, rollbacks, memory ops, extra) are JSON strings so every part
+has the same schema; ids and masks are native integer lists. The rows themselves (both directions) are
+:mod:`memrl.episode.rows`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from memrl.types import EpisodeTrajectory, to_dict
+from memrl.config import Config
+from memrl.episode.rows import step_rows
+from memrl.types import EpisodeTrajectory
 
 SCHEMA = pa.schema(
     [
@@ -50,10 +53,15 @@ SCHEMA = pa.schema(
         ("is_duplicate", pa.bool_()),
         ("retrieved_ids", pa.list_(pa.int64())),
         ("cut_fact_ids", pa.list_(pa.int64())),
+        ("included_fact_ids", pa.list_(pa.int64())),
+        ("leaf_index", pa.int64()),
+        ("finish", pa.string()),
+        ("response_text", pa.string()),
         ("num_tool_calls", pa.int64()),
         ("num_rollbacks", pa.int64()),
         ("num_memory_ops", pa.int64()),
         ("memory_op_types", pa.list_(pa.string())),
+        ("tree_path", pa.string()),
         ("tool_calls", pa.string()),
         ("rollbacks", pa.string()),
         ("memory_ops", pa.string()),
@@ -62,59 +70,10 @@ SCHEMA = pa.schema(
 )
 
 
-def source_episode_id(traj: EpisodeTrajectory) -> str:
-    if traj.steps:
-        return str(traj.steps[-1].meta.extra.get("source_episode_id", traj.episode_id))
-    return traj.episode_id
-
-
-def step_rows(trajs: Iterable[EpisodeTrajectory]) -> list[dict[str, Any]]:
-    rows = []
-    for traj in trajs:
-        src = source_episode_id(traj)
-        for j, step in enumerate(traj.steps):
-            meta = step.meta
-            ext = traj.step_rewards_ext[j] if traj.step_rewards_ext else None
-            rows.append(
-                {
-                    "episode_id": traj.episode_id,
-                    "source_episode_id": src,
-                    "group_id": traj.group_id,
-                    "sample_index": traj.sample_index,
-                    "status": traj.status.value,
-                    "reward": traj.reward,
-                    "step_index": j,
-                    "step_id": step.step_id,
-                    "turn_id": step.turn_id,
-                    "turn_role": step.turn_role.value,
-                    "prompt_ids": list(step.prompt_ids),
-                    "response_ids": list(step.response_ids),
-                    "response_mask": list(step.response_mask),
-                    "logprobs": list(step.logprobs),
-                    "step_reward_ext": ext,
-                    "tree_id": meta.tree_id,
-                    "node_path": list(meta.node_path),
-                    "branch_depth": meta.branch_depth,
-                    "is_duplicate": meta.is_duplicate,
-                    "retrieved_ids": list(meta.retrieved_ids),
-                    "cut_fact_ids": list(meta.cut_fact_ids),
-                    "num_tool_calls": len(meta.tool_calls),
-                    "num_rollbacks": len(meta.rollbacks),
-                    "num_memory_ops": len(meta.memory_ops),
-                    "memory_op_types": [op.op.value for op in meta.memory_ops],
-                    "tool_calls": json.dumps(to_dict(meta.tool_calls)),
-                    "rollbacks": json.dumps(to_dict(meta.rollbacks)),
-                    "memory_ops": json.dumps(to_dict(meta.memory_ops)),
-                    "extra": json.dumps(to_dict(meta.extra), default=str),
-                }
-            )
-    return rows
-
-
 def episode_entry(traj: EpisodeTrajectory) -> dict[str, Any]:
     return {
         "episode_id": traj.episode_id,
-        "source_episode_id": source_episode_id(traj),
+        "source_episode_id": traj.source_episode_id,
         "group_id": traj.group_id,
         "status": traj.status.value,
         "reward": traj.reward,
@@ -170,7 +129,7 @@ class TrajectoryWriter:
         return self.parts_dir / f"{name}.parquet"
 
 
-def job_identity(cfg: Any) -> dict[str, Any]:
+def job_identity(cfg: Config) -> dict[str, Any]:
     """What must not change between a run and its resumption: the config (minus where results go and how work is
     spread over workers, which leave results unchanged) and the policy weights actually resolved (an alias names
     the converted directory, versioned by its package, so a new embedded model is a new identity)."""

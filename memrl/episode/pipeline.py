@@ -19,6 +19,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from memrl.config import Config
 from memrl.episode.output import TrajectoryWriter, check_job_identity, job_identity, write_json
 from memrl.episode.worker import CustomRolloutWorker
 from memrl.policy.models import describe_policy
@@ -34,7 +35,7 @@ def peak_rss_mb() -> float:
     return (own + kids) / 1024.0
 
 
-def load_inputs(cfg: Any) -> list[BatchInput]:
+def load_inputs(cfg: Config) -> list[BatchInput]:
     from memrl.data.adapters import load_dataset
 
     inputs, report = load_dataset(cfg.data)
@@ -43,7 +44,7 @@ def load_inputs(cfg: Any) -> list[BatchInput]:
     return inputs
 
 
-def draw_once(cfg: Any, inputs: Sequence[BatchInput]) -> tuple[Any, list[BatchInput]]:
+def draw_once(cfg: Config, inputs: Sequence[BatchInput]) -> tuple[Any, list[BatchInput]]:
     """Every input once, in dataset order, as ``data.n_samples_per_prompt`` copies drawn through the buffer."""
     from memrl.data.buffer import RolloutBuffer
     from memrl.data.datasource import RolloutDataSource
@@ -68,7 +69,7 @@ def summarise(entries: Sequence[dict[str, Any]]) -> dict[str, float]:
 
 
 def run_episodes(
-    cfg: Any,
+    cfg: Config,
     out_dir: str | Path | None = None,
     *,
     inputs: Sequence[BatchInput] | None = None,

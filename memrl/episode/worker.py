@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from memrl.config import Config
 from memrl.types import BatchInput, EpisodeTrajectory
 
 logger = logging.getLogger(__name__)
@@ -35,16 +36,9 @@ def _chunks(items: Sequence[Any], size: int) -> list[list[Any]]:
     return [list(items[i : i + size]) for i in range(0, len(items), size)]
 
 
-def _source_id(traj: EpisodeTrajectory) -> str:
-    """The input episode a (possibly per-leaf) trajectory came from."""
-    if traj.steps:
-        return str(traj.steps[-1].meta.extra.get("source_episode_id", traj.episode_id))
-    return traj.episode_id
-
-
 def check_complete(inputs: Sequence[BatchInput], trajs: Sequence[EpisodeTrajectory]) -> None:
     """Every input produced trajectories, in input order, and nothing else (no loss, no duplicate)."""
-    order = list(dict.fromkeys(_source_id(t) for t in trajs))
+    order = list(dict.fromkeys(t.source_episode_id for t in trajs))
     expected = [bi.episode_id for bi in inputs]
     if order != expected:
         missing = sorted(set(expected) - set(order))
@@ -58,7 +52,7 @@ def check_complete(inputs: Sequence[BatchInput], trajs: Sequence[EpisodeTrajecto
 class LocalRolloutWorker:
     """Runs episodes in this process with one :class:`EpisodeRunner` (built on first use)."""
 
-    def __init__(self, cfg: Any, *, policy: Any = None, runner: Any = None) -> None:
+    def __init__(self, cfg: Config, *, policy: Any = None, runner: Any = None) -> None:
         self.cfg = cfg
         self._policy = policy
         self._runner = runner
@@ -89,7 +83,7 @@ class LocalRolloutWorker:
 class _EpisodeActor:
     """Ray actor body: a LocalRolloutWorker in the actor process."""
 
-    def __init__(self, cfg: Any) -> None:
+    def __init__(self, cfg: Config) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         self.worker = LocalRolloutWorker(cfg)
 
@@ -124,7 +118,7 @@ class PendingBatch:
 class RayRolloutWorker:
     """``num_workers`` Ray actors; episodes sharded across them; actor loss → shard re-run elsewhere."""
 
-    def __init__(self, cfg: Any) -> None:
+    def __init__(self, cfg: Config) -> None:
         import ray
 
         self.cfg = cfg
@@ -215,7 +209,7 @@ class RayRolloutWorker:
         self.actors = []
 
 
-def CustomRolloutWorker(cfg: Any, *, policy: Any = None) -> LocalRolloutWorker | RayRolloutWorker:
+def CustomRolloutWorker(cfg: Config, *, policy: Any = None) -> LocalRolloutWorker | RayRolloutWorker:
     """The worker ``episode.worker`` asks for: local (default) or Ray actors."""
     if cfg.episode.worker.use_ray:
         return RayRolloutWorker(cfg)

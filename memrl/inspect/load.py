@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from memrl.types import StepMeta, step_meta_from_dict
+from memrl.episode.rows import JSON_COLUMNS
+from memrl.inspect.model import EpisodeView, build_episode_view
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +49,6 @@ REQUIRED_COLUMNS = (
     "memory_ops",
     "extra",
 )
-_JSON_FIELDS = ("tool_calls", "rollbacks", "memory_ops", "extra")
 
 
 class InspectError(ValueError):
@@ -95,19 +95,19 @@ class Run:
         src = self.resolve(episode_id)
         return [e for e in self.episodes_meta if e["source_episode_id"] == src]
 
-    def episode(self, episode_id: str):
+    def episode(self, episode_id: str) -> EpisodeView:
         """The :class:`~memrl.inspect.model.EpisodeView` of one episode (all its leaves)."""
-        from memrl.inspect.model import build_episode_view
-
         return build_episode_view(self.manifest(episode_id), self.rows(episode_id))
 
-    def episode_views(self) -> list[Any]:
+    def episode_views(self) -> list[EpisodeView]:
         return [self.episode(e) for e in self.episode_ids()]
 
 
 def _parse_row(path: Path, index: int, row: dict[str, Any]) -> dict[str, Any]:
     out = dict(row)
-    for name in _JSON_FIELDS:
+    for name in JSON_COLUMNS:
+        if name not in row:  # a part written before the column existed (the field is still in ``extra``)
+            continue
         raw = row.get(name)
         try:
             out[name] = json.loads(raw) if isinstance(raw, str) and raw else ([] if name != "extra" else {})
@@ -120,26 +120,6 @@ def _parse_row(path: Path, index: int, row: dict[str, Any]) -> dict[str, Any]:
         value = row.get(name)
         out[name] = [] if value is None else [int(x) for x in value]
     return out
-
-
-def row_meta(row: dict[str, Any]) -> StepMeta:
-    """The typed StepMeta of a parsed row (tool calls, rollbacks and memory ops as contract objects)."""
-    return step_meta_from_dict(
-        {
-            "turn_id": row["turn_id"],
-            "turn_role": row["turn_role"],
-            "tree_id": row["tree_id"] if isinstance(row["tree_id"], str) else None,
-            "node_path": tuple(row["node_path"]),
-            "branch_depth": int(row["branch_depth"]),
-            "is_duplicate": bool(row["is_duplicate"]),
-            "tool_calls": row["tool_calls"],
-            "rollbacks": row["rollbacks"],
-            "memory_ops": row["memory_ops"],
-            "retrieved_ids": tuple(row["retrieved_ids"]),
-            "cut_fact_ids": tuple(row["cut_fact_ids"]),
-            "extra": row["extra"],
-        }
-    )
 
 
 def _read_manifests(path: Path) -> list[dict[str, Any]]:

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from memrl.inspect.load import row_meta
-from memrl.types import MemoryOp, MemoryOpType, RollbackRecord, StepMeta, ToolCallRecord
+from memrl.episode.rows import step_meta_of_row
+from memrl.types import MemoryOp, MemoryOpType, PathNode, RollbackRecord, StepMeta, ToolCallRecord
 
 
 @dataclass
@@ -175,22 +175,21 @@ def _spans(extra: dict[str, Any]) -> list[SpanView]:
     return [SpanView(int(a), int(b), bool(m), str(t)) for a, b, m, t in extra.get("response_spans", [])]
 
 
-def _leaf(row: dict[str, Any], meta: StepMeta, index: int) -> LeafView:
+def _leaf(row: dict[str, Any], meta: StepMeta) -> LeafView:
     mask = row["response_mask"]
-    extra = dict(meta.extra)
     return LeafView(
         episode_id=row["episode_id"],
-        leaf_index=int(extra.get("leaf_index", index)),
+        leaf_index=meta.leaf_index,
         reward=float(row["reward"]),
         status=str(row["status"]),
-        finish=str(extra.get("finish", "")),
-        spans=_spans(extra),
+        finish="" if meta.finish is None else meta.finish.value,
+        spans=_spans(dict(meta.extra)),
         tool_calls=meta.tool_calls,
         rollbacks=meta.rollbacks,
-        node_uids=[n["uid"] for n in extra.get("tree_path", [])],
+        node_uids=[n.uid for n in meta.tree_path],
         branch_depth=meta.branch_depth,
         is_duplicate=meta.is_duplicate,
-        response_text=str(extra.get("response_text", "")),
+        response_text=meta.response_text,
         model_tokens=sum(mask),
         tool_tokens=len(mask) - sum(mask),
     )
@@ -241,30 +240,21 @@ def _retrieved(meta: StepMeta, memory: _Memory, gold: set[str]) -> list[Retrieve
     return out
 
 
-def build_tree(leaves: list[LeafView], paths: list[list[dict[str, Any]]]) -> dict[str, TreeNodeView]:
+def build_tree(leaves: list[LeafView], paths: list[tuple[PathNode, ...]]) -> dict[str, TreeNodeView]:
     """Merge root-to-leaf paths into one tree. A leaf without a recorded path (chain strategy) hangs off a
     synthetic root as one segment."""
     nodes: dict[str, TreeNodeView] = {}
     for leaf, path in zip(leaves, paths, strict=True):
         if not path:
-            path = [
-                {"uid": "root", "pos": 0, "entropy": None},
-                {
-                    "uid": f"leaf{leaf.leaf_index}",
-                    "pos": leaf.spans[-1].end if leaf.spans else 0,
-                    "entropy": None,
-                },
-            ]
+            end = leaf.spans[-1].end if leaf.spans else 0
+            path = (PathNode("root", 0), PathNode(f"leaf{leaf.leaf_index}", end))
         parent = None
         for depth, node in enumerate(path):
-            uid = str(node["uid"])
+            uid = node.uid
             start = nodes[parent].end if parent else 0
             view = nodes.get(uid)
             if view is None:
-                entropy = node.get("entropy")
-                view = TreeNodeView(
-                    uid, parent, start, int(node["pos"]), None if entropy is None else float(entropy)
-                )
+                view = TreeNodeView(uid, parent, start, node.pos, node.entropy)
                 view.spans = [s for s in leaf.spans if s.start >= start and s.end <= view.end]
                 view.is_leaf = depth == len(path) - 1 and depth > 0
                 nodes[uid] = view
@@ -278,11 +268,10 @@ def build_tree(leaves: list[LeafView], paths: list[list[dict[str, Any]]]) -> dic
 def build_episode_view(manifest: list[dict[str, Any]], rows: list[dict[str, Any]]) -> EpisodeView:
     """One :class:`EpisodeView` from the manifest entries and parsed step rows of one source episode."""
     first = manifest[0] if manifest else rows[0]
-    typed = [(r, row_meta(r)) for r in rows]
+    typed = [(r, step_meta_of_row(r)) for r in rows]
     hist = [(r, m) for r, m in typed if r["turn_role"] == "history"]
     targets = sorted(
-        [(r, m) for r, m in typed if r["turn_role"] == "target"],
-        key=lambda rm: int(rm[1].extra.get("leaf_index", 0)),
+        [(r, m) for r, m in typed if r["turn_role"] == "target"], key=lambda rm: rm[1].leaf_index
     )
     memory = _Memory()
     history = _history(hist, memory)
@@ -294,8 +283,8 @@ def build_episode_view(manifest: list[dict[str, Any]], rows: list[dict[str, Any]
     )
     for op in answer_ops:
         memory.apply(op)
-    leaves = [_leaf(r, m, i) for i, (r, m) in enumerate(targets)]
-    paths = [list(m.extra.get("tree_path", [])) for _, m in targets]
+    leaves = [_leaf(r, m) for r, m in targets]
+    paths = [m.tree_path for _, m in targets]
     failed = [e for e in manifest if e.get("status") == "failed"]
     return EpisodeView(
         episode_id=str(first["source_episode_id"]),

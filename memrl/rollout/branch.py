@@ -13,7 +13,7 @@ from typing import Any
 
 from memrl.rollout.base import AgentState, RolloutRequest
 from memrl.tools.base import ToolCall
-from memrl.types import RollbackRecord, StepMeta, StepTrajectory, ToolCallRecord
+from memrl.types import BranchFinish, PathNode, RollbackRecord, StepMeta, StepTrajectory, ToolCallRecord
 
 
 @dataclass
@@ -71,7 +71,7 @@ class Branch:
         default_factory=list
     )  # (call, ToolResult) before calls_from
     calls_from: int = 0
-    finish: str = ""
+    finish: BranchFinish | None = None
     spawn_key: str | None = None  # branches sharing it start from one state: one request with n samples
     held: list[tuple[str, int]] = field(default_factory=list)
     tree: Any = None  # strategy-owned bookkeeping (tree node links)
@@ -142,19 +142,21 @@ class Branch:
         node_path: tuple[int, ...] = (),
         branch_depth: int = 0,
         is_duplicate: bool = False,
-        extra: dict[str, Any] | None = None,
+        tree_path: tuple[PathNode, ...] = (),
     ) -> StepTrajectory:
-        """The leaf as a trainable step; ``StepMeta.extra`` says how it finished (eos/answer/length/...), plus
-        ``extra``."""
+        """The leaf as a trainable step: how it finished, its tool calls and rollbacks, and where it sits in its
+        tree (``extra["branch_uid"]`` names the branch, for debugging)."""
         meta = StepMeta(
             turn_id=self.request.turn_id,
             tree_id=tree_id,
             node_path=node_path,
             branch_depth=branch_depth,
             is_duplicate=is_duplicate,
+            tree_path=tree_path,
+            finish=self.finish,
             tool_calls=tuple(self.tool_calls),
             rollbacks=tuple(self.rollbacks),
-            extra={"finish": self.finish, "branch_uid": self.uid, **(extra or {})},
+            extra={"branch_uid": self.uid},
         )
         return StepTrajectory(
             step_id=step_id,

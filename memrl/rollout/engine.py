@@ -31,7 +31,14 @@ from memrl.rollout.metrics import RolloutMetrics
 from memrl.rollout.rollback import error_line, matches_rollback
 from memrl.rollout.toolcalls import parse_turn_calls, token_end
 from memrl.tools.base import ToolCall, ToolResult
-from memrl.types import ContractError, FinishReason, GenerationOutput, ToolCallRecord
+from memrl.types import (
+    BranchFinish,
+    ContractError,
+    FinishReason,
+    GenerationOutput,
+    ToolCallRecord,
+    ToolStatus,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -190,7 +197,7 @@ class Engine:
         groups: dict[str, list[Branch]] = {}
         for b in ready:
             if self._budget(b) < 1:
-                self._terminate(b, "length")
+                self._terminate(b, BranchFinish.LENGTH)
                 continue
             key = b.spawn_key if b.state is AgentState.PENDING and b.spawn_key else b.uid
             groups.setdefault(key, []).append(b)
@@ -282,11 +289,11 @@ class Engine:
                 b.state = AgentState.PROCESSING_TOOLS
                 return
         if out.finish_reason is FinishReason.STOP:
-            self._terminate(b, "answer" if answered else "eos")
+            self._terminate(b, BranchFinish.ANSWER if answered else BranchFinish.EOS)
         elif out.finish_reason is FinishReason.ABORT:
-            self._terminate(b, "abort")
+            self._terminate(b, BranchFinish.ABORT)
         elif b.response_len >= self.cfg.max_response_tokens:
-            self._terminate(b, "length")
+            self._terminate(b, BranchFinish.LENGTH)
         else:
             self.hooks.on_boundary(b)
 
@@ -316,7 +323,7 @@ class Engine:
                 self.handles.drop(handle)
         b.held = [h for i, h in enumerate(b.held) if i in keep]
 
-    def _terminate(self, b: Branch, finish: str) -> None:
+    def _terminate(self, b: Branch, finish: BranchFinish) -> None:
         if b.kept_results:
             # A regenerated turn that made no call again: the calls before the rolled-back one did run.
             self._record_calls(b, b.kept_results)
@@ -329,7 +336,7 @@ class Engine:
             # The regenerated turn made no further call: the failed call is gone but nothing was repaired.
             b.rollbacks.append(b.open_rollback.close(repaired=False))
             b.open_rollback = None
-        self.metrics.add(f"rollout/finish/{finish}", 1)
+        self.metrics.add(f"rollout/finish/{finish.value}", 1)
 
     # ------------------------------------------------------------------ tools and rollback
 
@@ -339,7 +346,7 @@ class Engine:
         for b in waiting:
             left = self.cfg.max_tool_calls - b.n_calls - len(b.kept_results)
             if left <= 0:
-                self._terminate(b, "tool_limit")
+                self._terminate(b, BranchFinish.TOOL_LIMIT)
             else:
                 b.pending_calls = b.pending_calls[:left]  # calls past the limit are not run
                 runnable.append(b)
@@ -348,7 +355,9 @@ class Engine:
         calls = [(c, b.request.tool_context) for b in runnable for c in b.pending_calls]
         if self.tools is None:
             results = [
-                ToolResult(text="no tools are available", status="error", error="no tools are configured")
+                ToolResult(
+                    text="no tools are available", status=ToolStatus.ERROR, error="no tools are configured"
+                )
                 for _ in calls
             ]
         else:
@@ -397,7 +406,7 @@ class Engine:
         b.append_observation(ids[:room])
         b.turn_start = b.calls_from = b.response_len
         if len(ids) >= room:
-            self._terminate(b, "length")
+            self._terminate(b, BranchFinish.LENGTH)
             return
         b.state = AgentState.GENERATING
         self.hooks.on_boundary(b)
@@ -433,7 +442,7 @@ class Engine:
             b.rollbacks.append(ob.close(repaired=False))
             b.open_rollback = None
             self.metrics.add("tools/rollback_terminations", 1)
-            self._terminate(b, "retry_limit")
+            self._terminate(b, BranchFinish.RETRY_LIMIT)
             return
         b.retries[ob.position] += 1
         if self.tools is not None:

@@ -40,7 +40,7 @@ class RolloutMetrics:
     def count_tool(self, result: ToolResult) -> None:
         # Per-tool latency and success counters live in the executor (tools/<tool>/...); these are per rollout.
         self.add("rollout/tool_calls", 1)
-        self.add(f"rollout/tool_status/{result.status}", 1)
+        self.add(f"rollout/tool_status/{result.status.value}", 1)
 
     def summary(self) -> dict[str, float]:
         out = dict(self.values)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from memrl.rollout.config import RollbackConfig
 from memrl.tools.base import ToolResult
+from memrl.types import ToolStatus
 
 
 def error_text(result: ToolResult) -> str:
@@ -14,7 +15,7 @@ def matches_rollback(result: ToolResult, cfg: RollbackConfig) -> bool:
     """A failed call (status not ``ok``) whose error text contains one of ``cfg.rollback_on_errors``.
 
     Timeouts roll back only if a pattern names them: a slow call is usually not something rewriting fixes."""
-    if result.status == "ok":
+    if result.status is ToolStatus.OK:
         return False
     text = error_text(result)
     return any(pattern in text for pattern in cfg.rollback_on_errors)
@@ -23,5 +24,5 @@ def matches_rollback(result: ToolResult, cfg: RollbackConfig) -> bool:
 def error_line(result: ToolResult, limit: int = 200) -> str:
     """The line that names the error: Python tracebacks end with ``SomeError: message``."""
     lines = [ln.strip() for ln in (result.error or result.text or "").splitlines() if ln.strip()]
-    line = lines[-1] if lines else result.status
+    line = lines[-1] if lines else result.status.value
     return line[:limit]

@@ -32,7 +32,7 @@ from memrl.rollout.config import RolloutConfig
 from memrl.rollout.engine import Engine, EngineHooks
 from memrl.rollout.expansion import EXPANSION_POLICIES, INITIAL_ROLLOUT_RULES, token_entropies
 from memrl.rollout.metrics import RolloutMetrics
-from memrl.types import GenerationOutput, StepTrajectory
+from memrl.types import GenerationOutput, PathNode, StepTrajectory
 
 logger = logging.getLogger(__name__)
 
@@ -365,28 +365,21 @@ def _sample_leaves(tree: Tree, hooks: TreeHooks, n: int, rng: random.Random) -> 
             node_path=leaf.path(),
             branch_depth=leaf.branch_depth,
             is_duplicate=dup,
-            extra={"tree_path": _tree_path(leaf)},
+            tree_path=_tree_path(leaf),
         )
         out.append(step)
     return out
 
 
-def _tree_path(leaf: TreeNode) -> list[dict]:
-    """The leaf's root-to-leaf nodes, for ``StepMeta.extra["tree_path"]`` so inspectors can redraw the tree
-    (``memrl inspect``): node uid, response position, entropy after the node and its number of children."""
+def _tree_path(leaf: TreeNode) -> tuple[PathNode, ...]:
+    """The leaf's root-to-leaf nodes (``StepMeta.tree_path``): tree advantages value them, inspectors redraw
+    the tree from them."""
     path = []
     node: TreeNode | None = leaf
     while node is not None:
-        path.append(
-            {
-                "uid": node.uid,
-                "pos": node.response_len,
-                "entropy": node.entropy,
-                "children": len(node.children),
-            }
-        )
+        path.append(PathNode(node.uid, node.response_len, node.entropy, len(node.children)))
         node = node.parent
-    return path[::-1]
+    return tuple(path[::-1])
 
 
 @STRATEGIES.register("tree")

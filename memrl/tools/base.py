@@ -1,13 +1,15 @@
 """Tool-layer contracts: parsed calls, results as observations, and the tool signature.
 
-A failing tool is an *observation* (``ToolResult.status != "ok"`` with the exception text in ``error`` and
-``text``), never an exception; broken infrastructure raises :class:`ToolInfraError`.
+A failing tool is an *observation* (``ToolResult.status`` is not :attr:`ToolStatus.OK`; the exception text is in
+``error`` and ``text``), never an exception; broken infrastructure raises :class:`ToolInfraError`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from memrl.types import ToolStatus
 
 
 class ToolInfraError(RuntimeError):
@@ -32,10 +34,14 @@ class ToolResult:
     """``text`` is what gets fed back to the model (already truncated head+tail), tokenised once by the caller."""
 
     text: str
-    status: str  # "ok" | "error" | "timeout"
+    status: ToolStatus
     error: str | None = None
     latency_s: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # A user tool may return the plain value ("ok"); every caller compares enum members.
+        object.__setattr__(self, "status", ToolStatus(self.status))
 
 
 class Tool(Protocol):

@@ -18,6 +18,7 @@ from memrl.tools.base import Tool, ToolCall, ToolInfraError, ToolResult
 from memrl.tools.config import ToolsConfig
 from memrl.tools.sandbox import Sandbox, SandboxResult
 from memrl.tools.text import exception_line
+from memrl.types import ToolStatus
 
 ToolFactory = Callable[[ToolsConfig], Tool]
 TOOLS: Registry[ToolFactory] = Registry("tool")
@@ -55,20 +56,23 @@ def memory_of(context: Any) -> MemoryLike | None:
     return context if callable(getattr(context, "retrieve", None)) else None
 
 
-def _python_error(r: SandboxResult, timeout_s: float) -> tuple[str, str | None]:
+def _python_error(r: SandboxResult, timeout_s: float) -> tuple[ToolStatus, str | None]:
     """(status, error line) of a finished sandbox call."""
     if r.timed_out:
-        return "timeout", f"TimeoutError: execution exceeded the {timeout_s:g} s limit and was killed"
+        return (
+            ToolStatus.TIMEOUT,
+            f"TimeoutError: execution exceeded the {timeout_s:g} s limit and was killed",
+        )
     if r.killed_reason == "output_limit":
         return (
-            "error",
+            ToolStatus.ERROR,
             f"OutputLimitError: more than {r.stdout_bytes + r.stderr_bytes} bytes of output; killed",
         )
     if r.exit_code == 0:
-        return "ok", None
+        return ToolStatus.OK, None
     found = exception_line(r.stderr)
     if found:
-        return "error", found
+        return ToolStatus.ERROR, found
     code = r.exit_code or 0
     if code > 128 and code - 128 in signal.Signals._value2member_map_:
         name = signal.Signals(code - 128).name
@@ -77,8 +81,8 @@ def _python_error(r: SandboxResult, timeout_s: float) -> tuple[str, str | None]:
             "SIGSEGV": " (segmentation fault)",
             "SIGKILL": " (CPU time limit?)",
         }.get(name, "")
-        return "error", f"ProcessKilled: the program was killed by {name}{hint}"
-    return "error", f"ExitError: the program exited with status {code}"
+        return ToolStatus.ERROR, f"ProcessKilled: the program was killed by {name}{hint}"
+    return ToolStatus.ERROR, f"ExitError: the program exited with status {code}"
 
 
 @TOOLS.register("python")
@@ -134,7 +138,9 @@ class SearchTool:
             facts = list(memory.retrieve(query, self.k))
         text = "\n".join(_fact_line(f) for f in facts) if facts else f"no facts found for {query!r}"
         ids = [getattr(f, "fact_id", None) for f in facts]
-        return ToolResult(text=text, status="ok", latency_s=time.monotonic() - t0, extra={"fact_ids": ids})
+        return ToolResult(
+            text=text, status=ToolStatus.OK, latency_s=time.monotonic() - t0, extra={"fact_ids": ids}
+        )
 
     def close(self) -> None:
         pass

@@ -4,7 +4,7 @@
         results = tools.execute([(call, ToolContext(memory=mgr)), ...])   # input order
         tools.metrics()   # {"tools/python/calls": 3.0, "tools/python/timeouts": 1.0, ...}
 
-Malformed calls (``parse_error``) and unknown tool names come back as ``status="error"`` results saying what
+Malformed calls (``parse_error``) and unknown tool names come back as ``ToolStatus.ERROR`` results saying what
 was expected. Tool failures (exceptions in the code, timeouts) are results too: the model's own errors, left to
 the rollout (an observation, or a rollback). Broken infrastructure (:class:`ToolInfraError`: the sandbox could
 not start, its cgroup could not be set up) is not the model's fault: the call is retried with exponential backoff
@@ -27,6 +27,7 @@ from memrl.tools.base import Tool, ToolCall, ToolInfraError, ToolResult
 from memrl.tools.builtin import TOOLS
 from memrl.tools.config import ToolsConfig
 from memrl.tools.text import neutralize, truncate_middle
+from memrl.types import ToolStatus
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +55,8 @@ class ToolMetrics:
             m["retries"] += retries
             m["max_retries"] = max(m["max_retries"], retries)
             m["calls"] += 1
-            m["successes" if result.status == "ok" else "failures"] += 1
-            m["timeouts"] += result.status == "timeout"
+            m["successes" if result.status is ToolStatus.OK else "failures"] += 1
+            m["timeouts"] += result.status is ToolStatus.TIMEOUT
             m["time_total_s"] += result.latency_s
             m["time_max_s"] = max(m["time_max_s"], result.latency_s)
 
@@ -113,13 +114,13 @@ class ToolExecutor:
 
     def _one(self, call: ToolCall, context: Any) -> ToolResult:
         if call.parse_error is not None:
-            result = ToolResult(text=call.parse_error, status="error", error=call.parse_error)
+            result = ToolResult(text=call.parse_error, status=ToolStatus.ERROR, error=call.parse_error)
             self._metrics.record(call.name if call.name in self.tools else "invalid", result)
             return result
         tool = self.tools.get(call.name)
         if tool is None:
             msg = f"unknown tool {call.name!r}; available tools: {', '.join(sorted(self.tools)) or '(none)'}"
-            result = ToolResult(text=msg, status="error", error=msg)
+            result = ToolResult(text=msg, status=ToolStatus.ERROR, error=msg)
             self._metrics.record("invalid", result)
             return result
         t0 = time.monotonic()

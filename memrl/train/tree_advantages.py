@@ -1,8 +1,8 @@
 """Tree-local token advantages for tree-rollout leaves (TreeRL-style process credit from the tree itself).
 
 Leaves of one tree share prefixes, so the tree gives a Monte-Carlo value for every node: ``V(n)`` = the mean
-reward of the counted leaves below ``n`` (each leaf's ``StepMeta.extra["tree_path"]`` lists its root-to-leaf
-nodes with their response positions). The response tokens on the edge from node ``p`` to its child ``c`` (the
+reward of the counted leaves below ``n`` (each leaf's ``StepMeta.tree_path`` lists its root-to-leaf nodes
+with their response positions). The response tokens on the edge from node ``p`` to its child ``c`` (the
 positions ``[pos(p), pos(c))``) were chosen before the tree knew more, and ``V(c) - V(p)`` is how much those
 choices moved the expected reward; the tokens after a leaf's last node get ``r_leaf - V(last)``.
 
@@ -25,17 +25,8 @@ from memrl.train.advantages import group_stats
 from memrl.types import StepMeta
 
 
-def _path(meta: StepMeta, row: int) -> list[tuple[str, int]] | None:
-    path = meta.extra.get("tree_path")
-    if not path:
-        return None
-    try:
-        return [(str(node["uid"]), int(node["pos"])) for node in path]
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ValueError(
-            f"tree advantage: row {row}: step_meta.extra['tree_path'] must be a list of {{'uid', 'pos'}} "
-            f"nodes from the root, got {path!r}"
-        ) from exc
+def _path(meta: StepMeta) -> list[tuple[str, int]] | None:
+    return [(node.uid, node.pos) for node in meta.tree_path] or None
 
 
 def node_values(paths: Sequence[list[tuple[str, int]] | None], scores: torch.Tensor, weights: torch.Tensor):
@@ -61,7 +52,7 @@ def tree_local_advantages(
 ) -> list[torch.Tensor | None]:
     """Per row, the local advantage of each response token (``[R_i]`` float32), or ``None`` for a row that is
     no tree leaf. ``scores``/``weights`` are ``[B]`` as for :mod:`memrl.train.advantages`."""
-    paths = [_path(m, i) for i, m in enumerate(step_meta)]
+    paths = [_path(m) for m in step_meta]
     values = node_values(paths, scores, weights)
     _, _, std, _ = group_stats(scores, group_ids, weights)
     out: list[torch.Tensor | None] = []

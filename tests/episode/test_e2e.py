@@ -196,7 +196,7 @@ def test_prompt_budget_cuts_are_recorded(policy_and_cfg, tmp_path):
     target = trajs[0].steps[-1]
     assert target.meta.cut_fact_ids, "a tight budget cuts facts"
     assert len(target.prompt_ids) <= 420
-    assert set(target.meta.cut_fact_ids).isdisjoint(target.meta.extra["included_fact_ids"])
-    assert set(target.meta.cut_fact_ids) | set(target.meta.extra["included_fact_ids"]) == set(
+    assert set(target.meta.cut_fact_ids).isdisjoint(target.meta.included_fact_ids)
+    assert set(target.meta.cut_fact_ids) | set(target.meta.included_fact_ids) == set(
         target.meta.retrieved_ids
     )

@@ -21,7 +21,7 @@ def _bi(eid: str, answer: str, **meta) -> BatchInput:
 def _traj(eid: str, response: str, leaf: int = 0, failed: bool = False) -> EpisodeTrajectory:
     if failed:
         return EpisodeTrajectory(eid, eid, (), 0.0, EpisodeStatus.FAILED, failure_reason="x")
-    meta = StepMeta(extra={"source_episode_id": eid, "response_text": response})
+    meta = StepMeta(source_episode_id=eid, response_text=response)
     step = StepTrajectory(f"{eid}/t{leaf}", (1, 2, 3), (4,), (1,), (0.0,), "Q", meta=meta)
     return EpisodeTrajectory(f"{eid}#{leaf}", eid, (step,), 0.0, EpisodeStatus.COMPLETED)
 

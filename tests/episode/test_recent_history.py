@@ -75,7 +75,7 @@ def test_prompt_holds_the_latest_turns_the_same_for_every_question(runner):
     assert "[2023-03-24] Ann: I now keep 79 plants at home." in system
     assert "keep 0 plants" not in system  # the oldest did not fit
     extra = target.meta.extra
-    kept = extra["included_fact_ids"]
+    kept = list(target.meta.included_fact_ids)
     assert kept == list(range(TURNS - len(kept), TURNS)) and 5 < len(kept) < TURNS  # a suffix, oldest first
     lines = [line for line in system.splitlines() if line.startswith("- [")]
     assert [int(line.split("keep ")[1].split()[0]) for line in lines] == kept
@@ -89,7 +89,7 @@ def test_prompt_holds_the_latest_turns_the_same_for_every_question(runner):
         assert not traj.steps[-1].meta.memory_ops and not traj.steps[-1].meta.retrieved_ids
         assert all(not s.meta.memory_ops for s in traj.steps[:-1])  # history steps carry no memory ops
     # A question longer than the reserve makes the prompt builder cut the oldest turns, never the newest.
-    long_kept = long.steps[-1].meta.extra["included_fact_ids"]
+    long_kept = list(long.steps[-1].meta.included_fact_ids)
     assert long_kept == kept[len(kept) - len(long_kept) :] and len(long_kept) < len(kept)
 
 

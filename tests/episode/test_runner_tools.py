@@ -13,7 +13,7 @@ from transformers import ByT5Tokenizer
 from memrl.config import load_config
 from memrl.data.adapters import load_dataset
 from memrl.episode.build import build_runner
-from memrl.episode.output import step_rows
+from memrl.episode.rows import step_rows
 from memrl.policy.scripted import ScriptedPolicy
 from memrl.types import EpisodeStatus
 

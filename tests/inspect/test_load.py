@@ -79,3 +79,33 @@ def test_load_training(train_dir, tmp_path):
     assert tr.metrics["eval/em"].notna().sum() == 3 and tr.summary["em_final"] == 0.5
     with pytest.raises(InspectError, match="no metrics.jsonl"):
         load_training(tmp_path)
+
+
+def test_parts_written_before_the_typed_step_fields_read_the_same(demo_run, tmp_path):
+    """Older parts had no tree_path / finish / leaf_index / response_text / included_fact_ids columns: the
+    target rows kept them in the ``extra`` JSON."""
+    old = tmp_path / "run"
+    shutil.copytree(demo_run, old)
+    moved = ["tree_path", "finish", "leaf_index", "response_text", "included_fact_ids"]
+    for part in (old / "trajectories").glob("*.parquet"):
+        df = pq.read_table(part).to_pandas()
+        extras = []
+        for _, r in df.iterrows():
+            extra = json.loads(r["extra"])
+            if r["turn_role"] == "target":
+                extra.update(
+                    tree_path=json.loads(r["tree_path"]),
+                    finish=r["finish"] or "",
+                    leaf_index=int(r["leaf_index"]),
+                    response_text=r["response_text"],
+                    included_fact_ids=[int(x) for x in r["included_fact_ids"]],
+                )
+            extras.append(json.dumps(extra))
+        df["extra"] = extras
+        df.drop(columns=moved).to_parquet(part)
+    new, legacy = load_run(demo_run), load_run(old)
+    assert "tree_path" not in legacy.steps.columns
+    for eid in new.episode_ids():
+        view = new.episode(eid)
+        assert any(leaf.finish for leaf in view.leaves) and len(view.tree) > 2
+        assert legacy.episode(eid) == view

@@ -10,7 +10,7 @@ import pytest
 from memrl.inspect import load_run
 from memrl.inspect.model import LeafView, SpanView, _Memory, build_tree
 from memrl.testing import byte_tokenizer
-from memrl.types import MemoryOp, MemoryOpType
+from memrl.types import MemoryOp, MemoryOpType, PathNode
 
 
 @pytest.fixture(scope="module")
@@ -135,8 +135,8 @@ def test_shared_prefix_nodes_are_merged():
     a, b = _leaf(0, "xxyy"), _leaf(1, "xxzz")
     a.spans = [SpanView(0, 2, True, "xx"), SpanView(2, 4, True, "yy")]
     b.spans = [SpanView(0, 2, True, "xx"), SpanView(2, 4, True, "zz")]
-    p = [{"uid": "r", "pos": 0, "entropy": 0.1}, {"uid": "n", "pos": 2, "entropy": 0.7}]
-    tree = build_tree([a, b], [p + [{"uid": "a", "pos": 4}], p + [{"uid": "b", "pos": 4}]])
+    p = (PathNode("r", 0, 0.1), PathNode("n", 2, 0.7))
+    tree = build_tree([a, b], [(*p, PathNode("a", 4)), (*p, PathNode("b", 4))])
     assert tree["n"].children == ["a", "b"] and tree["n"].is_branch_point and tree["n"].entropy == 0.7
     assert tree["n"].leaves == [0, 1] and [s.text for s in tree["b"].spans] == ["zz"]
     assert json.dumps(tree["n"].reward([a, b])) == "0.5"

@@ -100,7 +100,7 @@ def test_retry_limit_terminates_and_keeps_the_last_failure(tok):
     rb = RollbackConfig(enable_tool_rollback=True, max_tool_retries=2)
     result, pol, tools = _run(tok, fixing_script(calls=1, fix=False), rollback=rb)
     [step] = result.leaves[0]
-    assert step.meta.extra["finish"] == "retry_limit"
+    assert step.meta.finish == "retry_limit"
     [rec] = step.meta.rollbacks
     assert rec.attempts == 3 and not rec.repaired
     assert (
@@ -115,7 +115,7 @@ def test_retries_are_counted_per_position(tok):
     rb = RollbackConfig(enable_tool_rollback=True, max_tool_retries=1)
     result, _, _ = _run(tok, fixing_script(calls=2), rollback=rb)
     [step] = result.leaves[0]
-    assert step.meta.extra["finish"] == "answer"
+    assert step.meta.finish == "answer"
     assert [r.arguments for r in step.meta.tool_calls] == ["print(1)", "print(2)"]
     assert [(r.position, r.attempts, r.repaired) for r in step.meta.rollbacks] == [
         (0, 1, True),
@@ -133,7 +133,7 @@ def test_errors_outside_the_patterns_stay_as_observations(tok):
 def test_tool_call_limit_terminates(tok):
     result, _, tools = _run(tok, lambda ctx: "<python>print(7)</python>", max_tool_calls=2)
     [step] = result.leaves[0]
-    assert step.meta.extra["finish"] == "tool_limit" and len(step.meta.tool_calls) == 2
+    assert step.meta.finish == "tool_limit" and len(step.meta.tool_calls) == 2
     assert len(tools.batches) == 2
 
 
@@ -152,7 +152,7 @@ def test_a_timed_out_call_is_an_observation_and_the_batch_goes_on(tok):
         for i, leaves in enumerate(result.leaves)
     }
     assert statuses == {0: ["timeout", "timeout"], 1: ["ok", "ok"], 2: ["ok", "ok"]}
-    assert all(s.meta.extra["finish"] == "answer" for leaves in result.leaves for s in leaves)
+    assert all(s.meta.finish == "answer" for leaves in result.leaves for s in leaves)
     assert [len(b) for b in tools.batches] == [6]  # the slow call ran alongside the others, in one batch
     assert pol.stats.generate_calls == 2
 
@@ -160,7 +160,7 @@ def test_a_timed_out_call_is_an_observation_and_the_batch_goes_on(tok):
 def test_response_budget_bounds_tool_results(tok):
     result, _, _ = _run(tok, lambda ctx: "<python>print(123456789)</python>", max_response_tokens=30)
     [step] = result.leaves[0]
-    assert len(step.response_ids) == 30 and step.meta.extra["finish"] == "length"
+    assert len(step.response_ids) == 30 and step.meta.finish == "length"
 
 
 @pytest.mark.parametrize("strategy", ["chain", "tree", "tree-token"])
@@ -228,7 +228,7 @@ def test_every_call_of_a_turn_runs_in_one_batch_with_results_in_order(tok):
         ("print(3)", "ok", "3"),
     ]
     assert _tool_text(tok, step) == " <result>1</result> <result>2</result> <result>3</result>"
-    assert step.meta.extra["finish"] == "answer" and step.meta.rollbacks == ()
+    assert step.meta.finish == "answer" and step.meta.rollbacks == ()
 
 
 def test_one_failing_call_of_several_is_rolled_back_while_the_others_stay(tok):

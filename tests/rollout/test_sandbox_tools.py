@@ -71,6 +71,6 @@ def test_a_sandbox_timeout_does_not_stall_the_batch(tok, executor):
     result = run_rollout(_reqs(tok, 3), pol, executor, cfg)
     statuses = [[s.meta.tool_calls[0].status for s in leaves] for leaves in result.leaves]
     assert statuses[1:] == [["ok", "ok"], ["ok", "ok"]] and "timeout" in statuses[0]
-    assert all(s.meta.extra["finish"] == "answer" for leaves in result.leaves for s in leaves)
+    assert all(s.meta.finish == "answer" for leaves in result.leaves for s in leaves)
     # Slow and fast calls shared one tools batch and the same generate rounds: nobody waited an extra round.
     assert result.metrics["rollout/tool_calls"] == 6 and pol.stats.generate_calls == 2

@@ -156,9 +156,9 @@ def test_token_forks_branch_at_the_most_uncertain_token_and_reuse_the_parent_sta
     for s in forks:
         # The parent's segment was split at token 9: [root, node@9] is shared, then the fork's own leaf.
         assert s.meta.node_path[:1] == chain.meta.node_path[:1] and s.meta.node_path[1] in (1, 2)
-        assert [p["pos"] for p in s.meta.extra["tree_path"]] == [0, hot, len(s.response_ids)]
+        assert [p.pos for p in s.meta.tree_path] == [0, hot, len(s.response_ids)]
         assert s.response_ids[:hot] == chain.response_ids[:hot]
-    assert [p["pos"] for p in chain.meta.extra["tree_path"]] == [0, hot, len(chain.response_ids)]
+    assert [p.pos for p in chain.meta.tree_path] == [0, hot, len(chain.response_ids)]
     # Branches run to their stop in one call (no segments): one call for the chain, one for both forks,
     # which share one request (n=2) served from the chain's kept state up to the fork point.
     assert pol.stats.generate_calls == 2 and pol.stats.batch_sizes == [1, 1]
@@ -180,10 +180,10 @@ def test_token_forks_never_branch_inside_tool_output(tok):
     [leaves] = run_rollout(_requests(tok, 1), ScriptedPolicy(tok, script), TableTools(), cfg).leaves
     assert len({s.meta.node_path for s in leaves}) == 9  # 1 chain + 4 rounds x 2 forks
     fork_points = {
-        (s.meta.extra["branch_uid"], node["pos"], s.response_mask[node["pos"]])
+        (s.meta.extra["branch_uid"], node.pos, s.response_mask[node.pos])
         for s in leaves
-        for node in s.meta.extra["tree_path"][1:-1]
-        if node["uid"].split("/")[-1].startswith("t")  # made at a fork point (not at a tool boundary)
+        for node in s.meta.tree_path[1:-1]
+        if node.uid.split("/")[-1].startswith("t")  # made at a fork point (not at a tool boundary)
     }
     assert len({p for _, p, _ in fork_points}) >= 3
     assert {m for _, _, m in fork_points} == {1}  # the result tokens (mask 0) are never resampled

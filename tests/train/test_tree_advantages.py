@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from memrl.train.tree_advantages import tree_local_advantages
-from memrl.types import StepMeta
+from memrl.types import ContractError, PathNode, StepMeta
 
 
 def _meta(path):
-    return StepMeta(tree_id="t", extra={"tree_path": [{"uid": u, "pos": p} for u, p in path]})
+    return StepMeta(tree_id="t", tree_path=[PathNode(u, p) for u, p in path])
 
 
 def test_local_advantages_on_a_hand_built_tree():
@@ -45,9 +45,9 @@ def test_equal_rewards_give_no_local_credit_and_bad_paths_are_named():
     assert all(bool((t == 0).all()) for t in got)
     with pytest.raises(ValueError, match=r"row 0: tree_path positions must rise within the response"):
         tree_local_advantages([_meta([("r", 0), ("x", 9)])], torch.ones(1), ["g"], torch.ones(1), [5])
-    bad = StepMeta(extra={"tree_path": [{"uid": "r"}]})
-    with pytest.raises(ValueError, match=r"row 0: step_meta.extra\['tree_path'\] must be a list"):
-        tree_local_advantages([bad], torch.ones(1), ["g"], torch.ones(1), [5])
+    # A node without a response position cannot be built: the contract rejects it where the path is made.
+    with pytest.raises(ContractError, match=r"PathNode.pos: expected a response position"):
+        PathNode("r", None)
 
 
 def test_real_tree_leaves_share_credit_exactly_on_their_shared_prefix():
@@ -69,7 +69,7 @@ def test_real_tree_leaves_share_credit_exactly_on_their_shared_prefix():
     local = tree_local_advantages(
         [s.meta for s in leaves], scores, ["g"] * len(leaves), weights, [len(s.response_ids) for s in leaves]
     )
-    paths = [[n["uid"] for n in s.meta.extra["tree_path"]] for s in leaves]
+    paths = [[n.uid for n in s.meta.tree_path] for s in leaves]
     shared_checked = 0
     for i in range(len(leaves)):
         assert local[i] is not None and len(local[i]) == len(leaves[i].response_ids)
@@ -77,7 +77,7 @@ def test_real_tree_leaves_share_credit_exactly_on_their_shared_prefix():
             k = 0
             while k < min(len(paths[i]), len(paths[j])) and paths[i][k] == paths[j][k]:
                 k += 1
-            pos = leaves[i].meta.extra["tree_path"][k - 1]["pos"]
+            pos = leaves[i].meta.tree_path[k - 1].pos
             assert leaves[i].response_ids[:pos] == leaves[j].response_ids[:pos]
             assert torch.equal(local[i][:pos], local[j][:pos])
             shared_checked += pos > 0
@@ -89,7 +89,7 @@ def test_real_tree_leaves_share_credit_exactly_on_their_shared_prefix():
     for i, s in enumerate(leaves):
         if weights[i] == 0:
             continue
-        starts = sorted({n["pos"] for n in s.meta.extra["tree_path"] if n["pos"] < len(s.response_ids)})
+        starts = sorted({n.pos for n in s.meta.tree_path if n.pos < len(s.response_ids)})
         total = sum(float(local[i][p]) for p in starts)
         assert math.isclose(total * std, float(scores[i]) - root_value, abs_tol=1e-5)
 
