@@ -1,0 +1,165 @@
+"""verl 0.9's real ``RayPPOTrainer.fit`` for 2 steps on CPU with memrl's agent loop: verl's hydra config,
+``RLHFDataset``, ``AgentLoopManager`` / ``AgentLoopWorker`` (Ray actors) and GRPO; only the LLM server, the actor
+worker group and ``update_weights`` are CPU stand-ins (tests/integrations/verl_fit_standins.py)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+pytest.importorskip("verl.trainer.ppo.ray_trainer", reason="verl's trainer not importable (.ci/verl.sh)")
+pytestmark = [pytest.mark.verl, pytest.mark.timeout(900)]
+
+ROOT = Path(__file__).resolve().parents[2]
+N = 2
+MEMRL_OVERRIDES = [
+    "data.adapter=synthetic",
+    "data.options={num_episodes: 2, num_sessions: 2, turns_per_session: 2}",
+    "tools.enabled=[]",
+    "rollout.max_response_tokens=8",
+    "episode.prompt_token_budget=400",
+    "episode.reward=char_similarity",  # varies with the random model's noise: GRPO advantages are non-zero
+]
+
+
+def _write_model_and_data(tmp: Path):
+    from memrl.config import load_config
+    from memrl.data.adapters import load_dataset
+    from memrl.integrations.verl import verl_dataset_rows
+    from memrl.testing import random_tiny_llama
+
+    model, tok = random_tiny_llama(0)
+    model.save_pretrained(tmp / "model")
+    tok.save_pretrained(tmp / "model")
+    inputs, _ = load_dataset(load_config(None, MEMRL_OVERRIDES).data)
+    pd.DataFrame(verl_dataset_rows(inputs)).to_parquet(tmp / "train.parquet")
+    (tmp / "agent.yaml").write_text(
+        "- name: memrl\n  _target_: memrl.integrations.verl_agent_loop.MemrlAgentLoop\n"
+    )
+    return model, tok, inputs
+
+
+def _verl_config(tmp: Path):
+    import verl
+    from hydra import compose, initialize_config_dir
+
+    cfgdir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    overrides = [
+        "algorithm.adv_estimator=grpo",
+        "trainer.device=cpu",
+        "trainer.use_v1=false",
+        "trainer.logger=[console]",
+        "trainer.val_before_train=false",
+        "trainer.test_freq=-1",
+        "trainer.save_freq=-1",
+        "trainer.resume_mode=disable",
+        "trainer.total_training_steps=2",
+        "trainer.balance_batch=false",
+        f"trainer.default_local_dir={tmp}/ckpt",
+        f"data.train_files={tmp}/train.parquet",
+        f"data.val_files={tmp}/train.parquet",
+        "data.train_batch_size=2",
+        "data.max_prompt_length=512",
+        "data.max_response_length=16",
+        "data.filter_overlong_prompts=false",
+        "data.dataloader_num_workers=0",
+        f"actor_rollout_ref.model.path={tmp}/model",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.actor.use_kl_loss=false",
+        "actor_rollout_ref.rollout.name=vllm",
+        f"actor_rollout_ref.rollout.n={N}",
+        "actor_rollout_ref.rollout.agent.num_workers=1",
+        f"actor_rollout_ref.rollout.agent.agent_loop_config_path={tmp}/agent.yaml",
+        "actor_rollout_ref.rollout.agent.default_agent_loop=memrl",
+        "algorithm.use_kl_in_reward=false",
+        "+memrl.config=null",
+        "+memrl.overrides=[" + ",".join(f"'{o}'" for o in MEMRL_OVERRIDES) + "]",
+    ]
+    with initialize_config_dir(config_dir=cfgdir, version_base=None):
+        return compose(config_name="ppo_trainer", overrides=overrides)
+
+
+@pytest.fixture
+def ray_cluster(tmp_path):
+    import ray
+
+    ray_tmp = Path(os.environ.get("RAY_TMPDIR") or tmp_path / "ray")
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        _temp_dir=str(ray_tmp),
+        runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), "MEMRL_CACHE_DIR": os.environ["MEMRL_CACHE_DIR"]}},
+    )
+    yield
+    ray.shutdown()
+
+
+def test_fit_two_steps_with_memrl_agent_loop(tmp_path, ray_cluster, monkeypatch):
+    from verl.experimental.agent_loop import AgentLoopManager
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+    from verl.trainer.ppo.utils import Role
+    from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
+    from verl.utils.tracking import Tracking
+
+    from tests.integrations.verl_fit_standins import TinyActorGroup, TinyServer, TinyServerClient, WeightSync
+
+    model, tok, inputs = _write_model_and_data(tmp_path)
+    config = _verl_config(tmp_path)
+    logged: list[dict] = []
+    monkeypatch.setattr(Tracking, "log", lambda self, data, step, **kw: logged.append(dict(data, step=step)))
+
+    dataset = RLHFDataset(data_files=[str(tmp_path / "train.parquet")], tokenizer=tok, config=config.data)
+    trainer = RayPPOTrainer(
+        config=config,
+        tokenizer=tok,
+        role_worker_mapping={Role.ActorRollout: object},
+        resource_pool_manager=SimpleNamespace(get_n_gpus=lambda: 1),  # read for throughput metrics only
+        train_dataset=dataset,
+        val_dataset=dataset,
+        collate_fn=collate_fn,
+    )
+    server = TinyServer.remote(str(tmp_path / "model"))
+    actor = TinyActorGroup(model)
+    sync = WeightSync(actor, server)
+    trainer.actor_rollout_wg = actor
+    trainer.checkpoint_manager = sync
+    trainer.async_rollout_manager = AgentLoopManager.create(
+        config=config, llm_client=TinyServerClient(server)
+    )
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    trainer.fit()
+
+    assert sync.calls == [0, 1, 2]  # once before training, once after each update
+    assert len(actor.updates) == 2
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
+    steps = [m for m in logged if "training/rollout_probs_diff_max" in m]
+    assert len(steps) == 2 and all(m["training/rollout_probs_diff_max"] < 1e-5 for m in steps), steps
+    from memrl.rewards.base import RewardInput, make_reward
+
+    reward = make_reward("char_similarity")
+    gold = [
+        inp.target_answer for inp in inputs for _ in range(N)
+    ]  # verl repeats each prompt N times, interleaved
+    for update in actor.updates:
+        mask, adv, scores = update["response_mask"].bool(), update["advantages"], update["token_level_scores"]
+        assert mask.shape[0] == len(inputs) * N and torch.isfinite(adv).all()
+        # the reward that reaches the actor is memrl's reward of the response the actor trains on
+        texts = [
+            tok.decode(r[m].tolist(), skip_special_tokens=True)
+            for r, m in zip(update["responses"], mask, strict=True)
+        ]
+        ours = reward([RewardInput.from_response(t, g, "", {}) for t, g in zip(texts, gold, strict=True)])
+        assert scores.sum(-1).tolist() == pytest.approx(ours, abs=1e-6)
+        # GRPO groups are verl's uids: each prompt's N samples have zero-mean advantages
+        per_row = torch.stack(
+            [a[m][0] if m.any() else a.new_zeros(()) for a, m in zip(adv, mask, strict=True)]
+        )
+        assert per_row.view(len(inputs), N).sum(-1).abs().max() < 1e-4
+    assert np.isfinite([m["actor/pg_loss"] for m in steps]).all()
