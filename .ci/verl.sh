@@ -16,7 +16,7 @@ PY=${PYTHON:-python3}
 # tensordict's own dependency pyvers caps packaging below 26 (ray's optional virtualenv wants newer; unused here).
 "$VENV/bin/pip" install -q "tensordict>=0.8,<=0.10.0,!=0.9.0" codetiming hydra-core cachetools torchdata
 [ "${1:-}" = "--install-only" ] && exit 0
-# Ray's session files and sockets go to a temp dir removed on exit (the tests start and stop their own cluster).
+# Ray's temp files and sockets go to a temp dir removed on exit (the tests start and stop their own cluster).
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 TMPDIR="$tmp" RAY_TMPDIR="$tmp" "$VENV/bin/python" -m pytest -q -p no:cacheprovider -m verl tests/integrations
