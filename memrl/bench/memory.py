@@ -45,7 +45,7 @@ from tqdm import tqdm
 
 from memrl.bench import BENCHES
 from memrl.memory.config import MemoryConfig
-from memrl.memory.embedder import Embedder, build_embedder
+from memrl.memory.embedder import Embedder, build_embedder, window_chunks
 from memrl.memory.manager import MemorySystem, RetrievedFact
 from memrl.types import BatchInput, TurnSpec
 
@@ -163,10 +163,12 @@ def raw_text(turn: TurnSpec) -> str:
 def baseline_rankings(
     embedder: Embedder, conv: Conversation, qvecs: np.ndarray, kmax: int
 ) -> tuple[list[list[str]], list[list[str]]]:
-    """Plain dense and plain BM25 over the raw turns (one item per turn): per question, top turn ids."""
+    """Plain dense and plain BM25 over the raw turns (one item per turn): per question, top turn ids. Dense
+    embeds each turn's first window, i.e. what MiniLM reads of it anyway (it truncates), no chunking: the text
+    is then memrl's first chunk and comes from the embedding cache."""
     texts = [raw_text(t) for t in conv.turns]
     ids = [t.turn_id for t in conv.turns]
-    mat = embedder.encode(texts)
+    mat = embedder.encode([pieces[0] for pieces in window_chunks(embedder, texts)])
     dense = [[ids[i] for i in np.argsort(-(mat @ q), kind="stable")[:kmax]] for q in qvecs]
     bm25 = BM25Okapi([re.findall(r"\w+", t.lower()) for t in texts])
     lexical = []

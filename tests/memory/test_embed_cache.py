@@ -62,3 +62,25 @@ def test_a_killed_ingest_resumes_without_re_encoding_what_was_cached(tmp_path):
     resumed = CachedEmbedder(inner, path)
     resumed.encode(TEXTS)
     assert inner.calls == [1] and (resumed.hits, resumed.misses) == (2, 1)
+
+
+def test_a_call_that_dies_mid_way_keeps_the_slices_it_finished(tmp_path, monkeypatch):
+    """One encode call over a whole haystack commits slice by slice: a crash keeps the finished slices."""
+    import pytest
+
+    from memrl.memory import embed_cache
+
+    monkeypatch.setattr(embed_cache, "COMMIT_EVERY", 2)
+
+    class DiesOnSecondCall(CountingEmbedder):
+        def encode(self, texts):
+            if self.calls:
+                raise RuntimeError("killed")
+            return super().encode(texts)
+
+    with pytest.raises(RuntimeError, match="killed"):
+        CachedEmbedder(DiesOnSecondCall(_raw_minilm()), tmp_path / "e.sqlite").encode(TEXTS)
+    inner = CountingEmbedder(_raw_minilm())
+    resumed = CachedEmbedder(inner, tmp_path / "e.sqlite")
+    resumed.encode(TEXTS)
+    assert inner.calls == [1] and (resumed.hits, resumed.misses) == (2, 1)
