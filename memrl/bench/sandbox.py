@@ -1,6 +1,6 @@
 """``memrl bench sandbox``: containment, overhead, kill latency, leaks and throughput of the python sandbox.
 
-* ``cases`` / ``escapes``: the hostile suite (:mod:`memrl.tools.hostile`), judged from the host's side.
+* ``cases`` / ``escapes``: the hostile suite (:mod:`memrl.testing.hostile`), judged from the host's side.
 * ``overhead_ratio``: median wall time of a sandboxed ``pass`` over a bare ``python -c pass`` subprocess of
   the same interpreter, interleaved in this run (the machine is shared; only the ratio is meaningful).
 * ``kill_latency_s``: p95 over timed-out calls of (call wall time − timeout), i.e. how long past its deadline a
@@ -22,8 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from tqdm import tqdm
 
 from memrl.bench import BENCHES
-from memrl.tools.config import SandboxConfig
-from memrl.tools.hostile import (
+from memrl.testing.hostile import (
     CASES,
     HostProbe,
     count_fds,
@@ -32,6 +31,7 @@ from memrl.tools.hostile import (
     quick_limits,
     run_case,
 )
+from memrl.tools.config import SandboxConfig
 from memrl.tools.sandbox import Sandbox, SandboxResult
 
 log = logging.getLogger(__name__)

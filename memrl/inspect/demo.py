@@ -2,7 +2,7 @@
 
 Everything but the model is real: the synthetic dataset, MiniLM + FAISS memory with summaries, the tree rollout
 with the sandboxed ``python`` tool and tool rollback, the reward registry and the Parquet writer. The "model" is
-a :class:`~memrl.policy.scripted.ScriptedPolicy` that behaves like a small tool-using agent, so the run has tool
+a :class:`~memrl.testing.scripted.ScriptedPolicy` that behaves like a small tool-using agent, so the run has tool
 calls, failed calls that get rolled back, branch points with varying entropy and leaves with different rewards
 (a random-init tiny Llama would only write bytes noise). Notebooks and tests use it; for a real model run
 ``memrl run --config ...`` and point the inspector at its ``output_dir``.
@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from memrl.policy.scripted import ScriptContext, ScriptedTurn
+from memrl.testing.scripted import ScriptContext, ScriptedTurn
 
 _NUMBER = re.compile(r"\b\d{1,4}\b")
 _FACT_LINE = re.compile(r"^- \[[^\]]*\]\s*(.+?)(?: \([^)]*\))?$", re.M)
@@ -86,8 +86,8 @@ def make_demo_run(out_dir: str | Path, num_episodes: int = 3, extra: list[str] |
     """Run ``num_episodes`` synthetic episodes through the real pipeline into ``out_dir``; returns ``out_dir``."""
     from memrl.config import load_config
     from memrl.episode.pipeline import run_episodes
-    from memrl.policy.scripted import ScriptedPolicy
     from memrl.testing import byte_tokenizer
+    from memrl.testing.scripted import ScriptedPolicy
 
     cfg = load_config(None, demo_overrides(out_dir, num_episodes) + list(extra or []))
     policy: Any = ScriptedPolicy(byte_tokenizer(), demo_script, continue_plans=False)

@@ -15,7 +15,7 @@ from memrl.registry import Registry
 
 BackendFactory = Callable[[PolicyConfig], PolicyClient]
 
-_BACKEND_MODULES = ("memrl.policy.backends", "memrl.policy.scripted")
+_BACKEND_MODULES = ("memrl.policy.backends", "memrl.testing.scripted")
 
 
 def _populate() -> None:

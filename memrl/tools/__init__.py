@@ -8,7 +8,7 @@ parallel :class:`ToolExecutor` with per-tool metrics.
 
 Isolation: :mod:`memrl.tools.launchers` (bubblewrap + rlimits + seccomp), :mod:`memrl.tools.process`
 (capped reading, deadline kill, reaping), :mod:`memrl.tools.cgroup` (optional per-call memory cgroup);
-:mod:`memrl.tools.hostile` holds the hostile programs the tests and ``memrl bench sandbox`` run."""
+:mod:`memrl.testing.hostile` holds the hostile programs the tests and ``memrl bench sandbox`` run."""
 
 from memrl.tools.base import Tool, ToolCall, ToolInfraError, ToolResult
 from memrl.tools.builtin import TOOLS, MemoryLike, ToolContext

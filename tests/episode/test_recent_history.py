@@ -11,7 +11,7 @@ from memrl.episode.build import build_runner
 from memrl.episode.config import EpisodeConfig
 from memrl.episode.prompt import PromptFact
 from memrl.episode.recent import QUESTION_RESERVE_TOKENS, RecentHistory
-from memrl.policy.scripted import ScriptedPolicy
+from memrl.testing.scripted import ScriptedPolicy
 from memrl.types import BatchInput, TurnSpec
 
 WINDOW, RESPONSE = 1200, 64  # bytes = tokens for the byte-level tokenizer

@@ -12,7 +12,7 @@ from memrl.config import load_config
 from memrl.data.adapters import load_dataset
 from memrl.episode.build import build_runner
 from memrl.policy.errors import PolicyError
-from memrl.policy.scripted import ScriptedPolicy
+from memrl.testing.scripted import ScriptedPolicy
 from memrl.types import EpisodeStatus, MemoryOpType, TurnRole
 
 

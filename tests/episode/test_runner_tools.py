@@ -14,7 +14,7 @@ from memrl.config import load_config
 from memrl.data.adapters import load_dataset
 from memrl.episode.build import build_runner
 from memrl.episode.rows import step_rows
-from memrl.policy.scripted import ScriptedPolicy
+from memrl.testing.scripted import ScriptedPolicy
 from memrl.types import EpisodeStatus
 
 

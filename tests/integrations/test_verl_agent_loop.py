@@ -29,8 +29,8 @@ from memrl.integrations.verl_agent_loop import (  # noqa: E402
     VerlConfigError,
     shutdown_services,
 )
-from memrl.policy.scripted import ScriptedPolicy  # noqa: E402
 from memrl.testing import CHAT_TEMPLATE  # noqa: E402
+from memrl.testing.scripted import ScriptedPolicy  # noqa: E402
 from tests.integrations.verl_standins import PolicyServerClient  # noqa: E402
 
 pytestmark = pytest.mark.verl

@@ -26,7 +26,7 @@ from memrl.integrations.verl import (
 from memrl.integrations.verl_policy import VerlServerPolicy
 from memrl.policy.base import GenerationRequest, SamplingParams
 from memrl.policy.errors import PolicyError
-from memrl.policy.scripted import ScriptedPolicy
+from memrl.testing.scripted import ScriptedPolicy
 from memrl.types import EpisodeStatus
 from tests.integrations.verl_standins import PolicyServerClient
 

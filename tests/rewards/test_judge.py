@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from transformers import ByT5Tokenizer
 
-from memrl.policy.scripted import ScriptedPolicy
 from memrl.rewards import RewardConfigError, RewardContext, RewardInput, make_reward
+from memrl.testing.scripted import ScriptedPolicy
 
 
 def _inputs():

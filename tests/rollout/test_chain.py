@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from memrl.policy.scripted import ScriptedPolicy, random_script
 from memrl.rollout import STRATEGIES, RolloutConfig, RolloutRequest, run_rollout
+from memrl.testing.scripted import ScriptedPolicy, random_script
 from tests.rollout.rollout_fixtures import PROMPT, encode
 
 

@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from memrl.policy.scripted import DEFAULT_LOGPROB, ScriptedPolicy
 from memrl.rollout import RollbackConfig, RolloutConfig, RolloutRequest, run_rollout
+from memrl.testing.scripted import DEFAULT_LOGPROB, ScriptedPolicy
 from tests.rollout.rollout_fixtures import PROMPT, TableTools, encode, fixing_script
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from memrl.policy.scripted import ScriptedPolicy
 from memrl.rollout import RollbackConfig, RolloutConfig, RolloutRequest, run_rollout
+from memrl.testing.scripted import ScriptedPolicy
 
 # A busy host may also kill a spinning call by its CPU limit instead of the wall clock; both end the call.
 from memrl.tools import ToolCall, ToolExecutor, ToolInfraError, ToolsConfig

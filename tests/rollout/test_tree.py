@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from memrl.policy.scripted import ScriptedPolicy, ScriptedTurn, random_script
 from memrl.rollout import RolloutConfig, RolloutRequest, TreeConfig, run_rollout
+from memrl.testing.scripted import ScriptedPolicy, ScriptedTurn, random_script
 from tests.rollout.rollout_fixtures import PROMPT, encode
 
 

@@ -6,8 +6,8 @@ import shutil
 
 import pytest
 
+from memrl.testing.hostile import quick_limits
 from memrl.tools import SandboxConfig
-from memrl.tools.hostile import quick_limits
 
 needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewrap is not installed")
 

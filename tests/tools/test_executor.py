@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import pytest
 
 from memrl.formats import RESULT_CLOSE, format_result
+from memrl.testing.hostile import count_fds, live_children
 from memrl.tools import PARSERS, ToolCall, ToolContext, ToolExecutor, ToolInfraError, ToolsConfig
-from memrl.tools.hostile import count_fds, live_children
 from tests.tools.support import needs_bwrap, small_config
 
 

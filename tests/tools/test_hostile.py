@@ -1,4 +1,4 @@
-"""The hostile suite: every program is judged contained from the host's side (see memrl.tools.hostile)."""
+"""The hostile suite: every program is judged contained from the host's side (see memrl.testing.hostile)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from memrl.tools.hostile import CASES, HostProbe, count_fds, live_children, run_case
+from memrl.testing.hostile import CASES, HostProbe, count_fds, live_children, run_case
 from tests.tools.support import needs_bwrap
 
 pytestmark = needs_bwrap

@@ -7,9 +7,9 @@ import os
 
 import pytest
 
+from memrl.testing.hostile import count_fds, live_children, processes_in_pidns
 from memrl.tools import Sandbox, SandboxConfig, ToolInfraError
 from memrl.tools import launchers as launchers_mod
-from memrl.tools.hostile import count_fds, live_children, processes_in_pidns
 from tests.tools.support import needs_bwrap, small_config
 
 

@@ -53,8 +53,8 @@ def test_equal_rewards_give_no_local_credit_and_bad_paths_are_named():
 def test_real_tree_leaves_share_credit_exactly_on_their_shared_prefix():
     from transformers import ByT5Tokenizer
 
-    from memrl.policy.scripted import ScriptedPolicy, random_script
     from memrl.rollout import RolloutConfig, RolloutRequest, TreeConfig, run_rollout
+    from memrl.testing.scripted import ScriptedPolicy, random_script
 
     tok_bytes = ByT5Tokenizer()
 

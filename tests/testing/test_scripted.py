@@ -4,7 +4,7 @@ import pytest
 from transformers import ByT5Tokenizer
 
 from memrl.policy.base import GenerationRequest, SamplingParams
-from memrl.policy.scripted import (
+from memrl.testing.scripted import (
     DEFAULT_LOGPROB,
     PrefixHandleError,
     ScriptedPolicy,
@@ -73,8 +73,8 @@ def test_backend_factory_by_name_and_dotted_path():
     from memrl.policy import make_policy
     from memrl.policy.config import PolicyConfig
 
-    for backend in ("scripted", "memrl.policy.scripted:scripted_backend"):
-        pol = make_policy(PolicyConfig(backend=backend, model="memrl.policy.scripted:DEMO_SCRIPT"))
+    for backend in ("scripted", "memrl.testing.scripted:scripted_backend"):
+        pol = make_policy(PolicyConfig(backend=backend, model="memrl.testing.scripted:DEMO_SCRIPT"))
         [[out]] = pol.generate([GenerationRequest(ids("p"), SamplingParams(max_tokens=99))])
         assert pol.tokenizer.decode(out.token_ids) == "<answer>42</answer></s>"
     with pytest.raises(ValueError, match="package.module:script"):
