@@ -24,7 +24,7 @@ def load_job_config(args: argparse.Namespace) -> Any:
 
     cfg = load_config(args.config, args.extra)
     if args.fresh:
-        from memrl.episode.output import clear_results
+        from memrl.episode.evaluate import clear_results
 
         clear_results(args.output_dir or cfg.output_dir)
     return cfg

@@ -14,8 +14,10 @@ from typing import Any
 
 import numpy as np
 
+from memrl.config import Config
 from memrl.episode.runner import EpisodeRunner
 from memrl.rewards.base import RewardContext, make_reward
+from memrl.rollout.config import RolloutConfig
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +63,7 @@ class CachingEmbedder:
         return window_chunks(self.inner, texts)  # chunks are cached here like any other text
 
 
-def build_memory(cfg: Any, *, cache_embeddings: bool = True) -> Any:
+def build_memory(cfg: Config, *, cache_embeddings: bool = True) -> Any:
     from memrl.memory import MemorySystem
     from memrl.memory.embedder import build_embedder
 
@@ -71,7 +73,7 @@ def build_memory(cfg: Any, *, cache_embeddings: bool = True) -> Any:
     return MemorySystem(cfg.memory, embedder=embedder)
 
 
-def build_tools(cfg: Any) -> tuple[Any, list[str]]:
+def build_tools(cfg: Config) -> tuple[Any, list[str]]:
     """The tool runner and the tool names shown in prompts; ``(None, [])`` when ``tools.enabled`` is empty."""
     if not cfg.tools.enabled:
         return None, []
@@ -80,12 +82,12 @@ def build_tools(cfg: Any) -> tuple[Any, list[str]]:
     return ToolExecutor(cfg.tools), list(cfg.tools.enabled)
 
 
-def rollout_config_for(cfg: Any) -> Any:
+def rollout_config_for(cfg: Config) -> RolloutConfig:
     return cfg.rollout
 
 
 def build_runner(
-    cfg: Any, *, policy: Any = None, context: str | None = None, cache_embeddings: bool = True
+    cfg: Config, *, policy: Any = None, context: str | None = None, cache_embeddings: bool = True
 ) -> EpisodeRunner:
     """An EpisodeRunner for the root config ``cfg``; ``context`` overrides ``episode.context``."""
     if policy is None:

@@ -21,12 +21,12 @@ from typing import Any
 from memrl.config import Config
 from memrl.episode.output import write_json
 from memrl.episode.pipeline import load_inputs, peak_rss_mb, run_episodes
-from memrl.episode.prompt import encode_chat
 from memrl.episode.recent import turn_line
 from memrl.episode.rows import step_meta_of_row
 from memrl.policy.models import describe_policy
 from memrl.rewards.base import RewardContext, RewardInput, make_reward
 from memrl.rewards.benchmarks import LOCOMO_CATEGORY_NAMES
+from memrl.templates import encode_chat
 from memrl.types import BatchInput, EpisodeTrajectory
 
 logger = logging.getLogger(__name__)
@@ -255,3 +255,15 @@ def _reload(writer: Any, inputs: Sequence[BatchInput]) -> list[EpisodeTrajectory
                 )
             )
     return out
+
+
+def clear_results(out_dir: str | Path) -> None:
+    """Remove what ``memrl run`` / ``memrl eval`` wrote under ``out_dir`` (and nothing else)."""
+    import shutil
+
+    out = Path(out_dir)
+    for sub in [out, *(out / a for a in ABLATIONS)]:
+        for d in ("trajectories", "manifests"):
+            shutil.rmtree(sub / d, ignore_errors=True)
+        for f in ("metrics.json", "eval.json", "job.json"):
+            (sub / f).unlink(missing_ok=True)

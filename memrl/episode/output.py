@@ -169,17 +169,3 @@ def write_json(path: str | Path, payload: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     text = json.dumps(payload, indent=2, sort_keys=True, default=str)
     _atomic_write_bytes(path, lambda p: p.write_text(text + "\n"))
-
-
-def clear_results(out_dir: str | Path) -> None:
-    """Remove what ``memrl run`` / ``memrl eval`` wrote under ``out_dir`` (and nothing else)."""
-    import shutil
-
-    from memrl.episode.evaluate import ABLATIONS  # evaluate imports this module
-
-    out = Path(out_dir)
-    for sub in [out, *(out / a for a in ABLATIONS)]:
-        for d in ("trajectories", "manifests"):
-            shutil.rmtree(sub / d, ignore_errors=True)
-        for f in ("metrics.json", "eval.json", "job.json"):
-            (sub / f).unlink(missing_ok=True)

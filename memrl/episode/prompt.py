@@ -4,7 +4,7 @@ Training and evaluation both prompt the policy with exactly what :meth:`PromptBu
 output format is a contract: system message = ``prompts/target_turn.j2`` rendered with ``facts`` (oldest
 first), ``summary`` and ``tools``; messages ``[system, user=question]``; ids from
 ``tokenizer.apply_chat_template(..., add_generation_prompt=True)``. A tokenizer without a chat template gets
-:data:`PLAIN_CHAT_FORMAT`.
+:data:`memrl.templates.PLAIN_CHAT_FORMAT`.
 
 The budget is never met by silent truncation: facts are cut lowest score first (ties: oldest first) and the cut
 ids are returned; if the prompt still does not fit, the summary is dropped; if even that does not fit,
@@ -17,23 +17,15 @@ ids are returned; if the prompt still does not fit, the summary is dropped; if e
 
 from __future__ import annotations
 
-import functools
-import importlib.resources
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import jinja2
-
 from memrl.episode.config import EpisodeConfig
+from memrl.templates import encode_chat, load_template
 
-# Used only when the tokenizer has no chat template. One line per role marker; generation starts after
-# "<|assistant|>\n".
 # Upper bound on the template markup around one fact line ("- [date] " etc.), in tokens.
 _FACT_MARKUP_TOKENS = 48
-
-PLAIN_CHAT_FORMAT = "<|system|>\n{system}\n<|user|>\n{user}\n<|assistant|>\n"
 
 
 class PromptTooLongError(ValueError):
@@ -113,44 +105,6 @@ def order_facts(facts: Sequence[Any], order: str) -> list[Any]:
     if order == "score":
         return sorted(facts, key=lambda f: (-score(f), fid(f)))
     raise ValueError(f"fact order {order!r}; valid: time, score")
-
-
-@functools.lru_cache(maxsize=16)
-def load_template(name: str) -> jinja2.Template:
-    """A bundled template by file name (``target_turn.j2``) or a path to a Jinja file."""
-    path = Path(name)
-    if path.is_file():
-        source = path.read_text(encoding="utf-8")
-    else:
-        resource = importlib.resources.files("memrl_prompts") / name
-        if not resource.is_file():
-            bundled = sorted(p.name for p in importlib.resources.files("memrl_prompts").iterdir())
-            raise FileNotFoundError(
-                f"prompt template {name!r} is neither a file nor a bundled template; bundled: {bundled}"
-            )
-        source = resource.read_text(encoding="utf-8")
-    env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=False, autoescape=False)
-    return env.from_string(source)
-
-
-def encode_chat(tokenizer: Any, messages: Sequence[Mapping[str, str]]) -> list[int]:
-    """Chat-template ids with a generation prompt; handles list / BatchEncoding / tensor return types."""
-    if getattr(tokenizer, "chat_template", None):
-        out = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True)
-        if isinstance(out, Mapping) or hasattr(out, "input_ids"):
-            out = out["input_ids"]
-        if hasattr(out, "tolist"):
-            out = out.tolist()
-        if out and isinstance(out[0], (list, tuple)):  # batched return of a single conversation
-            out = out[0]
-        return [int(t) for t in out]
-    text = render_plain_chat(messages)
-    return [int(t) for t in tokenizer(text, add_special_tokens=False)["input_ids"]]
-
-
-def render_plain_chat(messages: Sequence[Mapping[str, str]]) -> str:
-    by_role = {m["role"]: m["content"] for m in messages}
-    return PLAIN_CHAT_FORMAT.format(system=by_role.get("system", ""), user=by_role.get("user", ""))
 
 
 class PromptBuilder:

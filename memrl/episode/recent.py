@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from memrl.episode.config import EpisodeConfig
-from memrl.episode.prompt import PromptBuilder, PromptFact, encode_chat
+from memrl.episode.prompt import PromptBuilder, PromptFact
+from memrl.templates import encode_chat
 from memrl.types import TurnSpec
 
 # Tokens left over for the question (the chat markup around it is counted exactly). Fixed rather than measured

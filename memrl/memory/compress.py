@@ -17,6 +17,7 @@ from typing import Protocol
 from memrl.memory.config import MemoryConfig
 from memrl.memory.extract import TextGenerator, split_sentences, turn_caption
 from memrl.registry import Registry
+from memrl.templates import load_template
 from memrl.types import TurnSpec
 
 logger = logging.getLogger(__name__)
@@ -190,8 +191,6 @@ class LlmCompressor:
                 "memory.compressor=llm needs a text generator: MemorySystem(cfg, generate_text="
                 "policy_text_generator(policy_client)) (memrl.memory.llm)"
             )
-        from memrl.episode.prompt import load_template
-
         self.template = load_template("memory_compress.j2")
         self.generate_text = generate_text
         self.count_tokens = count_tokens

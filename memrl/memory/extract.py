@@ -22,6 +22,7 @@ from typing import Protocol
 from memrl.memory.config import MemoryConfig
 from memrl.memory.store import FactRecord
 from memrl.registry import Registry
+from memrl.templates import load_template
 from memrl.types import MemoryOpType, TurnSpec
 
 logger = logging.getLogger(__name__)
@@ -214,8 +215,6 @@ class LlmExtractor:
                 "memory.extractor=llm needs a text generator: MemorySystem(cfg, generate_text="
                 "policy_text_generator(policy_client)) (memrl.memory.llm)"
             )
-        from memrl.episode.prompt import load_template
-
         self.template = load_template("memory_extract.j2")
         self.generate_text = generate_text
 

@@ -2,14 +2,14 @@
 
 The llm fact extractor and compressor only need text in, text out; this wraps the token-level client: each
 prompt becomes a single user message (chat template when the tokenizer has one, else
-:data:`memrl.episode.prompt.PLAIN_CHAT_FORMAT`), one batched ``generate`` call, greedy by default.
+:data:`memrl.templates.PLAIN_CHAT_FORMAT`), one batched ``generate`` call, greedy by default.
 """
 
 from __future__ import annotations
 
-from memrl.episode.prompt import encode_chat
 from memrl.memory.extract import TextGenerator
 from memrl.policy.base import GenerationRequest, PolicyClient, SamplingParams
+from memrl.templates import encode_chat
 
 
 def policy_text_generator(

@@ -5,17 +5,55 @@ waiting rows are admitted."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 from transformers.cache_utils import DynamicCache
 
+from memrl.policy.base import SamplingParams
 from memrl.policy.kv_cache import PreallocatedLayer, concat_batches, first_used
+from memrl.policy.prefix_cache import PrefixEntry
+from memrl.policy.sampling import StopChecker
+from memrl.types import FinishReason, GenerationOutput
 
 # Finished rows leave a decode batch once at most this share of it is still running: each exit copies the KV
 # cache, so finished rows ride along (outputs ignored) until a quarter of the batch is done.
 COMPACT_AT = 0.75
+
+
+@dataclass
+class DecodeRow:
+    """One sequence being decoded (request ``req``, sample ``sample``) and what it has generated so far."""
+
+    req: int
+    sample: int
+    prompt: tuple[int, ...]
+    params: SamplingParams
+    seed: int  # the row's sampling stream: token n uses counter_uniform(seed, n)
+    stopper: StopChecker
+    budget: int  # new tokens allowed (max_tokens clipped to the context window)
+    entry: PrefixEntry | None = None
+    cached: int = 0
+    out: list[int] = field(default_factory=list)
+    lps: list[float] = field(default_factory=list)
+    tops: list[dict[int, float]] = field(default_factory=list)
+    finish: FinishReason | None = None
+    stop_reason: str | int | None = None
+    handle: str | None = None
+    reported_cached: int | None = None  # cached_tokens to report when it differs from ``cached``
+
+    def to_output(self) -> GenerationOutput:
+        return GenerationOutput(
+            token_ids=tuple(self.out),
+            logprobs=tuple(self.lps),
+            finish_reason=self.finish or FinishReason.ABORT,
+            top_logprobs=tuple(self.tops) if self.params.top_logprobs > 0 else (),
+            stop_reason=self.stop_reason,
+            prompt_token_ids=self.prompt,
+            cached_tokens=self.cached if self.reported_cached is None else self.reported_cached,
+            prefix_handle=self.handle,
+        )
 
 
 @dataclass(eq=False)
@@ -24,7 +62,7 @@ class DecodeBatch:
     token; ``mask [B, T]`` and the cache (``T`` positions) hold what was fed; ``pos [B, 1]`` is each row's last
     fed position. ``padded``: some row has masked positions (else attention runs its causal kernel)."""
 
-    rows: list[Any]  # hf._Row: needs .budget and .out
+    rows: list[DecodeRow]
     logits: torch.Tensor
     mask: torch.Tensor
     pos: torch.Tensor
@@ -72,7 +110,9 @@ def admissible(limit: int, running: int, waiting: int) -> int:
 class DecodeBackend(Protocol):
     """The three model-facing operations a :class:`DecodeLoop` schedules (:class:`memrl.policy.hf.HFPolicy`)."""
 
-    def _start(self, rows: list[Any]) -> DecodeBatch: ...  # prefill: logits predict each row's first token
+    def _start(
+        self, rows: list[DecodeRow]
+    ) -> DecodeBatch: ...  # prefill: logits predict each row's first token
 
     def _sample(self, batch: DecodeBatch, live: list[int]) -> list[int]: ...  # returns rows still running
 
@@ -92,16 +132,16 @@ class DecodeLoop:
         self.limit = limit
         self.batch: DecodeBatch | None = None
         self.live: list[int] = []  # batch positions of unfinished rows
-        self.waiting: list[Any] = []
+        self.waiting: list[DecodeRow] = []
 
-    def add(self, rows: Sequence[Any]) -> None:
+    def add(self, rows: Sequence[DecodeRow]) -> None:
         self.waiting.extend(rows)
 
     @property
     def busy(self) -> bool:
         return self.batch is not None or bool(self.waiting)
 
-    def run(self, pause: Callable[[list[Any]], bool] | None = None) -> None:
+    def run(self, pause: Callable[[list[DecodeRow]], bool] | None = None) -> None:
         """Decode until every row has finished, or until a step finishes rows and ``pause(those rows)`` says to
         stop there (the batch then waits, with fresh logits, for the next call)."""
         while self.busy:
@@ -113,7 +153,7 @@ class DecodeLoop:
             if done and pause is not None and pause(done):
                 return
 
-    def _advance(self) -> list[Any]:
+    def _advance(self) -> list[DecodeRow]:
         """Sample one token for every live row, shed or admit rows, feed the next step; the rows that ended."""
         batch = self.batch
         assert batch is not None

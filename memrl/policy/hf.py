@@ -21,15 +21,15 @@ import logging
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from memrl.policy.base import GenerationRequest, SamplingParams
-from memrl.policy.batching import DecodeBatch
+from memrl.policy.batching import DecodeBatch, DecodeRow
 from memrl.policy.config import PolicyConfig
 from memrl.policy.errors import PolicyError
+from memrl.policy.hf_stream import HFStream
 from memrl.policy.kv_cache import (
     SharedPrefixCache,
     preallocated_cache,
@@ -58,41 +58,7 @@ MIN_SHARED_PREFIX = 256
 RECENT_SHARED_PREFIXES = 2
 
 
-@dataclass
-class _Row:
-    """One sequence being decoded (request ``req``, sample ``sample``)."""
-
-    req: int
-    sample: int
-    prompt: tuple[int, ...]
-    params: SamplingParams
-    seed: int  # the row's sampling stream: token n uses counter_uniform(seed, n)
-    stopper: StopChecker
-    budget: int  # new tokens allowed (max_tokens clipped to the context window)
-    entry: PrefixEntry | None = None
-    cached: int = 0
-    out: list[int] = field(default_factory=list)
-    lps: list[float] = field(default_factory=list)
-    tops: list[dict[int, float]] = field(default_factory=list)
-    finish: FinishReason | None = None
-    stop_reason: str | int | None = None
-    handle: str | None = None
-    reported_cached: int | None = None  # cached_tokens to report when it differs from ``cached``
-
-    def to_output(self) -> GenerationOutput:
-        return GenerationOutput(
-            token_ids=tuple(self.out),
-            logprobs=tuple(self.lps),
-            finish_reason=self.finish or FinishReason.ABORT,
-            top_logprobs=tuple(self.tops) if self.params.top_logprobs > 0 else (),
-            stop_reason=self.stop_reason,
-            prompt_token_ids=self.prompt,
-            cached_tokens=self.cached if self.reported_cached is None else self.reported_cached,
-            prefix_handle=self.handle,
-        )
-
-
-def _needs_padding(rows: Sequence[_Row], min_tail: int = 2) -> bool:
+def _needs_padding(rows: Sequence[DecodeRow], min_tail: int = 2) -> bool:
     """Whether one batched prefill of ``rows`` would pad enough to be worth avoiding: some row computes at least
     ``min_tail`` (>= 2) positions and the rows' (reused, computed) lengths differ."""
     if len(rows) < 2 or max(len(r.prompt) - r.cached for r in rows) < min_tail:
@@ -222,8 +188,6 @@ class HFPolicy:
     def stream(self):
         """A :class:`~memrl.policy.stream.GenerationStream`: requests join the running decode batch and each
         comes back as soon as its samples have finished."""
-        from memrl.policy.hf_stream import HFStream
-
         return HFStream(self)
 
     def _share_prompts(
@@ -290,7 +254,7 @@ class HFPolicy:
                 best, handle = n, h
         return handle
 
-    def _rows_for(self, index: int, req: GenerationRequest) -> list[_Row]:
+    def _rows_for(self, index: int, req: GenerationRequest) -> list[DecodeRow]:
         p = req.params
         entry, cached = None, 0
         if req.prefix_handle is not None:
@@ -301,7 +265,7 @@ class HFPolicy:
         )
         rows = []
         for s in range(p.n):
-            row = _Row(
+            row = DecodeRow(
                 req=index,
                 sample=s,
                 prompt=req.prompt_ids,
@@ -323,7 +287,7 @@ class HFPolicy:
             rows.append(row)
         return rows
 
-    def _start(self, rows: list[_Row]) -> DecodeBatch:
+    def _start(self, rows: list[DecodeRow]) -> DecodeBatch:
         """Prefill ``rows``: a batch whose logits predict each row's first new token."""
         # Rows continuing from shared kept states (tree branches of a node) keep the shared-prefix path, where each
         # state is read once per step; otherwise padded prefill is wasted work (see PolicyConfig.prefill).
@@ -397,7 +361,7 @@ class HFPolicy:
         stats["seconds"] += time.perf_counter() - t0
         return out.logits[:, -1, :]
 
-    def _prefill_inputs(self, rows: list[_Row]):
+    def _prefill_inputs(self, rows: list[DecodeRow]):
         """Inputs for the first forward of a batch of newly started rows.
 
         Returns ``input_ids [B, R]``, ``mask [B, C + R]``, ``position_ids [B, R]`` and the batch cache holding
@@ -426,7 +390,7 @@ class HFPolicy:
         dev = self.device
         return input_ids.to(dev), mask.to(dev), pos.to(dev), cache
 
-    def _prefill_ragged(self, rows: list[_Row]):
+    def _prefill_ragged(self, rows: list[DecodeRow]):
         """Prefill every distinct ``(prompt, reused prefix)`` on its own, then lay the rows out for batched decode.
 
         Each prefill runs one unpadded row (causal kernel, no mask); rows that share a prompt and a prefix state
@@ -453,7 +417,7 @@ class HFPolicy:
         logits = torch.cat([lg for lg, _ in per_row])
         return logits, mask.to(self.device), pos.to(self.device), cache
 
-    def _prefill_one(self, row: _Row) -> tuple[torch.Tensor, PrefixEntry]:
+    def _prefill_one(self, row: DecodeRow) -> tuple[torch.Tensor, PrefixEntry]:
         """One row's prompt through the model (reusing its cached prefix): last logits ``[1, V]`` and its states."""
         tail = row.prompt[row.cached :]
         n = len(row.prompt)
@@ -469,7 +433,7 @@ class HFPolicy:
         return logits, PrefixEntry(tokens=row.prompt, keys=keys, values=values)
 
     @staticmethod
-    def _prefix_groups(rows: list[_Row], mode: str) -> list[tuple[PrefixEntry, int, list[int]]] | None:
+    def _prefix_groups(rows: list[DecodeRow], mode: str) -> list[tuple[PrefixEntry, int, list[int]]] | None:
         """Rows grouped by the prefix state they continue from, when ``mode`` allows it: every row continues
         from a kept state and there is sharing (``one``: a single group; ``groups``: at most one group per two
         rows, since singleton groups only add per-group work to each decode step)."""
@@ -482,7 +446,7 @@ class HFPolicy:
             return list(groups.values())
         return None
 
-    def _keep(self, row: _Row, cache, batch_index: int, row_mask: torch.Tensor) -> str:
+    def _keep(self, row: DecodeRow, cache, batch_index: int, row_mask: torch.Tensor) -> str:
         """Copy the row's real (unpadded) key/value states out of the batch cache and register a handle.
 
         The cache holds ``prompt + out[:-1]`` (the last sampled token was never fed); ``row_mask`` marks which of

@@ -4,16 +4,28 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from memrl.policy.base import GenerationRequest
-from memrl.policy.batching import DecodeLoop
+from memrl.policy.batching import DecodeBackend, DecodeLoop, DecodeRow
+from memrl.policy.config import PolicyConfig
 from memrl.types import GenerationOutput
 
-if TYPE_CHECKING:
-    from memrl.policy.hf import HFPolicy, _Row
+
+class StreamBackend(DecodeBackend, Protocol):
+    """What the stream asks of :class:`memrl.policy.hf.HFPolicy` besides the decode steps."""
+
+    cfg: PolicyConfig
+
+    def release(self, handles: Sequence[str]) -> None: ...
+
+    def _share_prompts(
+        self, requests: Sequence[GenerationRequest]
+    ) -> tuple[list[GenerationRequest], set[str], set[str]]: ...  # see HFPolicy._share_prompts
+
+    def _rows_for(self, index: int, req: GenerationRequest) -> list[DecodeRow]: ...  # one row per sample
 
 
 class HFStream:
@@ -23,10 +35,10 @@ class HFStream:
     Rows sample from per-row counter streams, so a request's outputs do not depend on which other requests
     shared its batch or when it joined."""
 
-    def __init__(self, policy: HFPolicy) -> None:
+    def __init__(self, policy: StreamBackend) -> None:
         self.policy = policy
         self.loop = DecodeLoop(policy, policy.cfg.max_batch_size)
-        self._rows: dict[int, list[_Row]] = {}
+        self._rows: dict[int, list[DecodeRow]] = {}
         self._left: dict[int, int] = {}
         self._internal: dict[int, str] = {}  # temporary shared-prompt handles (see HFPolicy._share_prompts)
         self._ready: list[int] = []
@@ -71,7 +83,7 @@ class HFStream:
         self.loop = DecodeLoop(self.policy, self.policy.cfg.max_batch_size)
         self._rows, self._left, self._internal, self._ready = {}, {}, {}, []
 
-    def _note(self, finished: list[_Row]) -> bool:
+    def _note(self, finished: list[DecodeRow]) -> bool:
         for row in finished:
             self._left[row.req] -= 1
             if self._left[row.req] == 0:

@@ -12,9 +12,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from memrl.episode.prompt import encode_chat, load_template
 from memrl.rewards.base import REWARDS, RewardConfigError, RewardContext, RewardFn, RewardInput, check_options
 from memrl.rewards.benchmarks import is_abstention_question
+from memrl.templates import encode_chat, load_template
 
 logger = logging.getLogger(__name__)
 _FIRST_WORD = re.compile(r"[a-z]+")

@@ -164,7 +164,7 @@ def test_run_draws_copies_through_the_buffer_and_dumps_each_part(policy_and_cfg,
 def test_resume_refuses_a_changed_job_until_fresh(policy_and_cfg, tmp_path):
     import dataclasses
 
-    from memrl.episode.output import clear_results
+    from memrl.episode.evaluate import clear_results
 
     policy, cfg, _ = policy_and_cfg
     out = tmp_path / "run"

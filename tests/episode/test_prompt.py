@@ -6,7 +6,8 @@ import pytest
 from transformers import ByT5Tokenizer
 
 from memrl.episode.config import EpisodeConfig
-from memrl.episode.prompt import PLAIN_CHAT_FORMAT, PromptBuilder, PromptTooLongError, as_prompt_fact
+from memrl.episode.prompt import PromptBuilder, PromptTooLongError, as_prompt_fact
+from memrl.templates import PLAIN_CHAT_FORMAT
 
 CHAT_TEMPLATE = "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
 
