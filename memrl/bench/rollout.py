@@ -32,8 +32,8 @@ import time
 
 from memrl.bench import BENCHES
 from memrl.bench.rollout_workloads import WORKLOADS, Workload, build_workload, score_groups
-from memrl.policy.scripted import ScriptedPolicy
 from memrl.rollout import RollbackConfig, RolloutConfig, RolloutRequest, TreeConfig, run_rollout
+from memrl.testing.scripted import ScriptedPolicy
 from memrl.tools.base import ToolResult
 
 logger = logging.getLogger(__name__)
@@ -187,6 +187,7 @@ def _measure_seeds(policy, work: Workload, args) -> dict[str, list[dict]]:
         for _ in range(args.repeats):  # interleaved, so machine noise hits every arm alike
             for name, cfg in cfgs.items():
                 runs[name].append(_measure(policy, work, cfg))
+                logger.info("seed %d, %s: %.1f s", seed, name, runs[name][-1]["wall_s"])
         for name, r in runs.items():
             per_seed.setdefault(name, []).append(_combine(r))
         logger.info("seed %d: %s", seed, {k: v[-1] for k, v in per_seed.items()})
