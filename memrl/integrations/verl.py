@@ -132,11 +132,3 @@ def select_leaves(inp: BatchInput, trajs: Sequence[EpisodeTrajectory], n: int) -
     reason = next((t.failure_reason for t in trajs if t.failure_reason), None) or "no trajectory"
     return ok[:n] + [_placeholder(inp, k, reason) for k in range(len(ok), n)]
 
-
-def __getattr__(name: str) -> Any:
-    # The agent loop imports verl; keep ``import memrl.integrations.verl`` free of it.
-    if name == "MemrlAgentLoop":
-        from memrl.integrations.verl_agent_loop import MemrlAgentLoop
-
-        return MemrlAgentLoop
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
