@@ -16,8 +16,9 @@ What verl's servers give and what they do not:
   under its own rollout temperature, so memrl's ``rollout.temperature`` / ``top_p`` are not used here;
 - ``max_tokens``, ``stop`` and ``stop_token_ids`` are memrl's, per request (vLLM's sampling keys; the stop
   string is kept in the output, ``include_stop_str_in_output``);
-- only the sampled token's log-prob comes back, so ``top_logprobs`` is empty: tree search has no entropy
-  signal and branches where its no-entropy rule says (``docs/verl.md``);
+- only the sampled token's log-prob comes back, so ``top_logprobs`` is empty: tree search ranks nodes by the
+  sampled tokens' surprisal instead of top-k entropy (:func:`memrl.rollout.expansion.output_entropies`,
+  ``docs/verl.md``);
 - prefix handles are bookkeeping only (verl's servers cache prefixes by themselves);
 - :meth:`VerlServerPolicy.logprobs` (training-time scoring) is not offered: verl's actor computes the
   training log-probs itself.

@@ -44,7 +44,8 @@ class TreeConfig:
     still decoding (one generation stream, :mod:`memrl.policy.stream`), so no tree waits for another tree's
     slowest branch (measured: ~11 % fewer sequential decode steps than stepping every tree's round together).
 
-    ``expansion_policy`` is ``random`` or ``entropy`` (branch where entropy is high) or a dotted path.
+    ``expansion_policy`` is ``random`` or ``entropy`` (branch where entropy is high; where the backend returns no
+    top-k log-probs, the sampled tokens' surprisal stands in for it) or a dotted path.
     ``initial_rollouts_rule`` (:data:`memrl.rollout.expansion.INITIAL_ROLLOUT_RULES`) lets the number of initial
     chains differ per prompt: ``static`` (default) or ``disagreement`` (twice the chains where the first ones
     disagree, fewer forks to keep the same number of leaves).

@@ -2,7 +2,8 @@
 initial chains each tree gets (registry ``INITIAL_ROLLOUT_RULES``).
 
 A policy is ``policy(candidates, k, rng) -> list of k nodes`` (a node may repeat when there are fewer than
-``k`` candidates). ``entropy`` follows ARPO/TreeRL: branch where the model was uncertain right after the node.
+``k`` candidates). ``entropy`` follows ARPO/TreeRL: branch where the model was uncertain right after the node (top-k entropy, or
+the sampled tokens' surprisal where a backend returns no top-k: :func:`output_entropies`).
 
 An initial-rollout rule is ``rule(answers, initial, budget) -> total initial chains`` in ``[initial, budget]``:
 called once per tree when its first ``initial`` chains have ended, with their extracted answers; the tree then
@@ -76,6 +77,30 @@ def token_entropies(tops: Sequence[Mapping[int, float]]) -> list[float]:
         for i, v in zip(idx, (np.maximum(h, 0.0) / math.log(k)).tolist(), strict=True):
             out[i] = v
     return out
+
+
+def surprisal_entropies(logprobs: Sequence[float], vocab_size: int) -> list[float]:
+    """Per-position uncertainty from the sampled tokens' own log-probs, for backends that return no top-k
+    alternatives (verl's servers, ``top_logprobs=0``): the surprisal ``-logp / log V``, clipped to [0, 1].
+
+    Entropy is the expected surprisal, ``H = E_{x~p}[-log p(x)]``, so the sampled token's surprisal is a
+    one-sample estimate of the entropy of the distribution it was drawn from, and ``log V`` (``V`` = vocabulary
+    size) is the largest that entropy can be. Noisier than :func:`token_entropies` (a likely token can be drawn
+    from a flat distribution) but unbiased, so window means and token forks still rank where the model was
+    unsure; values are on a different scale from the top-k ones (``log V``, not ``log k``), which is harmless
+    because expansion compares nodes of one tree, and one backend gives all of them."""
+    scale = math.log(max(vocab_size, 2))
+    return [min(1.0, max(0.0, -lp) / scale) for lp in logprobs]
+
+
+def output_entropies(
+    top_logprobs: Sequence[Mapping[int, float]], logprobs: Sequence[float], vocab_size: int
+) -> list[float]:
+    """Per-position uncertainty of one generation: :func:`token_entropies` of its top-k alternatives where the
+    backend returned them, else :func:`surprisal_entropies` of the sampled tokens."""
+    if top_logprobs:
+        return token_entropies(top_logprobs)
+    return surprisal_entropies(logprobs, vocab_size)
 
 
 def _fill(chosen: list[Any], ranked: Sequence[Any], k: int) -> list[Any]:

@@ -19,6 +19,7 @@ backend (one token is recomputed, to get the logits there).
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 from collections.abc import Sequence
@@ -30,7 +31,7 @@ from memrl.rollout.base import STRATEGIES, AgentState, RolloutRequest, RolloutRe
 from memrl.rollout.branch import Branch
 from memrl.rollout.config import RolloutConfig
 from memrl.rollout.engine import Engine, EngineHooks
-from memrl.rollout.expansion import EXPANSION_POLICIES, INITIAL_ROLLOUT_RULES, token_entropies
+from memrl.rollout.expansion import EXPANSION_POLICIES, INITIAL_ROLLOUT_RULES, output_entropies
 from memrl.rollout.metrics import RolloutMetrics
 from memrl.types import GenerationOutput, PathNode, StepTrajectory
 
@@ -126,13 +127,21 @@ class TreeHooks(EngineHooks):
     def handles(self):
         return self._engine[0].handles
 
+    @functools.cached_property
+    def vocab_size(self) -> int:
+        """Scales the surprisal fallback of backends without top-k log-probs (:func:`output_entropies`)."""
+        return len(self._engine[0].tokenizer)
+
     def on_output(self, branch: Branch, out: GenerationOutput, start: int) -> None:
         link: _Link = branch.tree
-        if not out.top_logprobs:
+        if not out.token_ids:
             return
         window = self.cfg.tree.entropy_window
         every = self.by_token or self.lazy_segments
-        hs = token_entropies(out.top_logprobs if every else out.top_logprobs[:window])
+        tops, lps = out.top_logprobs, out.logprobs
+        hs = output_entropies(
+            tops if every else tops[:window], lps if every else lps[:window], self.vocab_size
+        )
         head = hs[:window]
         link.node.entropy_sum += sum(head) / len(head)
         link.node.entropy_n += 1

@@ -26,7 +26,8 @@ from memrl.integrations.verl import (
 from memrl.integrations.verl_policy import VerlServerPolicy
 from memrl.policy.base import GenerationRequest, SamplingParams
 from memrl.policy.errors import PolicyError
-from memrl.testing.scripted import ScriptedPolicy
+from memrl.rollout import RolloutConfig, RolloutRequest, TreeConfig, run_rollout
+from memrl.testing.scripted import ScriptedPolicy, ScriptedTurn
 from memrl.types import EpisodeStatus
 from tests.integrations.verl_standins import PolicyServerClient
 
@@ -128,6 +129,31 @@ def test_finish_reasons_and_errors(loop):
     bare = VerlServerPolicy(NoLogprobs(ScriptedPolicy(tok, lambda ctx: "x")), tok, loop)
     with pytest.raises(PolicyError, match="no per-token log-probs"):
         bare.generate([req])
+
+
+def test_entropy_forks_over_verl_servers_land_where_the_sampled_token_was_unlikely(loop):
+    """verl's servers return only the sampled token's log-prob: token forks rank its surprisal instead."""
+    tok = ByT5Tokenizer()
+    hot = 7
+
+    def script(ctx):
+        start = len(ctx.text.split("A:", 1)[1])
+        text = "abcdefghijklmnop"[start:] or "z"
+        return ScriptedTurn(
+            text=text, logprobs=tuple(-3.0 if start + i == hot else -0.02 for i in range(len(text) + 1))
+        )
+
+    server = PolicyServerClient(ScriptedPolicy(tok, script))
+    adapter = VerlServerPolicy(server, tok, loop)
+    tree = TreeConfig(
+        initial_rollouts=1, expansion_iterations=1, beam_size=3, expansion_policy="entropy", branch_at="token"
+    )
+    cfg = RolloutConfig(strategy="tree", n=3, tree=tree, max_response_tokens=32)
+    prompt = tuple(tok.encode("Q: letters?\nA:", add_special_tokens=False))
+    [leaves] = run_rollout([RolloutRequest(prompt, "ep")], adapter, None, cfg).leaves
+    forks = [s for s in leaves if s.meta.branch_depth == 1]
+    assert len(forks) == 2 and all(s.meta.tree_path[1].pos == hot for s in forks)
+    assert all("top_logprobs" not in params for _, params in server.calls)  # only the sampled log-prob asked
 
 
 def test_dataset_rows_survive_parquet(tmp_path, cfg):

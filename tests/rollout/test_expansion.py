@@ -6,7 +6,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from memrl.rollout.expansion import EXPANSION_POLICIES, normalized_entropy, token_entropies
+from memrl.rollout.expansion import (
+    EXPANSION_POLICIES,
+    normalized_entropy,
+    output_entropies,
+    surprisal_entropies,
+    token_entropies,
+)
 
 
 def test_normalized_entropy_bounds():
@@ -61,3 +67,12 @@ def test_token_entropies_match_the_definition_per_position():
     for top, h in zip(tops, got, strict=True):
         assert h == pytest.approx(_entropy_reference(top), abs=1e-9)
     assert got[-1] == 0.0 and token_entropies([]) == []
+
+
+def test_without_top_k_the_sampled_surprisal_stands_in_for_entropy():
+    lps = [0.0, math.log(0.5), math.log(1 / 256), -50.0]
+    assert surprisal_entropies(lps, 256) == pytest.approx([0.0, 1 / 8, 1.0, 1.0])  # -logp / log V, clipped
+    # its expectation under the distribution is the entropy: uniform over V tokens gives exactly 1
+    assert output_entropies((), lps, 256) == surprisal_entropies(lps, 256)
+    tops = [{0: math.log(0.5), 1: math.log(0.5)}] * 4
+    assert output_entropies(tops, lps, 256) == token_entropies(tops)  # top-k wins where given

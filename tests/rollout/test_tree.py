@@ -167,6 +167,42 @@ def test_token_forks_branch_at_the_most_uncertain_token_and_reuse_the_parent_sta
     assert pol.live_handles == 0
 
 
+def _sampled_only_script(hot: range, length: int = 24):
+    """Writes ``length`` tokens with only sampled log-probs (top-k is never given): likely tokens everywhere
+    except at response positions ``hot``, where the sampled token was unlikely."""
+
+    def script(ctx):
+        start = len(ctx.text.split("A:", 1)[1])
+        text = "abcdefghijklmnopqrstuvwx"[start:length] or "z"
+        lps = tuple(math.log(0.05 if start + i in hot else 0.97) for i in range(len(text) + 1))
+        return ScriptedTurn(text=text, logprobs=lps)
+
+    return script
+
+
+def test_without_top_k_token_forks_land_at_the_low_logprob_token(tok):
+    hot = 9
+    cfg = _cfg(3, 1, 1, 1, 3, policy="entropy", branch_at="token", top_logprobs=0)
+    pol = ScriptedPolicy(tok, _sampled_only_script(range(hot, hot + 1)))
+    [leaves] = run_rollout(_requests(tok, 1), pol, None, cfg).leaves
+    forks = [s for s in leaves if s.meta.branch_depth == 1]
+    assert len(forks) == 2
+    for s in forks:
+        assert [p.pos for p in s.meta.tree_path] == [0, hot, len(s.response_ids)]
+        assert s.meta.tree_path[1].entropy > 0  # measured, not the 0 of "no signal"
+
+
+def test_without_top_k_segment_forks_land_after_the_low_logprob_window(tok):
+    seg, hot = 4, 12  # tokens 12..15 follow the node at response position 12 and were unlikely samples
+    for trial in range(3):  # with no signal, ties would break at random: the pick must not depend on it
+        cfg = _cfg(3, 1, 1, 1, 3, seg=seg, policy="entropy", top_logprobs=0, seed=trial)
+        pol = ScriptedPolicy(tok, _sampled_only_script(range(hot, hot + seg)))
+        [leaves] = run_rollout(_requests(tok, 1), pol, None, cfg).leaves
+        forks = [s for s in leaves if s.meta.branch_depth == 1]
+        # [root, 4, 8, 12, ...]: both forks leave the initial chain at its node 12
+        assert len(forks) == 2 and all([p.pos for p in s.meta.tree_path[:4]] == [0, 4, 8, hot] for s in forks)
+
+
 def test_token_forks_never_branch_inside_tool_output(tok):
     from tests.rollout.rollout_fixtures import TableTools
 
