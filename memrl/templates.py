@@ -29,9 +29,11 @@ def load_template(name: str) -> jinja2.Template:
     if path.is_file():
         source = path.read_text(encoding="utf-8")
     else:
-        resource = importlib.resources.files("memrl_prompts") / name
+        resource = importlib.resources.files("memrl.prompts") / name
         if not resource.is_file():
-            bundled = sorted(p.name for p in importlib.resources.files("memrl_prompts").iterdir())
+            bundled = sorted(
+                p.name for p in importlib.resources.files("memrl.prompts").iterdir() if p.name.endswith(".j2")
+            )
             raise FileNotFoundError(
                 f"prompt template {name!r} is neither a file nor a bundled template; bundled: {bundled}"
             )

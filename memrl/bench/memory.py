@@ -56,8 +56,8 @@ KS = (5, 10, 25)
 
 
 def fixture_path(dataset: str) -> Path:
-    """The small bundled sample of ``dataset``'s format (``memrl_adapters``)."""
-    from memrl_adapters import LOCOMO_FIXTURE, LONGMEMEVAL_FIXTURE
+    """The small bundled sample of ``dataset``'s format (``memrl.adapters``)."""
+    from memrl.adapters import LOCOMO_FIXTURE, LONGMEMEVAL_FIXTURE
 
     return LOCOMO_FIXTURE if dataset == "locomo" else LONGMEMEVAL_FIXTURE
 
@@ -95,7 +95,7 @@ def _session_ids(source_ids: Sequence[str]) -> set[str]:
 def iter_conversations(
     dataset: str, path: str, categories: set[int], limit: int | None
 ) -> Iterator[Conversation]:
-    """Episodes from the dataset adapters (``memrl_adapters``), streamed and grouped by shared history (the
+    """Episodes from the dataset adapters (``memrl.adapters``), streamed and grouped by shared history (the
     adapters yield one history's episodes consecutively; one episode is read ahead to see where a history ends);
     histories without a scored question are passed over, ``limit`` counts histories read."""
     from memrl.data.adapters import stream_adapter

@@ -118,7 +118,7 @@ def _locomo_episodes(path: str | None, n: int):
     from memrl.data.adapters import run_adapter
 
     if path is None:
-        from memrl_adapters import LOCOMO_FIXTURE
+        from memrl.adapters import LOCOMO_FIXTURE
 
         path = str(LOCOMO_FIXTURE)
         logger.warning(

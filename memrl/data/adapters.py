@@ -1,4 +1,9 @@
-"""Dataset adapters: turn a dataset file into ``list[BatchInput]``, loudly.
+"""The dataset-adapter contract: turn a dataset file into ``list[BatchInput]``, loudly.
+
+This module holds what every adapter shares: the :data:`ADAPTERS` registry, the signature, the failure policy
+and the reading helpers. The built-in adapters (``synthetic``, ``locomo``, ``longmemeval``) are modules of
+:mod:`memrl.adapters`, imported on the first registry lookup; a user adapter is either registered the same way
+or named by dotted path (``pkg.mod:fn``).
 
 An adapter is one registered function with one signature::
 
@@ -345,14 +350,14 @@ def build_episode(view: RecordView, field: str, **kwargs: Any) -> BatchInput:
 # Registry and loading
 
 
+# The built-in adapters live in memrl.adapters (one module each); they import this module's contract, and the
+# registry imports them on first lookup.
+BUILTIN_ADAPTER_MODULES = ("memrl.adapters.synthetic", "memrl.adapters.locomo", "memrl.adapters.longmemeval")
+
+
 def _populate() -> None:
-    for module in ("synthetic", "locomo", "longmemeval"):
-        try:
-            importlib.import_module(f"memrl_adapters.{module}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"memrl_adapters.{module}":
-                raise
-            logger.debug("adapter module memrl_adapters.%s not present", module)
+    for module in BUILTIN_ADAPTER_MODULES:
+        importlib.import_module(module)
 
 
 ADAPTERS: Registry[AdapterFn] = Registry("dataset adapter", populate=_populate)

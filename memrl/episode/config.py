@@ -40,7 +40,7 @@ CONTEXTS = ("memory", "none", "recent_history")
 class EpisodeConfig:
     """Prompting, reward and rollout workers (owned by memrl.episode).
 
-    ``prompt_template`` is a file name in the bundled ``prompts/`` directory or a path to a Jinja file.
+    ``prompt_template`` is a file name in the bundled ``memrl/prompts/`` directory or a path to a Jinja file.
     ``prompt_token_budget`` bounds the target-turn prompt; over budget the lowest-scored facts are cut (and
     recorded in ``StepMeta.cut_fact_ids``), never the question. ``retrieve_k`` = ``None`` uses ``memory.top_k``.
     ``fact_order``: ``time`` renders retrieved facts oldest first (the latest value of an attribute comes last;

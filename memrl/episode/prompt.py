@@ -1,7 +1,7 @@
 """Target-turn prompts: retrieved facts + short-term summary + tool list → chat messages → token ids.
 
 Training and evaluation both prompt the policy with exactly what :meth:`PromptBuilder.build` produces, so its
-output format is a contract: system message = ``prompts/target_turn.j2`` rendered with ``facts`` (oldest
+output format is a contract: system message = ``memrl/prompts/target_turn.j2`` rendered with ``facts`` (oldest
 first), ``summary`` and ``tools``; messages ``[system, user=question]``; ids from
 ``tokenizer.apply_chat_template(..., add_generation_prompt=True)``. A tokenizer without a chat template gets
 :data:`memrl.templates.PLAIN_CHAT_FORMAT`.

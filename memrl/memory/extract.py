@@ -205,7 +205,7 @@ def _parse_item(i: int, item: object, neighbours: Sequence[FactRecord], speaker:
 
 
 class LlmExtractor:
-    """Prompts ``prompts/memory_extract.j2`` for all turns of a batch in one ``generate_text`` call."""
+    """Prompts ``memrl/prompts/memory_extract.j2`` for all turns of a batch in one ``generate_text`` call."""
 
     needs_neighbours = True
 

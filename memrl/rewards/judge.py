@@ -1,6 +1,6 @@
 """``llm_judge``: an LLM grades each answer yes/no through any PolicyClient (one batched generate call).
 
-The prompt is ``prompts/llm_judge.j2`` (LongMemEval-style grading). The judge's reply is parsed for a leading
+The prompt is ``memrl/prompts/llm_judge.j2`` (LongMemEval-style grading). The judge's reply is parsed for a leading
 yes / no; a reply that is neither scores 0 and is counted in :attr:`LLMJudge.unparsed` (logged, not hidden).
 """
 

@@ -7,8 +7,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from memrl_adapters import LOCOMO_FIXTURE
 
+from memrl.adapters import LOCOMO_FIXTURE
 from memrl.data.adapters import run_adapter
 from memrl.types import TurnRole
 

@@ -7,8 +7,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from memrl_adapters import LONGMEMEVAL_FIXTURE
 
+from memrl.adapters import LONGMEMEVAL_FIXTURE
 from memrl.data.adapters import AdapterError, run_adapter
 from memrl.types import TurnRole
 

@@ -8,8 +8,8 @@ import sys
 from collections import Counter
 
 import pytest
-from memrl_adapters import synthetic as syn
 
+from memrl.adapters import synthetic as syn
 from memrl.data.adapters import run_adapter
 from memrl.types import TurnRole
 

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from memrl.adapters import FIXTURES
 from memrl.bench import BENCHES
 from memrl.bench.memory import _session_ids, recall
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-FIXTURES = Path(__file__).resolve().parents[2] / "adapters" / "fixtures"
 REAL_LOCOMO = Path("/work/shared/data/locomo/locomo10.json")  # present on the build machine only
 KEYS = (
     "recall@5",

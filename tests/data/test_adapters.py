@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from memrl_adapters import LOCOMO_FIXTURE
 
+from memrl.adapters import LOCOMO_FIXTURE
 from memrl.data.adapters import (
     ADAPTERS,
     AdapterError,
@@ -32,7 +32,7 @@ def test_unknown_adapter_lists_valid_choices():
 
 
 def test_dotted_path_adapter():
-    episodes, _ = run_adapter("memrl_adapters.synthetic:synthetic", None, options={"num_episodes": 3})
+    episodes, _ = run_adapter("memrl.adapters.synthetic:synthetic", None, options={"num_episodes": 3})
     assert len(episodes) == 3 and all(isinstance(e, BatchInput) for e in episodes)
 
 

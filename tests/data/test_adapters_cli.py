@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from memrl_adapters import LOCOMO_FIXTURE, LONGMEMEVAL_FIXTURE
 
+from memrl.adapters import LOCOMO_FIXTURE, LONGMEMEVAL_FIXTURE
 from memrl.cli.data import parse_options
 from memrl.cli.main import main
 

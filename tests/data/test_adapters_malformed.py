@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from memrl_adapters import LOCOMO_FIXTURE, LONGMEMEVAL_FIXTURE
 
+from memrl.adapters import LOCOMO_FIXTURE, LONGMEMEVAL_FIXTURE
 from memrl.data.adapters import AdapterError, run_adapter
 
 N_QA = 8  # QAs in the LoCoMo fixture

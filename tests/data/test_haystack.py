@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from memrl_adapters import LONGMEMEVAL_FIXTURE
 
+from memrl.adapters import LONGMEMEVAL_FIXTURE
 from memrl.cli.main import main
 from memrl.data.adapters import AdapterError, run_adapter
 from memrl.data.haystack import DATE_FORMAT, HaystackSpec, spread, write_haystacks

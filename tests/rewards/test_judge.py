@@ -1,4 +1,4 @@
-"""llm_judge: prompt from prompts/llm_judge.j2, one batched generate call, yes/no parsing, unparsed replies
+"""llm_judge: prompt from memrl/prompts/llm_judge.j2, one batched generate call, yes/no parsing, unparsed replies
 counted. Scripted judge for the parsing logic; a real (random-init) HF tiny Llama for the real path."""
 
 from __future__ import annotations
