@@ -131,4 +131,3 @@ def select_leaves(inp: BatchInput, trajs: Sequence[EpisodeTrajectory], n: int) -
         target_step(t)  # validates: one target step per leaf
     reason = next((t.failure_reason for t in trajs if t.failure_reason), None) or "no trajectory"
     return ok[:n] + [_placeholder(inp, k, reason) for k in range(len(ok), n)]
-

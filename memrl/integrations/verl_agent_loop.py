@@ -63,18 +63,57 @@ def check_lengths(cfg: Any, rollout_config: Any) -> None:
         )
 
 
+def check_worker_split(verl_config: Any) -> None:
+    """Warn at start-up when verl's legacy trainer will split some ``uid``'s samples across agent-loop workers.
+
+    ``AgentLoopManager.generate_sequences`` (``trainer.use_v1=false``) cuts the step's ``batch × n`` samples,
+    each prompt's ``n`` contiguous, into ``num_workers`` equal contiguous chunks, so a prompt straddles two
+    workers unless ``train_batch_size`` is a multiple of ``num_workers``. Each worker's share still runs as one
+    episode of that many leaves (see :class:`EpisodeService`); the v1 trainer never splits (each worker spawns
+    the ``n`` samples of its own prompts)."""
+    trainer, data = verl_config.get("trainer", None) or {}, verl_config.get("data", None) or {}
+    batch = data.get("train_batch_size", None)
+    workers = verl_config.actor_rollout_ref.rollout.get("agent", {}).get("num_workers", None)
+    if trainer.get("use_v1", False) or not batch or not workers or batch % workers == 0:
+        return
+    logger.warning(
+        "data.train_batch_size=%d is not a multiple of actor_rollout_ref.rollout.agent.num_workers=%d: verl "
+        "splits some prompts' samples across agent-loop workers, and each worker's share becomes its own memrl "
+        "episode (its own tree, memory ingested once per share; extra field memrl_group_size). For one episode "
+        "per prompt, make train_batch_size a multiple of num_workers.",
+        batch,
+        workers,
+    )
+
+
 @dataclasses.dataclass
 class _Pending:
     inp: BatchInput
     uid: str
     sampling: dict[str, Any]
     future: asyncio.Future
+    position: int | None = None  # verl's global sample position in the step (``priority``), where given
+
+
+@dataclasses.dataclass(frozen=True)
+class _Leaf:
+    """What one verl sample gets back: its leaf, the timings of the batch it ran in, and the number of samples
+    of its ``uid`` on this worker (the leaves of its episode)."""
+
+    traj: EpisodeTrajectory
+    timing: dict[str, float]
+    group_size: int
 
 
 class EpisodeService:
     """One per agent-loop worker: a memrl :class:`~memrl.episode.runner.EpisodeRunner` whose policy is verl's
     server client, fed in batches. memrl code runs on one worker thread (never two batches at once); the
-    worker's event loop stays free to serve the generate calls and the other samples."""
+    worker's event loop stays free to serve the generate calls and the other samples.
+
+    The samples of one ``uid`` that this worker holds become the leaves of one episode. When verl's legacy
+    trainer splits a ``uid``'s samples across workers (:func:`check_worker_split`), each worker's share is its
+    own episode of that size (its own tree under ``rollout.strategy=tree``), with an id that names the share's
+    first sample position, so leaf ids stay unique across workers; GRPO still groups all of them by ``uid``."""
 
     def __init__(self, cfg: Any, policy: VerlServerPolicy) -> None:
         from memrl.episode.build import build_runner
@@ -87,10 +126,12 @@ class EpisodeService:
         self._lock = asyncio.Lock()
         self._draining = False
 
-    async def submit(self, inp: BatchInput, uid: str, sampling: Mapping[str, Any]) -> tuple[Any, dict]:
-        """The leaf for one verl sample and the timings of the batch it ran in."""
+    async def submit(
+        self, inp: BatchInput, uid: str, sampling: Mapping[str, Any], position: int | None = None
+    ) -> _Leaf:
+        """The leaf for one verl sample (``position``: its global position in the step, if verl gives one)."""
         loop = asyncio.get_running_loop()
-        item = _Pending(inp, uid, dict(sampling), loop.create_future())
+        item = _Pending(inp, uid, dict(sampling), loop.create_future(), position)
         self._pending.append(item)
         if not self._draining:
             self._draining = True
@@ -116,9 +157,9 @@ class EpisodeService:
             for it, result in zip(items, results, strict=True):
                 it.future.set_result(result)
 
-    def _run(self, items: list[_Pending]) -> list[tuple[EpisodeTrajectory, dict]]:
+    def _run(self, items: list[_Pending]) -> list[_Leaf]:
         """Runs on the memrl thread: per sampling setting, per group size, one ``run_batch``."""
-        out: dict[int, tuple[EpisodeTrajectory, dict]] = {}
+        out: dict[int, _Leaf] = {}
         by_sampling: dict[tuple, list[int]] = {}
         for i, it in enumerate(items):
             by_sampling.setdefault(tuple(sorted(it.sampling.items())), []).append(i)
@@ -140,9 +181,7 @@ class EpisodeService:
         before = dict(runner.metrics)
         inputs = [
             dataclasses.replace(
-                items[m[0]].inp,
-                episode_id=f"{items[m[0]].inp.episode_id}@{items[m[0]].uid}",
-                group_id=items[m[0]].uid,
+                items[m[0]].inp, episode_id=_share_id([items[i] for i in m]), group_id=items[m[0]].uid
             )
             for m in uid_groups
         ]
@@ -160,7 +199,16 @@ class EpisodeService:
         for inp, members in zip(inputs, uid_groups, strict=True):
             mine = [t for t in trajs if t.group_id == inp.group_id]
             for i, leaf in zip(members, select_leaves(inp, mine, n), strict=True):
-                out[i] = (leaf, timing)
+                out[i] = _Leaf(leaf, timing, n)
+
+
+def _share_id(share: list[_Pending]) -> str:
+    """``<episode>@<uid>``, plus ``:<first sample position>`` where verl numbers its samples: a ``uid`` split
+    across workers gives one episode per share, and their leaf ids must not collide."""
+    first = share[0]
+    positions = [it.position for it in share if it.position is not None]
+    tail = f":{min(positions)}" if positions else ""
+    return f"{first.inp.episode_id}@{first.uid}{tail}"
 
 
 # Services are per worker process and event loop: verl instantiates one agent loop per sample.
@@ -174,6 +222,7 @@ def service_for(agent: AgentLoopBase) -> EpisodeService:
     if service is None:
         cfg = memrl_config(agent.config)
         check_lengths(cfg, agent.rollout_config)
+        check_worker_split(agent.config)
         rc = agent.rollout_config
         policy = VerlServerPolicy(
             agent.server_manager, agent.tokenizer, loop, max_model_len=rc.prompt_length + rc.response_length
@@ -193,10 +242,15 @@ class MemrlAgentLoop(AgentLoopBase):
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         uid = str(kwargs.get("uid", kwargs.get("index", "0")))
         inp = episode_input(kwargs.get("extra_info"), sample=f"uid={uid}")
-        leaf, timing = await service_for(self).submit(inp, uid, sampling_params)
-        return self.output(leaf, timing)
+        position = kwargs.get("priority")  # verl >= 0.9: the sample's global position in the step
+        got = await service_for(self).submit(
+            inp, uid, sampling_params, None if position is None else int(position)
+        )
+        return self.output(got.traj, got.timing, got.group_size)
 
-    def output(self, leaf: EpisodeTrajectory, timing: Mapping[str, float]) -> AgentLoopOutput:
+    def output(
+        self, leaf: EpisodeTrajectory, timing: Mapping[str, float], group_size: int
+    ) -> AgentLoopOutput:
         """verl's output for one leaf: the target step, with the episode reward on its last token."""
         step = target_step(leaf)
         prompt_length = self.rollout_config.prompt_length
@@ -213,6 +267,7 @@ class MemrlAgentLoop(AgentLoopBase):
             "memrl_step_meta": to_dict(step.meta),
             "memrl_episode_id": leaf.episode_id,
             "memrl_status": leaf.status.value,
+            "memrl_group_size": group_size,
         }
         return AgentLoopOutput(
             prompt_ids=list(step.prompt_ids),
@@ -233,4 +288,11 @@ def shutdown_services() -> None:
     _SERVICES.clear()
 
 
-__all__ = ["EpisodeService", "MemrlAgentLoop", "VerlConfigError", "memrl_config", "shutdown_services"]
+__all__ = [
+    "EpisodeService",
+    "MemrlAgentLoop",
+    "VerlConfigError",
+    "check_worker_split",
+    "memrl_config",
+    "shutdown_services",
+]

@@ -27,6 +27,7 @@ from memrl.integrations.verl import verl_dataset_rows  # noqa: E402
 from memrl.integrations.verl_agent_loop import (  # noqa: E402
     MemrlAgentLoop,
     VerlConfigError,
+    check_worker_split,
     shutdown_services,
 )
 from memrl.testing import CHAT_TEMPLATE  # noqa: E402
@@ -93,10 +94,10 @@ def _agent(config, server, tok):
     )
 
 
-def _rows_through_verl_dataset(tmp_path, tok):
+def _rows_through_verl_dataset(tmp_path, tok, overrides=OVERRIDES):
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
-    inputs, _ = load_dataset(load_config(None, OVERRIDES).data)
+    inputs, _ = load_dataset(load_config(None, overrides).data)
     path = tmp_path / "train.parquet"
     pd.DataFrame(verl_dataset_rows(inputs)).to_parquet(path)
     data_cfg = OmegaConf.create(
@@ -149,6 +150,59 @@ def test_registered_and_runs_episodes_per_uid(tmp_path, tok):
     assert len({o.extra_fields["memrl_episode_id"] for o in outs}) == len(outs)
     as_dict = outs[0].as_dict()  # verl's own conversion to tensors (rm_scores on the last token)
     assert as_dict["rm_scores"][-1] == outs[0].reward_score
+
+
+def test_a_uid_split_across_workers_gives_one_episode_per_share(tmp_path, tok, caplog):
+    """verl's legacy trainer cuts 3 prompts x 2 samples into 2 workers' contiguous chunks of 3: the middle
+    prompt's samples land on both. Each share is its own episode of that size, with distinct ids."""
+    overrides = [o for o in OVERRIDES if not o.startswith("data.options")] + [
+        "data.options={num_episodes: 3}"
+    ]
+    inputs, rows = _rows_through_verl_dataset(tmp_path, tok, overrides)
+    samples = [
+        (f"uid-{i}", row) for i, row in enumerate(rows) for _ in range(N)
+    ]  # interleaved, as verl repeats
+    config = _verl_config(overrides)
+    config.data.train_batch_size = len(rows)
+    config.actor_rollout_ref.rollout.agent = {"num_workers": 2}
+    sampling = {"temperature": 1.0, "top_p": 1.0}
+
+    async def worker(chunk, start):
+        server = PolicyServerClient(ScriptedPolicy(tok, _script))  # each worker has its own server client
+        tasks = [
+            _agent(config, server, tok).run(dict(sampling), uid=uid, priority=start + k, **row)
+            for k, (uid, row) in enumerate(chunk)
+        ]
+        return await asyncio.gather(*tasks)
+
+    half = len(samples) // 2
+    try:
+        with caplog.at_level("WARNING", logger="memrl.integrations.verl_agent_loop"):
+            outs = asyncio.run(worker(samples[:half], 0)) + asyncio.run(worker(samples[half:], half))
+    finally:
+        shutdown_services()
+    assert "not a multiple of actor_rollout_ref.rollout.agent.num_workers=2" in caplog.text
+    sizes = [o.extra_fields["memrl_group_size"] for o in outs]
+    assert sizes == [2, 2, 1, 1, 2, 2]  # uid-1: one sample on each worker, each its own 1-leaf episode
+    ids = [o.extra_fields["memrl_episode_id"] for o in outs]
+    assert len(set(ids)) == len(ids)
+    assert ids[2].split("#")[0].endswith("@uid-1:2") and ids[3].split("#")[0].endswith("@uid-1:3")
+    # each share ran the whole episode: the same leaf memrl's own runner gives that episode with n=1
+    runner = build_runner(load_config(None, [*overrides, "rollout.n=1"]), policy=ScriptedPolicy(tok, _script))
+    try:
+        [own] = runner.run_batch([inputs[1]])
+    finally:
+        runner.tools.close()
+    for out in outs[2:4]:
+        assert out.response_ids == list(own.steps[-1].response_ids) and out.reward_score == own.reward
+    # a batch that divides evenly, or the v1 trainer (which never splits a prompt), raises no warning
+    caplog.clear()
+    config.data.train_batch_size = 4
+    check_worker_split(config)
+    config.data.train_batch_size = 3
+    config.trainer = {"use_v1": True}
+    check_worker_split(config)
+    assert not caplog.text
 
 
 def test_lengths_that_cannot_fit_verl_fail_at_start(tmp_path, tok):

@@ -1,6 +1,9 @@
 """verl 0.9's real ``RayPPOTrainer.fit`` for 2 steps on CPU with memrl's agent loop: verl's hydra config,
 ``RLHFDataset``, ``AgentLoopManager`` / ``AgentLoopWorker`` (Ray actors) and GRPO; only the LLM server, the actor
-worker group and ``update_weights`` are CPU stand-ins (tests/integrations/verl_fit_standins.py)."""
+worker group and ``update_weights`` are CPU stand-ins (tests/integrations/verl_fit_standins.py).
+
+3 prompts x 2 samples over 2 agent-loop workers: verl cuts the 6 samples into 2 contiguous chunks of 3, so the
+middle prompt's samples run on different workers (one memrl episode per share); GRPO still groups by uid."""
 
 from __future__ import annotations
 
@@ -18,9 +21,11 @@ pytestmark = [pytest.mark.verl, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 2
+PROMPTS = 3
+WORKERS = 2
 MEMRL_OVERRIDES = [
     "data.adapter=synthetic",
-    "data.options={num_episodes: 2, num_sessions: 2, turns_per_session: 2}",
+    f"data.options={{num_episodes: {PROMPTS}, num_sessions: 2, turns_per_session: 2}}",
     "tools.enabled=[]",
     "rollout.max_response_tokens=8",
     "episode.prompt_token_budget=400",
@@ -45,7 +50,7 @@ def _write_model_and_data(tmp: Path):
     return model, tok, inputs
 
 
-def _verl_config(tmp: Path):
+def _verl_config(tmp: Path, use_v1: bool = False):
     import verl
     from hydra import compose, initialize_config_dir
 
@@ -53,7 +58,8 @@ def _verl_config(tmp: Path):
     overrides = [
         "algorithm.adv_estimator=grpo",
         "trainer.device=cpu",
-        "trainer.use_v1=false",
+        f"trainer.use_v1={str(use_v1).lower()}",
+        "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
         "trainer.logger=[console]",
         "trainer.val_before_train=false",
         "trainer.test_freq=-1",
@@ -64,17 +70,18 @@ def _verl_config(tmp: Path):
         f"trainer.default_local_dir={tmp}/ckpt",
         f"data.train_files={tmp}/train.parquet",
         f"data.val_files={tmp}/train.parquet",
-        "data.train_batch_size=2",
+        f"data.train_batch_size={PROMPTS}",
         "data.max_prompt_length=512",
         "data.max_response_length=16",
         "data.filter_overlong_prompts=false",
+        "data.shuffle=false",
         "data.dataloader_num_workers=0",
         f"actor_rollout_ref.model.path={tmp}/model",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={PROMPTS}",
         "actor_rollout_ref.actor.use_kl_loss=false",
         "actor_rollout_ref.rollout.name=vllm",
         f"actor_rollout_ref.rollout.n={N}",
-        "actor_rollout_ref.rollout.agent.num_workers=1",
+        f"actor_rollout_ref.rollout.agent.num_workers={WORKERS}",
         f"actor_rollout_ref.rollout.agent.agent_loop_config_path={tmp}/agent.yaml",
         "actor_rollout_ref.rollout.agent.default_agent_loop=memrl",
         "algorithm.use_kl_in_reward=false",
@@ -136,6 +143,12 @@ def test_fit_two_steps_with_memrl_agent_loop(tmp_path, ray_cluster, monkeypatch)
 
     trainer.fit()
 
+    _check_run(model, before, sync, actor, logged, tok, inputs, split=True)
+
+
+def _check_run(model, before, sync, actor, logged, tok, inputs, *, split: bool):
+    """What both trainers must show: weights synced each step, rollout and actor log-probs equal, weights
+    changed, memrl's rewards and verl's uid groups at the actor."""
     assert sync.calls == [0, 1, 2]  # once before training, once after each update
     assert len(actor.updates) == 2
     assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
@@ -162,4 +175,9 @@ def test_fit_two_steps_with_memrl_agent_loop(tmp_path, ray_cluster, monkeypatch)
             [a[m][0] if m.any() else a.new_zeros(()) for a, m in zip(adv, mask, strict=True)]
         )
         assert per_row.view(len(inputs), N).sum(-1).abs().max() < 1e-4
+        assert len(set(update["uid"])) == PROMPTS and update["uid"][2] == update["uid"][3]
+        if split:  # the middle prompt's 2 samples ran on the 2 workers, each as its own 1-leaf episode
+            assert update["memrl_group_size"] == [2, 2, 1, 1, 2, 2]
+        else:  # each worker runs all n samples of its own prompts
+            assert update["memrl_group_size"] == [N] * (PROMPTS * N)
     assert np.isfinite([m["actor/pg_loss"] for m in steps]).all()

@@ -108,6 +108,8 @@ class TinyActorGroup:
                 "advantages": adv.detach().clone(),
                 "token_level_scores": data["token_level_scores"].clone(),
                 "responses": data["responses"].clone(),
+                "uid": list(data["uid"]),
+                "memrl_group_size": list(data["memrl_group_size"]),
             }
         )
         out = TensorDict({}, batch_size=[])
