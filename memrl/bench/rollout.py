@@ -358,7 +358,7 @@ def parser() -> argparse.ArgumentParser:
         help="also run the entropy tree at the other granularity (arm tree_token or tree_segment)",
     )
     p.add_argument(
-        "--workload", default="locomo", choices=WORKLOADS, help="see memrl.bench.rollout_workloads"
+        "--workload", default="synthetic", choices=WORKLOADS, help="see memrl.bench.rollout_workloads"
     )
     p.add_argument(
         "--path", help="dataset file for --workload locomo (default: the bundled 8-question fixture)"

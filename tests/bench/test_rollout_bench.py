@@ -40,9 +40,10 @@ def test_three_arms_report_cost_and_answer_quality_in_one_run():
     assert out["wall_ratio_per_response_token"] == pytest.approx(out["wall_ratio"])
     assert out["prefix_hit_rate"] > 0 and out["config"]["arms"]["tree"]["branch_at"] == "token"
     assert out["tree"]["stream_waits"] > 0 and out["tree"]["generate_calls"] == 0  # the tree ran on a stream
-    for arm in arms:  # a random model never writes the gold answer; the scores are computed, not assumed
+    for arm in arms:  # a random model never writes the answer tag; the scores are computed, not assumed
         q = out[arm]
-        assert q["strict_best_of_n"] == q["lenient_mean"] == q["strict_mixed_groups"] == 0
+        assert q["strict_best_of_n"] == q["strict_mixed_groups"] == q["answer_tag_mean"] == 0
+        assert 0 <= q["lenient_mean"] <= q["lenient_best_of_n"] <= 1
         assert 1 <= q["distinct_answers_per_group"] <= 6
 
 
