@@ -1,11 +1,13 @@
 """``memrl data``: validate a dataset through its adapter, or print one episode.
 
-    memrl data check locomo path/to/locomo10.json --json
+    memrl data fetch locomo                      # official locomo10.json into $MEMRL_CACHE_DIR/datasets/
+    memrl data check locomo locomo10.json --json
     memrl data check synthetic - --option num_episodes=200 --split test
     memrl data show synthetic --index 3
     memrl data haystack --oracle longmemeval_oracle.json --sessions 50 --out longmemeval_s_like.json
 
-``check`` prints ``{"episodes": N, "skipped": M, "errors": [...]}``; each error names file, record, field and
+``fetch`` downloads a dataset's official files (:mod:`memrl.data.sources`: checksummed, resumable) and prints
+``[{"name", "path", "sha256", "bytes", "status", "checksum"}]``. ``check`` prints ``{"episodes": N, "skipped": M, "errors": [...]}``; each error names file, record, field and
 what was expected. ``haystack`` builds LongMemEval ``_S``-like haystacks from the oracle file
 (:mod:`memrl.data.haystack`) and prints ``{"out", "questions", "sessions_min", "sessions_max", "bytes"}``. Exit code: 0 ok, 1 the dataset is invalid (strict mode) or unreadable, 2 bad usage
 (unknown adapter, unknown option).
@@ -18,6 +20,7 @@ import json
 import sys
 from typing import Any
 
+from memrl.data.sources import SOURCES
 from memrl.registry import RegistryError
 
 EXIT_INVALID = 1
@@ -40,7 +43,13 @@ def parse_options(items: list[str]) -> dict[str, Any]:
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("adapter", help="adapter name (synthetic, locomo, longmemeval) or package.module:function")
-    p.add_argument("path", nargs="?", default=None, help="dataset file ('-' or omitted for synthetic)")
+    p.add_argument(
+        "path",
+        nargs="?",
+        default=None,
+        help="dataset file: as given, else in $MEMRL_DATA_DIR, else fetched by `memrl data fetch` (default: "
+        "the dataset's default file; '-' or omitted for synthetic)",
+    )
     p.add_argument("--split", default="all", help="train | test | all (default: all)")
     p.add_argument(
         "--lenient", action="store_true", help="skip bad records and report them instead of failing"
@@ -51,8 +60,9 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("data", help="check a dataset through its adapter, or show one episode")
+    p = sub.add_parser("data", help="fetch a dataset, check it through its adapter, or show one episode")
     data_sub = p.add_subparsers(dest="data_command", metavar="ACTION")
+    _register_fetch(data_sub)
     check = data_sub.add_parser("check", help='print {"episodes", "skipped", "errors"} for a dataset')
     _common(check)
     check.add_argument("--json", action="store_true", help="print only the JSON summary")
@@ -79,6 +89,51 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     hay.set_defaults(func=run_haystack)
     p.set_defaults(func=lambda args: (p.print_help(), EXIT_USAGE)[1])
+
+
+def _register_fetch(data_sub: argparse._SubParsersAction) -> None:
+    files = "; ".join(
+        f"{src.name}: " + ", ".join(f"{f.name} ({f.size_hint})" for f in src.files)
+        for src in SOURCES.values()
+    )
+    fetch = data_sub.add_parser(
+        "fetch",
+        help="download a dataset's official files into the cache (checksummed, resumable)",
+        description=(
+            "Download the official files into $MEMRL_CACHE_DIR/datasets/DATASET (default ~/.cache/memrl), where "
+            "configs find them. An interrupted download resumes from its .part file. SHA-256 checksums are "
+            "pinned for locomo10.json and longmemeval_oracle.json; longmemeval_s/_m have none published here, "
+            "so their checksum is recorded on the first download (checksums.json) and later fetches are held "
+            f"to it. Files: {files}."
+        ),
+    )
+    fetch.add_argument("dataset", choices=sorted(SOURCES), help="dataset to download")
+    fetch.add_argument(
+        "--file", action="append", default=[], help="file to fetch (repeatable; default: the first listed)"
+    )
+    fetch.add_argument("--all", action="store_true", help="fetch every official file of the dataset")
+    fetch.add_argument("--dir", default=None, help="target folder (default: the cache)")
+    fetch.add_argument("--force", action="store_true", help="download again even if the file is present")
+    fetch.set_defaults(func=run_fetch)
+
+
+def run_fetch(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from memrl.data.sources import FetchError, fetch
+
+    files = [f.name for f in SOURCES[args.dataset].files] if args.all else args.file
+    folder = Path(args.dir).expanduser() if args.dir else None
+    try:
+        fetched = fetch(args.dataset, files, folder=folder, force=args.force)
+    except ValueError as exc:
+        print(f"memrl data fetch: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except FetchError as exc:
+        print(f"memrl data fetch: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    print(json.dumps([f.to_dict() for f in fetched], indent=2))
+    return 0
 
 
 def _load(args: argparse.Namespace):

@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from memrl.data.sources import DatasetNotFound, resolve_path
 from memrl.registry import Registry
 from memrl.types import BatchInput, ContractError
 
@@ -403,12 +404,17 @@ def stream_adapter(
     options: Mapping[str, Any] | None = None,
 ) -> tuple[Iterator[BatchInput], SkipReport]:
     """:func:`run_adapter` one episode at a time: the report fills in as the iterator advances. Name, options
-    and split are checked before anything is read."""
+    and split are checked before anything is read; ``path`` is found as :func:`memrl.data.sources.resolve_path`
+    says (as given, ``$MEMRL_DATA_DIR``, the ``memrl data fetch`` cache; unset = the dataset's default file)."""
     fn = ADAPTERS.get(name)
     options = dict(options or {})
     check_options(name, fn, options)
     if split not in SPLITS:
         raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+    try:
+        path = resolve_path(name, path)
+    except DatasetNotFound as exc:
+        raise AdapterError(exc.path, None, None, "an existing dataset file", str(exc)) from exc
     report = SkipReport()
     return iter(fn(path, split=split, lenient=lenient, report=report, **options)), report
 

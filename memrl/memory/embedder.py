@@ -203,7 +203,7 @@ def build_embedder(cfg: MemoryConfig, *, cache: bool = True) -> Embedder:
     emb = EMBEDDERS.get(cfg.embedder)(cfg)
     if cfg.embedding_cache:
         from memrl.memory.embed_cache import CachedEmbedder, cache_file
-        from memrl.policy.models import cache_dir
+        from memrl.paths import cache_dir
 
         name = getattr(emb, "name", cfg.embedder_model or cfg.embedder)
         emb = CachedEmbedder(emb, cache_file(cache_dir(), name, getattr(emb, "dtype", "float32"), emb.dim))

@@ -28,6 +28,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from memrl.paths import cache_dir
 from memrl.policy.errors import PolicyError
 from memrl.precision import resolve_dtype
 
@@ -60,11 +61,6 @@ MODEL_ALIASES: dict[str, PackagedGGUF] = {
     ),
 }
 DEFAULT_MODEL = "smollm2-135m"
-
-
-def cache_dir() -> Path:
-    """``$MEMRL_CACHE_DIR`` or ``~/.cache/memrl``."""
-    return Path(os.environ.get("MEMRL_CACHE_DIR") or Path.home() / ".cache" / "memrl")
 
 
 def packaged_file(spec: PackagedGGUF) -> Path:

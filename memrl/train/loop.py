@@ -39,7 +39,8 @@ from memrl.data.buffer import (
     select_groups,
 )
 from memrl.data.datasource import write_json_atomic
-from memrl.policy.models import cache_dir, describe_policy
+from memrl.paths import cache_dir
+from memrl.policy.models import describe_policy
 from memrl.train.checkpoint import (
     TrainState,
     clean_stale,
