@@ -280,8 +280,8 @@ class StepMeta:
     Tree search fills the tree fields (``tree_path``: root-to-leaf nodes, read by tree advantages and
     ``memrl inspect``); every rollout ``finish``, ``tool_calls``, ``rollbacks``. The episode runner adds
     ``leaf_index``, ``source_episode_id`` (the input episode; its leaves are trajectories ``<id>#<j>``),
-    ``response_text`` (what the reward scored), the prompt's ``included_fact_ids`` / ``cut_fact_ids`` and the
-    memory fields. ``extra`` holds display-only values (question, gold evidence, decoded spans)."""
+    ``response_text`` (what the reward scored), ``gold_answer``, the prompt's ``included_fact_ids`` /
+    ``cut_fact_ids`` and memory fields. ``extra`` holds display-only values (question, evidence, spans)."""
 
     turn_id: str = ""
     turn_role: TurnRole = TurnRole.TARGET
@@ -300,6 +300,7 @@ class StepMeta:
     leaf_index: int = 0
     source_episode_id: str = ""
     response_text: str = ""
+    gold_answer: str | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -520,8 +521,7 @@ def memory_op_from_dict(d: Mapping[str, Any]) -> MemoryOp:
     return _build(MemoryOp, d, {})
 
 
-# StepMeta fields that older writers kept in ``extra`` (dumps, replay checkpoints and run directories written
-# before they were typed): read from there when the field itself is absent, so old files keep loading.
+# StepMeta fields that older dumps, replay checkpoints and run directories kept in ``extra``: read from there.
 _FIELDS_ONCE_IN_EXTRA = (
     "tree_path",
     "finish",
@@ -529,6 +529,7 @@ _FIELDS_ONCE_IN_EXTRA = (
     "source_episode_id",
     "response_text",
     "included_fact_ids",
+    "gold_answer",
 )
 
 

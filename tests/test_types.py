@@ -162,6 +162,7 @@ def test_step_meta_dicts_written_before_the_typed_fields_still_load():
         "source_episode_id",
         "response_text",
         "included_fact_ids",
+        "gold_answer",
     ):
         del old[name]
     old["extra"].update(
@@ -171,11 +172,13 @@ def test_step_meta_dicts_written_before_the_typed_fields_still_load():
         source_episode_id="ep-1",
         response_text="<answer>Oslo</answer>",
         included_fact_ids=[3, 4],
+        gold_answer="Oslo",
     )
     meta = step_meta_from_dict(old)
     assert meta.tree_path == (PathNode("root", 0, 0.5, 2), PathNode("a", 7))
     assert meta.finish is BranchFinish.LENGTH and meta.leaf_index == 2 and meta.source_episode_id == "ep-1"
     assert meta.response_text == "<answer>Oslo</answer>" and meta.included_fact_ids == (3, 4)
+    assert meta.gold_answer == "Oslo"
     assert meta.extra == {"question": "Where?"}
     assert step_meta_from_dict(to_dict(meta)) == meta
 

@@ -80,13 +80,14 @@ def _target_meta(st: EpisodeState, leaf: StepTrajectory, leaf_index: int, respon
         leaf_index=leaf_index,
         source_episode_id=st.episode_id,
         response_text=response,
+        gold_answer=st.inp.target_answer,
         extra=extra,
     )
     return dataclasses.replace(leaf, meta=meta, step_id=f"{st.episode_id}/t{leaf_index}")
 
 
 def _inspection_extra(st: EpisodeState, step: StepTrajectory, tokenizer: Any) -> StepTrajectory:
-    """What ``memrl inspect`` needs beyond the training fields: the question, gold answer and evidence, and the
+    """What ``memrl inspect`` needs beyond the training fields: the question, gold evidence, and the
     response decoded in spans (cut at mask changes and tree nodes; see :mod:`memrl.inspect.spans`)."""
     from memrl.inspect.spans import decode_spans
 
@@ -95,7 +96,6 @@ def _inspection_extra(st: EpisodeState, step: StepTrajectory, tokenizer: Any) ->
     extra = {
         **step.meta.extra,
         "question": st.inp.final_query,
-        "gold_answer": st.inp.target_answer,
         "gold_evidence": list(meta.get("evidence_turn_ids", ())),
         "category": str(meta.get("category", meta.get("question_type", ""))),
         "response_spans": decode_spans(tokenizer, step.response_ids, step.response_mask, cuts),

@@ -57,6 +57,7 @@ SCHEMA = pa.schema(
         ("leaf_index", pa.int64()),
         ("finish", pa.string()),
         ("response_text", pa.string()),
+        ("gold_answer", pa.string()),
         ("num_tool_calls", pa.int64()),
         ("num_rollbacks", pa.int64()),
         ("num_memory_ops", pa.int64()),

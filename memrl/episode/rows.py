@@ -2,9 +2,9 @@
 
 :func:`step_rows` flattens ``StepMeta`` into columns (nested records — tree path, tool calls, rollbacks, memory
 ops, extra — as JSON text, so every part has one schema); :func:`step_meta_of_row` rebuilds the ``StepMeta`` of a
-row, also of parts written before ``tree_path``, ``finish``, ``leaf_index``, ``response_text`` and
-``included_fact_ids`` had columns (those kept them in ``extra``). No pyarrow here: the inspector reads rows
-through pandas.
+row, also of parts written before ``tree_path``, ``finish``, ``leaf_index``, ``response_text``,
+``included_fact_ids`` and ``gold_answer`` had columns (those kept them in ``extra``). No pyarrow here: the
+inspector reads rows through pandas.
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ def step_rows(trajs: Iterable[EpisodeTrajectory]) -> list[dict[str, Any]]:
                     "leaf_index": meta.leaf_index,
                     "finish": None if meta.finish is None else meta.finish.value,
                     "response_text": meta.response_text,
+                    "gold_answer": meta.gold_answer,
                     "num_tool_calls": len(meta.tool_calls),
                     "num_rollbacks": len(meta.rollbacks),
                     "num_memory_ops": len(meta.memory_ops),
@@ -102,8 +103,9 @@ def step_meta_of_row(row: dict[str, Any]) -> StepMeta:
             d[name] = int(d[name])
     if "is_duplicate" in d:
         d["is_duplicate"] = bool(d["is_duplicate"])
-    if isinstance(row.get("response_text"), str):
-        d["response_text"] = row["response_text"]
+    for name in ("response_text", "gold_answer"):
+        if isinstance(row.get(name), str):
+            d[name] = row[name]
     if isinstance(row.get("source_episode_id"), str):
         d["source_episode_id"] = row["source_episode_id"]
     return step_meta_from_dict(d)

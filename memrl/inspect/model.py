@@ -292,7 +292,7 @@ def build_episode_view(manifest: list[dict[str, Any]], rows: list[dict[str, Any]
         status="failed" if failed and not targets else str(first.get("status", "")),
         failure_reason=failed[0].get("failure_reason") if failed else None,
         question=str(extra.get("question", "")),
-        gold_answer=extra.get("gold_answer"),
+        gold_answer=targets[0][1].gold_answer if targets else None,
         gold_evidence=gold,
         category=str(extra.get("category", "")),
         history=history,

@@ -29,6 +29,10 @@ class LoraConfig:
             )
 
 
+# Where the SFT target of a replayed group with no good trajectory comes from.
+DEMONSTRATION_SOURCES = ("none", "gold")
+
+
 @dataclass
 class ReplayConfig:
     """Replay buffer of finished episodes: joint SFT (best trajectory per group) + RFT
@@ -36,6 +40,9 @@ class ReplayConfig:
 
     ``capacity`` counts episodes (oldest evicted first). ``batch_size`` episodes are sampled per update;
     ``0`` disables replay. ``min_reward`` is the reward a group's best trajectory needs to be an SFT target.
+    ``demonstrations`` decides the SFT target of a group with no such trajectory: ``none`` (no SFT target) or
+    ``gold`` (the group's prompt followed by ``<answer>gold</answer><eos>``, an off-policy expert trace that
+    teaches the answer format a policy never samples; see :mod:`memrl.train.demonstrations`).
     """
 
     capacity: int = 512
@@ -43,6 +50,7 @@ class ReplayConfig:
     sft_weight: float = 0.1
     rft_weight: float = 0.0
     min_reward: float = 0.5
+    demonstrations: str = "none"
 
     def __post_init__(self) -> None:
         if self.capacity < 1:
@@ -53,6 +61,11 @@ class ReplayConfig:
             )
         if self.sft_weight < 0 or self.rft_weight < 0:
             raise ValueError("train.replay.sft_weight and rft_weight must be >= 0 (0 switches that term off)")
+        if self.demonstrations not in DEMONSTRATION_SOURCES:
+            raise ValueError(
+                f"train.replay.demonstrations must be one of {', '.join(map(repr, DEMONSTRATION_SOURCES))},"
+                f" got {self.demonstrations!r} ('gold' trains groups that found no right answer on the gold one)"
+            )
 
 
 @dataclass

@@ -9,9 +9,15 @@ returns ``(batch, targets, segments)``:
   the search", i.e. the best leaf of each tree / the highest-reward trajectory of each group, which can only be
   chosen by looking at the whole group, not at a single row.
 
+With a ``demonstrate`` function (``train.replay.demonstrations: gold``, :mod:`memrl.train.demonstrations`) a
+sampled group whose best episode is below ``min_reward`` also gets a demonstration, placed right after the group
+in ``batch`` (so a shared-prefix micro-batch forwards the prompt once for both) and listed in
+``ReplaySample.demonstrations``; it is that group's SFT target and never an RFT row.
+
 :func:`replay_loss` = ``sft_weight · SFT + rft_weight · RFT`` where, per row with mean token log-prob ``ℓ``,
-``SFT = -mean over SFT rows of ℓ`` (rows of each group's best episode, reward ≥ ``min_reward``, ties → first)
-and ``RFT = -mean over rows of reward · ℓ``. When ``segments`` is ``None`` (a caller that only has the batch)
+``SFT = -mean over SFT rows of ℓ`` (rows of each group's best episode, reward ≥ ``min_reward``, ties → first;
+else the group's demonstration) and ``RFT = -mean over rows of reward · ℓ`` (demonstrations excluded); both means
+divide by the number of rows. Rows whose coefficient is 0 add nothing and are not forwarded. When ``segments`` is ``None`` (a caller that only has the batch)
 the loss warns once and trains without SFT, so replay still works on episodes stored without them.
 """
 
@@ -21,18 +27,27 @@ import logging
 import random
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from memrl.train.config import TrainConfig
 from memrl.train.losses import LOSS_AGGREGATIONS
-from memrl.train.microbatch import forward_logits, split_micro_batches, token_logprobs, unpack
+from memrl.train.microbatch import (
+    MicroBatch,
+    SeqRecord,
+    forward_logits,
+    split_micro_batches,
+    token_logprobs,
+    unpack,
+)
 from memrl.types import EpisodeStatus, EpisodeTrajectory, PackedBatch
 
 logger = logging.getLogger(__name__)
 
 BuildBatch = Callable[[Sequence[EpisodeTrajectory]], PackedBatch]
+# A group's demonstration (an off-policy SFT target), or None when it needs none.
+Demonstrate = Callable[[Sequence[EpisodeTrajectory]], EpisodeTrajectory | None]
 
 
 @dataclass
@@ -47,6 +62,7 @@ class ReplaySample:
     batch: PackedBatch
     targets: ReplayTargets
     segments: list[EpisodeTrajectory] | None
+    demonstrations: list[EpisodeTrajectory] = field(default_factory=list)  # rows of ``batch``, not segments
 
     def __iter__(self):  # so `batch, targets, segments = buffer.sample(n)` reads as the seed describes
         return iter((self.batch, self.targets, self.segments))
@@ -56,14 +72,18 @@ class ReplayBuffer:
     """FIFO store of episodes (``capacity`` episodes; the oldest are evicted first).
 
     ``build_batch`` turns episodes into a PackedBatch (the data layer's ``TrajectoryBatchBuilder.build``).
-    Sampling draws whole groups, so each SFT target is chosen among all its siblings.
+    Sampling draws whole groups, so each SFT target is chosen among all its siblings. ``demonstrate`` (optional)
+    gives a sampled group its demonstration; demonstrations are derived at sampling time, never stored.
     """
 
-    def __init__(self, capacity: int, build_batch: BuildBatch, seed: int = 0) -> None:
+    def __init__(
+        self, capacity: int, build_batch: BuildBatch, seed: int = 0, demonstrate: Demonstrate | None = None
+    ) -> None:
         if capacity < 1:
             raise ValueError(f"ReplayBuffer capacity must be >= 1, got {capacity}")
         self.capacity = capacity
         self.build_batch = build_batch
+        self.demonstrate = demonstrate
         self._episodes: deque[EpisodeTrajectory] = deque()
         self._rng = random.Random(seed)
 
@@ -81,7 +101,8 @@ class ReplayBuffer:
             self._episodes.popleft()
 
     def sample(self, batch_size: int) -> ReplaySample:
-        """About ``batch_size`` episodes, drawn as whole groups (at least one group), without replacement."""
+        """About ``batch_size`` episodes, drawn as whole groups (at least one group), without replacement, plus
+        their groups' demonstrations (not counted in ``batch_size``)."""
         if not self._episodes:
             raise ValueError("ReplayBuffer.sample: the buffer is empty; add episodes first")
         groups: dict[str, list[EpisodeTrajectory]] = {}
@@ -90,13 +111,20 @@ class ReplayBuffer:
         order = list(groups)
         self._rng.shuffle(order)
         chosen: list[EpisodeTrajectory] = []
+        rows: list[EpisodeTrajectory] = []
+        demos: list[EpisodeTrajectory] = []
         for gid in order:
             if chosen and len(chosen) + len(groups[gid]) > batch_size:
                 break
             chosen.extend(groups[gid])
-        batch = self.build_batch(chosen)
+            rows.extend(groups[gid])
+            demo = self.demonstrate(groups[gid]) if self.demonstrate is not None else None
+            if demo is not None:
+                demos.append(demo)
+                rows.append(demo)
+        batch = self.build_batch(rows)
         rewards = torch.as_tensor(batch.rewards, dtype=torch.float32).flatten()
-        return ReplaySample(batch, ReplayTargets(rewards), chosen)
+        return ReplaySample(batch, ReplayTargets(rewards), chosen, demos)
 
     def state_dict(self) -> dict:
         from memrl.types import to_dict
@@ -130,30 +158,42 @@ def replay_loss(model: torch.nn.Module, sample: ReplaySample, cfg: TrainConfig) 
     global _warned_no_segments
     batch, targets, segments = sample
     rc = cfg.replay
+    demo_ids = {d.episode_id for d in sample.demonstrations}
+    is_demo = torch.tensor([float(eid in demo_ids) for eid in batch.episode_ids])
     if segments is None:
         if not _warned_no_segments:
             logger.warning("replay sample has no segments: training on RFT only, SFT skipped")
             _warned_no_segments = True
-        is_sft = torch.zeros(batch.num_steps)
+        is_sft = is_demo
     else:
-        is_sft = sft_rows(batch, segments, rc.min_reward)
-    coef = rc.sft_weight * is_sft + rc.rft_weight * targets.rewards
-    ones = torch.ones(batch.num_steps)
+        is_sft = torch.maximum(sft_rows(batch, segments, rc.min_reward), is_demo)
+    coef = rc.sft_weight * is_sft + rc.rft_weight * targets.rewards * (1.0 - is_demo)
     # The row coefficient rides in the advantage slot: loss_tok = -coef · logp, mean per sequence.
-    records = unpack(batch, coef, ones)
+    records = unpack(batch, coef, torch.ones(batch.num_steps))
     agg = LOSS_AGGREGATIONS.get("seq-mean-token-mean")
-    micro = split_micro_batches(records, cfg.layout, cfg.micro_batch_tokens, cfg.micro_batch_size)
-    total = max(sum(agg.count(mb.loss_mask, mb.seq_index) for mb in micro), 1.0)
-    loss = torch.zeros(())
-    for mb in micro:
+
+    def split(recs: Sequence[SeqRecord]) -> list[MicroBatch]:
+        return split_micro_batches(recs, cfg.layout, cfg.micro_batch_tokens, cfg.micro_batch_size)
+
+    # The normaliser counts every row, so skipping the forward of coefficient-0 rows leaves the loss unchanged.
+    total = max(sum(agg.count(mb.loss_mask, mb.seq_index) for mb in split(records)), 1.0)
+    loss, demo_logp, demo_tokens = torch.zeros(()), 0.0, 0.0
+    for mb in split([r for r in records if float(coef[r.index]) != 0.0]):
         logp = token_logprobs(forward_logits(model, mb), mb.input_ids)
         part = (-mb.adv * logp * agg.weights(mb.loss_mask, mb.seq_index)).sum() / total
         part.backward()
         loss = loss + part.detach()
+        on_demo = is_demo[torch.tensor(mb.rows)][mb.seq_index.clamp(min=0)] * (mb.loss_mask > 0)
+        demo_logp += float((logp.detach() * on_demo).sum())
+        demo_tokens += float(on_demo.sum())
+    real = 1.0 - is_demo
     metrics = {
         "replay/loss": float(loss),
         "replay/sft_rows": float(is_sft.sum()),
+        "replay/demo_rows": float(is_demo.sum()),
         "replay/rows": float(batch.num_steps),
-        "replay/reward_mean": float(targets.rewards.mean()) if batch.num_steps else 0.0,
+        "replay/reward_mean": float((targets.rewards * real).sum() / real.sum()) if real.sum() else 0.0,
     }
+    if demo_tokens:  # how likely the policy finds the demonstrated answer (rises as it learns the format)
+        metrics["replay/demo_token_logp"] = demo_logp / demo_tokens
     return loss, metrics

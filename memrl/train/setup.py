@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from memrl.train.demonstrations import GoldDemonstrations
 from memrl.train.lora import attach_lora, save_adapter
 from memrl.train.replay import ReplayBuffer
 from memrl.train.updater import PolicyUpdater
@@ -101,8 +102,13 @@ def build_resources(cfg: Any) -> TrainResources:
     eval_runner = build_runner(eval_config(cfg), policy=policy)
     builder = TrajectoryBatchBuilder(cfg.data.batch)
     replay = None
-    if cfg.train.replay.batch_size > 0:
-        replay = ReplayBuffer(cfg.train.replay.capacity, builder.build, seed=cfg.seed)
+    rc = cfg.train.replay
+    if rc.batch_size > 0:
+        # Demonstrations are tokenized exactly as the policy reads and writes text: with its own tokenizer.
+        demonstrate = (
+            GoldDemonstrations(policy.tokenizer, rc.min_reward) if rc.demonstrations == "gold" else None
+        )
+        replay = ReplayBuffer(rc.capacity, builder.build, seed=cfg.seed, demonstrate=demonstrate)
     return TrainResources(
         cfg=cfg,
         model=model,

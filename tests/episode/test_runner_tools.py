@@ -13,7 +13,7 @@ from transformers import ByT5Tokenizer
 from memrl.config import load_config
 from memrl.data.adapters import load_dataset
 from memrl.episode.build import build_runner
-from memrl.episode.rows import step_rows
+from memrl.episode.rows import step_meta_of_row, step_rows
 from memrl.testing.scripted import ScriptedPolicy
 from memrl.types import EpisodeStatus
 
@@ -71,7 +71,10 @@ def test_tool_calls_and_rollbacks_reach_step_meta(cfg):
         assert "42" in masked
         assert traj.reward == pytest.approx(0.5)  # well-formed (format 1.0 * 0.5), wrong answer (42 ≠ gold)
     assert metrics["tools/python/calls"] >= 2 * len(inputs) and metrics["episode/time_tools_s"] > 0
+    # the gold answer reaches the trajectory (replay's gold demonstrations read it) and survives the Parquet row
+    assert [t.steps[-1].meta.gold_answer for t in trajs] == [bi.target_answer for bi in inputs]
     row = [r for r in step_rows(trajs[:1]) if r["turn_role"] == "target"][0]
+    assert step_meta_of_row(row).gold_answer == inputs[0].target_answer is not None
     assert row["num_tool_calls"] == 1 and row["num_rollbacks"] == 1
     assert json.loads(row["rollbacks"])[0]["repaired"] is True
 

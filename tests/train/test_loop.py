@@ -182,3 +182,27 @@ def test_dumped_rollouts_replay_into_the_same_updates(tmp_path, tiny_model_dir):
     train(only_cfg, resources=only)
     assert all(torch.equal(before[k], v) for k, v in adapter_state(only.model).items())
     assert len(list((tmp_path / "only").glob("rollout_*.jsonl"))) == 2
+
+
+def test_gold_demonstrations_reach_the_replay_sft_term_inside_the_loop(tmp_path, tiny_model_dir):
+    """train.replay.demonstrations=gold in the real loop: the runner's episodes carry the gold answer, the
+    policy's tokenizer builds the demonstrations, and replay trains on them from step 2 on."""
+    from memrl.train.demonstrations import GoldDemonstrations
+    from memrl.train.loop import train
+    from memrl.train.setup import build_resources
+
+    # min_reward 2.0 is out of vowel_reward's reach: every replayed group gets a demonstration
+    cfg = _in_process_cfg(
+        tmp_path,
+        tiny_model_dir,
+        "gold",
+        "train.replay={batch_size: 4, sft_weight: 0.5, min_reward: 2.0, demonstrations: gold}",
+        "train.final_eval_episodes=1",
+    )
+    res = build_resources(cfg)
+    assert isinstance(res.replay.demonstrate, GoldDemonstrations)
+    assert res.replay.demonstrate.tokenizer is res.policy.tokenizer
+    train(cfg, resources=res)
+    step2 = [r for r in _metrics(tmp_path / "gold") if "train/pg_loss" in r][1]
+    assert step2["replay/demo_rows"] >= 1 and step2["replay/sft_rows"] == step2["replay/demo_rows"]
+    assert step2["replay/demo_token_logp"] < 0
