@@ -14,7 +14,8 @@ PY=${PYTHON:-python3}
 "$VENV/bin/pip" install -q -e ".[dev]" "transformers>=5.5.3,<5.11,!=5.6.0"
 "$VENV/bin/pip" install -q --no-deps verl==0.9.1
 # tensordict's own dependency pyvers caps packaging below 26 (ray's optional virtualenv wants newer; unused here).
-"$VENV/bin/pip" install -q "tensordict>=0.8,<=0.10.0,!=0.9.0" codetiming hydra-core cachetools torchdata
+# TransferQueue carries batches in verl's v1 trainer (trainer.use_v1=true); it needs tensordict>=0.10, so 0.10.0.
+"$VENV/bin/pip" install -q "tensordict>=0.8,<=0.10.0,!=0.9.0" codetiming hydra-core cachetools torchdata TransferQueue
 [ "${1:-}" = "--install-only" ] && exit 0
 # Ray's temp files and sockets go to a temp dir removed on exit (the tests start and stop their own cluster).
 tmp=$(mktemp -d)

@@ -97,12 +97,14 @@ class _Pending:
 
 @dataclasses.dataclass(frozen=True)
 class _Leaf:
-    """What one verl sample gets back: its leaf, the timings of the batch it ran in, and the number of samples
-    of its ``uid`` on this worker (the leaves of its episode)."""
+    """What one verl sample gets back: its leaf, the timings of the batch it ran in, the number of samples of
+    its ``uid`` on this worker (the leaves of its episode), and the oldest and newest actor weight version its
+    batch generated under (verl's ``min_global_steps`` / ``max_global_steps``; bounds for every leaf in it)."""
 
     traj: EpisodeTrajectory
     timing: dict[str, float]
     group_size: int
+    weight_versions: tuple[int | None, int | None] = (None, None)
 
 
 class EpisodeService:
@@ -186,10 +188,12 @@ class EpisodeService:
             for m in uid_groups
         ]
         runner.rollout_cfg = dataclasses.replace(base, n=n)
+        self.policy.take_weight_versions()  # start counting at this batch
         try:
             trajs = runner.run_batch(inputs)
         finally:
             runner.rollout_cfg = base
+        versions = self.policy.take_weight_versions()
         timing = {
             "generate_sequences": runner.metrics["episode/time_generate_s"]
             - before.get("episode/time_generate_s", 0),
@@ -199,7 +203,7 @@ class EpisodeService:
         for inp, members in zip(inputs, uid_groups, strict=True):
             mine = [t for t in trajs if t.group_id == inp.group_id]
             for i, leaf in zip(members, select_leaves(inp, mine, n), strict=True):
-                out[i] = _Leaf(leaf, timing, n)
+                out[i] = _Leaf(leaf, timing, n, versions)
 
 
 def _share_id(share: list[_Pending]) -> str:
@@ -246,12 +250,11 @@ class MemrlAgentLoop(AgentLoopBase):
         got = await service_for(self).submit(
             inp, uid, sampling_params, None if position is None else int(position)
         )
-        return self.output(got.traj, got.timing, got.group_size)
+        return self.output(got)
 
-    def output(
-        self, leaf: EpisodeTrajectory, timing: Mapping[str, float], group_size: int
-    ) -> AgentLoopOutput:
+    def output(self, got: _Leaf) -> AgentLoopOutput:
         """verl's output for one leaf: the target step, with the episode reward on its last token."""
+        leaf = got.traj
         step = target_step(leaf)
         prompt_length = self.rollout_config.prompt_length
         if len(step.prompt_ids) > prompt_length:
@@ -267,7 +270,10 @@ class MemrlAgentLoop(AgentLoopBase):
             "memrl_step_meta": to_dict(step.meta),
             "memrl_episode_id": leaf.episode_id,
             "memrl_status": leaf.status.value,
-            "memrl_group_size": group_size,
+            "memrl_group_size": got.group_size,
+            # verl's staleness bookkeeping (the v1 trainer reads both into its tags)
+            "min_global_steps": got.weight_versions[0],
+            "max_global_steps": got.weight_versions[1],
         }
         return AgentLoopOutput(
             prompt_ids=list(step.prompt_ids),
@@ -276,7 +282,7 @@ class MemrlAgentLoop(AgentLoopBase):
             response_logprobs=[float(x) for x in step.logprobs[:width]],
             reward_score=float(leaf.reward),
             num_turns=2 + 2 * len(step.meta.tool_calls),
-            metrics=AgentLoopMetrics(**timing),
+            metrics=AgentLoopMetrics(**got.timing),
             extra_fields=extra,
         )
 

@@ -20,6 +20,9 @@ What verl's servers give and what they do not:
   sampled tokens' surprisal instead of top-k entropy (:func:`memrl.rollout.expansion.output_entropies`,
   ``docs/verl.md``);
 - prefix handles are bookkeeping only (verl's servers cache prefixes by themselves);
+- the weight version each output was sampled under (``TokenOutput.extra_fields``: ``min_global_steps`` /
+  ``max_global_steps``, verl's staleness bookkeeping) is gathered across calls and handed over by
+  :meth:`VerlServerPolicy.take_weight_versions`;
 - :meth:`VerlServerPolicy.logprobs` (training-time scoring) is not offered: verl's actor computes the
   training log-probs itself.
 """
@@ -62,6 +65,13 @@ class VerlServerPolicy:
         self.sampling: dict[str, Any] = {"temperature": 1.0, "top_p": 1.0}
         self._handles: dict[str, int] = {}
         self._counter = itertools.count()
+        self._versions: list[int] = []
+
+    def take_weight_versions(self) -> tuple[int | None, int | None]:
+        """The oldest and newest actor weight version (verl's ``global_steps``) of the outputs since the last
+        call, ``(None, None)`` when the servers reported none; then starts over."""
+        seen, self._versions = self._versions, []
+        return (min(seen), max(seen)) if seen else (None, None)
 
     def set_sampling(self, sampling_params: Mapping[str, Any]) -> None:
         """Use verl's sampling for the calls that follow (the keys in :data:`VERL_SAMPLING_KEYS`)."""
@@ -112,6 +122,10 @@ class VerlServerPolicy:
                 "verl's server returned no per-token log-probs (memrl needs them for its trajectories); "
                 "the server must honour sampling_params['logprobs']=True"
             )
+        extra = getattr(out, "extra_fields", None) or {}
+        self._versions += [
+            int(extra[k]) for k in ("min_global_steps", "max_global_steps") if extra.get(k) is not None
+        ]
         # vLLM can report a log-prob a hair above 0 for a certain token; clamp so the contract holds.
         lps = tuple(min(0.0, float(lp)) for lp in out.log_probs)
         if getattr(out, "stop_reason", None) == "aborted":

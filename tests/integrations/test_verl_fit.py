@@ -92,11 +92,12 @@ def _verl_config(tmp: Path, use_v1: bool = False):
         return compose(config_name="ppo_trainer", overrides=overrides)
 
 
-@pytest.fixture
-def ray_cluster(tmp_path):
+@pytest.fixture(scope="module")
+def ray_cluster(tmp_path_factory):
+    """One Ray cluster for both trainers' runs (starting a second one on a busy machine can time out)."""
     import ray
 
-    ray_tmp = Path(os.environ.get("RAY_TMPDIR") or tmp_path / "ray")
+    ray_tmp = Path(os.environ.get("RAY_TMPDIR") or tmp_path_factory.mktemp("ray"))
     ray.init(
         num_cpus=2,
         include_dashboard=False,
@@ -143,13 +144,13 @@ def test_fit_two_steps_with_memrl_agent_loop(tmp_path, ray_cluster, monkeypatch)
 
     trainer.fit()
 
-    _check_run(model, before, sync, actor, logged, tok, inputs, split=True)
-
-
-def _check_run(model, before, sync, actor, logged, tok, inputs, *, split: bool):
-    """What both trainers must show: weights synced each step, rollout and actor log-probs equal, weights
-    changed, memrl's rewards and verl's uid groups at the actor."""
     assert sync.calls == [0, 1, 2]  # once before training, once after each update
+    _check_run(model, before, actor, logged, tok, inputs, split=True)
+
+
+def _check_run(model, before, actor, logged, tok, inputs, *, split: bool):
+    """What both trainers must show: rollout and actor log-probs equal (weights synced), weights changed,
+    memrl's rewards and verl's uid groups at the actor."""
     assert len(actor.updates) == 2
     assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
     steps = [m for m in logged if "training/rollout_probs_diff_max" in m]
@@ -157,10 +158,11 @@ def _check_run(model, before, sync, actor, logged, tok, inputs, *, split: bool):
     from memrl.rewards.base import RewardInput, make_reward
 
     reward = make_reward("char_similarity")
-    gold = [
+    in_order = [
         inp.target_answer for inp in inputs for _ in range(N)
-    ]  # verl repeats each prompt N times, interleaved
+    ]  # the legacy trainer keeps verl's order
     for update in actor.updates:
+        gold = update.get("gold", in_order)  # the v1 trainer reorders its batch (seq-length balancing)
         mask, adv, scores = update["response_mask"].bool(), update["advantages"], update["token_level_scores"]
         assert mask.shape[0] == len(inputs) * N and torch.isfinite(adv).all()
         # the reward that reaches the actor is memrl's reward of the response the actor trains on
@@ -171,13 +173,65 @@ def _check_run(model, before, sync, actor, logged, tok, inputs, *, split: bool):
         ours = reward([RewardInput.from_response(t, g, "", {}) for t, g in zip(texts, gold, strict=True)])
         assert scores.sum(-1).tolist() == pytest.approx(ours, abs=1e-6)
         # GRPO groups are verl's uids: each prompt's N samples have zero-mean advantages
-        per_row = torch.stack(
-            [a[m][0] if m.any() else a.new_zeros(()) for a, m in zip(adv, mask, strict=True)]
-        )
-        assert per_row.view(len(inputs), N).sum(-1).abs().max() < 1e-4
-        assert len(set(update["uid"])) == PROMPTS and update["uid"][2] == update["uid"][3]
+        rows: dict[str, list[int]] = {}
+        for i, uid in enumerate(update["uid"]):
+            rows.setdefault(uid, []).append(i)
+        assert sorted(map(len, rows.values())) == [N] * PROMPTS
+        for idx in rows.values():
+            assert sum(float(adv[i][mask[i]][0]) for i in idx if mask[i].any()) == pytest.approx(0, abs=1e-4)
+        sizes = sorted(tuple(update["memrl_group_size"][i] for i in idx) for idx in rows.values())
         if split:  # the middle prompt's 2 samples ran on the 2 workers, each as its own 1-leaf episode
-            assert update["memrl_group_size"] == [2, 2, 1, 1, 2, 2]
+            assert update["memrl_group_size"] == [2, 2, 1, 1, 2, 2] and sizes == [(1, 1), (2, 2), (2, 2)]
         else:  # each worker runs all n samples of its own prompts
-            assert update["memrl_group_size"] == [N] * (PROMPTS * N)
+            assert sizes == [(N,) * N] * PROMPTS
     assert np.isfinite([m["actor/pg_loss"] for m in steps]).all()
+
+
+def test_fit_two_steps_with_the_v1_trainer(tmp_path, ray_cluster, monkeypatch):
+    """verl's v1 trainer (``trainer.use_v1=true``, sync mode): batches move through TransferQueue, the agent-loop
+    workers spawn each prompt's n samples themselves and put them into TransferQueue."""
+    tq = pytest.importorskip("transfer_queue", reason="the v1 trainer needs TransferQueue (.ci/verl.sh)")
+    from verl.trainer.ppo.v1 import AgentLoopManagerTQ, get_trainer_cls
+    from verl.utils.tracking import Tracking
+
+    from tests.integrations.verl_fit_standins import (
+        TinyActorGroupTQ,
+        TinyServer,
+        TinyServerClient,
+        WeightSync,
+    )
+
+    model, tok, inputs = _write_model_and_data(tmp_path)
+    config = _verl_config(tmp_path, use_v1=True)
+    logged: list[dict] = []
+    monkeypatch.setattr(Tracking, "log", lambda self, data, step, **kw: logged.append(dict(data, step=step)))
+    config.transfer_queue.enable = True
+    tq.init(config.transfer_queue)
+    try:
+        trainer = get_trainer_cls(config.trainer.v1.trainer_mode)(config=config)
+        # PPOTrainer._setup without its GPU pieces: tokenizer, dataloaders, then the stand-ins
+        trainer._init_tokenizer()
+        trainer._init_dataloader()
+        trainer._init_dump_executor()
+        trainer.resource_pool_manager = SimpleNamespace(get_n_gpus=lambda: 1)
+        trainer.ref_in_actor = False
+        trainer.teacher_model_manager = None
+        trainer.reward_loop_manager = SimpleNamespace(
+            reward_loop_worker_handles=[]
+        )  # memrl scores in the loop
+        server = TinyServer.remote(str(tmp_path / "model"))
+        actor = TinyActorGroupTQ(model)
+        sync = WeightSync(actor, server)
+        trainer.actor_rollout_wg = actor
+        trainer.checkpoint_manager = sync
+        trainer._load_checkpoint()
+        trainer.on_init_end()
+        manager = AgentLoopManagerTQ.create(
+            config=config, llm_client=TinyServerClient(server), reward_loop_worker_handles=[]
+        )
+        before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        trainer.fit(manager)
+    finally:
+        tq.close()
+    assert sync.calls == [0, 1, 2]  # once before training, once after each update
+    _check_run(model, before, actor, logged, tok, inputs, split=False)

@@ -126,6 +126,19 @@ def test_finish_reasons_and_errors(loop):
             out.log_probs = None
             return out
 
+    # the weight versions the outputs were sampled under: none reported by this server, then steps 3 and 5
+    assert adapter.take_weight_versions() == (None, None)
+
+    class Versioned(PolicyServerClient):
+        async def generate(self, request_id, *, prompt_ids, sampling_params, **kw):
+            out = await super().generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params)
+            out.extra_fields = {"min_global_steps": 3, "max_global_steps": 5}
+            return out
+
+    versioned = VerlServerPolicy(Versioned(ScriptedPolicy(tok, lambda ctx: "x")), tok, loop)
+    versioned.generate([req])
+    assert versioned.take_weight_versions() == (3, 5) and versioned.take_weight_versions() == (None, None)
+
     bare = VerlServerPolicy(NoLogprobs(ScriptedPolicy(tok, lambda ctx: "x")), tok, loop)
     with pytest.raises(PolicyError, match="no per-token log-probs"):
         bare.generate([req])

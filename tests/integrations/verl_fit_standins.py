@@ -31,6 +31,7 @@ class TinyServer:
             model, AutoTokenizer.from_pretrained(path), PolicyConfig(device="cpu")
         )
         self.loads = 0
+        self.global_steps: int | None = None  # the actor step its weights come from, as verl's servers track
 
     def generate(self, prompt_ids: list[int], sampling_params: dict[str, Any]) -> TokenOutput:
         from memrl.policy.base import GenerationRequest
@@ -38,13 +39,17 @@ class TinyServer:
         params = sampling_from_verl(sampling_params, 64)
         out = self.policy.generate([GenerationRequest(tuple(prompt_ids), params)])[0][0]
         return TokenOutput(
-            token_ids=list(out.token_ids), log_probs=list(out.logprobs), stop_reason="completed"
+            token_ids=list(out.token_ids),
+            log_probs=list(out.logprobs),
+            stop_reason="completed",
+            extra_fields={"global_steps": self.global_steps},
         )
 
-    def load_weights(self, state: dict[str, torch.Tensor]) -> int:
+    def load_weights(self, state: dict[str, torch.Tensor], global_steps: int) -> int:
         self.policy.model.load_state_dict(state)
         self.policy.invalidate_cache()
         self.loads += 1
+        self.global_steps = global_steps
         return self.loads
 
 
@@ -55,7 +60,11 @@ class TinyServerClient:
         self.server = server
 
     async def generate(self, request_id, *, prompt_ids, sampling_params, **_: Any) -> TokenOutput:
-        return await self.server.generate.remote(list(prompt_ids), dict(sampling_params))
+        output = await self.server.generate.remote(list(prompt_ids), dict(sampling_params))
+        # as LLMServerClient.generate: one call spans one weight version
+        output.extra_fields.setdefault("min_global_steps", output.extra_fields["global_steps"])
+        output.extra_fields.setdefault("max_global_steps", output.extra_fields["global_steps"])
+        return output
 
 
 def _token_logprobs(model, data: TensorDict, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,8 +136,76 @@ class WeightSync:
 
     def update_weights(self, global_steps: int = 0) -> None:
         state = {k: v.detach().clone() for k, v in self.actor.model.state_dict().items()}
-        ray.get(self.server.load_weights.remote(state))
+        ray.get(self.server.load_weights.remote(state, global_steps))
         self.calls.append(global_steps)
 
     def sleep_replicas(self) -> None:
         pass
+
+
+def _padded(x: torch.Tensor) -> torch.Tensor:
+    return x.to_padded_tensor(0) if x.is_nested else x
+
+
+class TinyActorGroupTQ(TinyActorGroup):
+    """The same actor for verl's v1 trainer, which hands workers ``KVBatchMeta`` keys into TransferQueue:
+    verl's own ``tqbridge`` reads the samples (nested, no padding) and writes the returned fields back."""
+
+    _dispatch_info = {"actor": [0]}  # one data-parallel rank (the trainer balances the batch over it)
+
+    def compute_log_prob(self, batch: Any) -> Any:
+        from verl.utils.transferqueue_utils import tqbridge
+
+        return tqbridge()(self._compute_log_prob)(batch)
+
+    def _compute_log_prob(self, data: TensorDict) -> TensorDict:
+        with torch.no_grad():
+            lp, ent = _token_logprobs(self.model, data, self.temperature)
+        lengths = data["input_ids"].offsets().diff().tolist()
+
+        def nested(x):
+            return torch.nested.as_nested_tensor(list(x.split(lengths)), layout=torch.jagged)
+
+        out = TensorDict({"log_probs": nested(lp), "entropy": nested(ent)}, batch_size=[len(lengths)])
+        tu.assign_non_tensor(out, metrics={"mfu": 0.0})
+        return out
+
+    def update_actor(self, batch: Any) -> Any:
+        from verl.utils.transferqueue_utils import tqbridge
+
+        return tqbridge()(self._update_actor)(batch)
+
+    def _update_actor(self, data: TensorDict) -> TensorDict:
+        lp, _ = _token_logprobs(self.model, data, self.temperature)
+        seqs = lp.split(data["input_ids"].offsets().diff().tolist())
+        prompts = data["prompts"].offsets().diff().tolist()
+        mask = _padded(data["response_mask"]).float()
+        width = mask.shape[1]
+        # position t predicts token t + 1: the response's log-probs start one before it
+        lp = torch.stack(
+            [
+                torch.nn.functional.pad(s[p - 1 : -1], (0, width - (len(s) - p)))
+                for s, p in zip(seqs, prompts, strict=True)
+            ]
+        )
+        adv, old = _padded(data["advantages"]), _padded(data["old_log_probs"])
+        ratio = torch.exp(lp - old)
+        loss = -torch.min(ratio * adv, ratio.clamp(1 - self.clip, 1 + self.clip) * adv)
+        loss = (loss * mask).sum() / mask.sum().clamp(min=1)
+        self.optim.zero_grad()
+        loss.backward()
+        self.optim.step()
+        self.updates.append(
+            {
+                "response_mask": mask.long(),
+                "advantages": adv.detach().clone(),
+                "token_level_scores": _padded(data["rm_scores"]).clone(),
+                "responses": _padded(data["responses"]).clone(),
+                "uid": list(data["uid"]),
+                "memrl_group_size": [e["memrl_group_size"] for e in data["extra_fields"]],
+                "gold": [rm["ground_truth"] for rm in data["reward_model"]],
+            }
+        )
+        out = TensorDict({}, batch_size=[])
+        tu.assign_non_tensor(out, metrics={"mfu": 0.0, "pg_loss": float(loss.detach())})
+        return out
