@@ -101,11 +101,6 @@ def evidence_prompts(tok, episodes, tools: Sequence[str], facts_per_prompt: int 
     return prompts
 
 
-def synthetic_prompts(tok, n: int, facts_per_prompt: int = 4) -> list[tuple[int, ...]]:
-    """Prompt ids of ``n`` test-split synthetic episodes (``python`` tool listed)."""
-    return evidence_prompts(tok, _synthetic_episodes(n), ["python"], facts_per_prompt)
-
-
 def _synthetic_episodes(n: int):
     from memrl.data.adapters import run_adapter
 

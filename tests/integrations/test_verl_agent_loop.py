@@ -6,7 +6,6 @@ own RLHFDataset."""
 from __future__ import annotations
 
 import asyncio
-import re
 
 import pandas as pd
 import pytest
@@ -32,7 +31,7 @@ from memrl.integrations.verl_agent_loop import (  # noqa: E402
 )
 from memrl.testing import CHAT_TEMPLATE  # noqa: E402
 from memrl.testing.scripted import ScriptedPolicy  # noqa: E402
-from tests.integrations.verl_standins import PolicyServerClient  # noqa: E402
+from tests.integrations.verl_standins import PolicyServerClient, rollback_script  # noqa: E402
 
 pytestmark = pytest.mark.verl
 N = 2
@@ -45,17 +44,6 @@ OVERRIDES = [
     "episode.reward=composite",
     "episode.reward_options={parts: {exact_match: 1.0, format: 0.5}}",
 ]
-
-
-def _script(ctx):
-    """A broken call (NameError → rollback), the fixed call, then an answer quoting the tool's result."""
-    tail = ctx.text.rsplit("<|assistant|>", 1)[-1]
-    if "Write a corrected call" in tail and tail.count("<python>") == 1:
-        return "<python>print(6 * 7)</python>"
-    if "<result>" not in tail:
-        return "<python>print(undefined_name)</python>"
-    results = re.findall(r"<result>(.*?)</result>", tail, re.DOTALL)
-    return f"<answer>{results[-1].strip()}</answer>"
 
 
 @pytest.fixture
@@ -111,7 +99,7 @@ def test_registered_and_runs_episodes_per_uid(tmp_path, tok):
     assert _agent_loop_registry["memrl"]["_target_"].endswith("verl_agent_loop.MemrlAgentLoop")
     inputs, rows = _rows_through_verl_dataset(tmp_path, tok)
     assert rows[0]["agent_name"] == "memrl" and "raw_prompt" in rows[0]
-    server = PolicyServerClient(ScriptedPolicy(tok, _script))
+    server = PolicyServerClient(ScriptedPolicy(tok, rollback_script))
     config = _verl_config()
     sampling = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": False}
 
@@ -128,7 +116,7 @@ def test_registered_and_runs_episodes_per_uid(tmp_path, tok):
     assert len(outs) == len(rows) * N and all(isinstance(o, AgentLoopOutput) for o in outs)
     # memrl's own runner on the same episodes with the same script: the same sequences, masks and rewards
     runner = build_runner(
-        load_config(None, [*OVERRIDES, f"rollout.n={N}"]), policy=ScriptedPolicy(tok, _script)
+        load_config(None, [*OVERRIDES, f"rollout.n={N}"]), policy=ScriptedPolicy(tok, rollback_script)
     )
     try:
         own = runner.run_batch(inputs)
@@ -168,7 +156,9 @@ def test_a_uid_split_across_workers_gives_one_episode_per_share(tmp_path, tok, c
     sampling = {"temperature": 1.0, "top_p": 1.0}
 
     async def worker(chunk, start):
-        server = PolicyServerClient(ScriptedPolicy(tok, _script))  # each worker has its own server client
+        server = PolicyServerClient(
+            ScriptedPolicy(tok, rollback_script)
+        )  # each worker has its own server client
         tasks = [
             _agent(config, server, tok).run(dict(sampling), uid=uid, priority=start + k, **row)
             for k, (uid, row) in enumerate(chunk)
@@ -188,7 +178,9 @@ def test_a_uid_split_across_workers_gives_one_episode_per_share(tmp_path, tok, c
     assert len(set(ids)) == len(ids)
     assert ids[2].split("#")[0].endswith("@uid-1:2") and ids[3].split("#")[0].endswith("@uid-1:3")
     # each share ran the whole episode: the same leaf memrl's own runner gives that episode with n=1
-    runner = build_runner(load_config(None, [*overrides, "rollout.n=1"]), policy=ScriptedPolicy(tok, _script))
+    runner = build_runner(
+        load_config(None, [*overrides, "rollout.n=1"]), policy=ScriptedPolicy(tok, rollback_script)
+    )
     try:
         [own] = runner.run_batch([inputs[1]])
     finally:
@@ -207,7 +199,7 @@ def test_a_uid_split_across_workers_gives_one_episode_per_share(tmp_path, tok, c
 
 def test_lengths_that_cannot_fit_verl_fail_at_start(tmp_path, tok):
     _, rows = _rows_through_verl_dataset(tmp_path, tok)
-    server = PolicyServerClient(ScriptedPolicy(tok, _script))
+    server = PolicyServerClient(ScriptedPolicy(tok, rollback_script))
     sampling = {"temperature": 1.0}
     try:
         with pytest.raises(VerlConfigError, match="response_length"):

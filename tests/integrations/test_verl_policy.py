@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import re
 import threading
 
 import pandas as pd
@@ -29,18 +28,7 @@ from memrl.policy.errors import PolicyError
 from memrl.rollout import RolloutConfig, RolloutRequest, TreeConfig, run_rollout
 from memrl.testing.scripted import ScriptedPolicy, ScriptedTurn
 from memrl.types import EpisodeStatus
-from tests.integrations.verl_standins import PolicyServerClient
-
-
-def _script(ctx):
-    """A broken call (NameError → rollback), the fixed call, then an answer quoting the tool's result."""
-    tail = ctx.text.rsplit("<|assistant|>", 1)[-1]
-    if "Write a corrected call" in tail and tail.count("<python>") == 1:
-        return "<python>print(6 * 7)</python>"
-    if "<result>" not in tail:
-        return "<python>print(undefined_name)</python>"
-    results = re.findall(r"<result>(.*?)</result>", tail, re.DOTALL)
-    return f"<answer>{results[-1].strip()}</answer>"
+from tests.integrations.verl_standins import PolicyServerClient, rollback_script
 
 
 @pytest.fixture
@@ -83,8 +71,8 @@ def _run(cfg, policy):
 
 def test_episodes_through_the_adapter_equal_the_direct_policy(cfg, loop):
     tok = ByT5Tokenizer()
-    direct = _run(cfg, ScriptedPolicy(tok, _script))
-    server = PolicyServerClient(ScriptedPolicy(tok, _script))
+    direct = _run(cfg, ScriptedPolicy(tok, rollback_script))
+    server = PolicyServerClient(ScriptedPolicy(tok, rollback_script))
     adapter = VerlServerPolicy(server, tok, loop)
     adapter.set_sampling({"temperature": 0.7, "top_p": 0.9, "top_k": -1, "logprobs": False, "junk": 1})
     via = _run(cfg, adapter)

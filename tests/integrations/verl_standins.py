@@ -4,6 +4,7 @@ scripted policy). Importable without verl."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,3 +53,15 @@ class PolicyServerClient:
             log_probs=list(out.logprobs) if sampling_params.get("logprobs") else None,
             stop_reason="completed",
         )
+
+
+def rollback_script(ctx) -> str:
+    """A scripted episode that exercises tools and rollback: a broken call (NameError → rollback), the fixed call,
+    then an answer quoting the tool's result."""
+    tail = ctx.text.rsplit("<|assistant|>", 1)[-1]
+    if "Write a corrected call" in tail and tail.count("<python>") == 1:
+        return "<python>print(6 * 7)</python>"
+    if "<result>" not in tail:
+        return "<python>print(undefined_name)</python>"
+    results = re.findall(r"<result>(.*?)</result>", tail, re.DOTALL)
+    return f"<answer>{results[-1].strip()}</answer>"
