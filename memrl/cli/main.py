@@ -11,7 +11,7 @@ import logging
 import sys
 
 # Order = order in --help.
-COMMANDS = ("run", "train", "eval", "data", "bench", "inspect", "serve", "sandbox")
+COMMANDS = ("run", "train", "report", "eval", "data", "bench", "inspect", "serve", "sandbox")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,210 @@
+"""Compare training runs across seeds: ``memrl report --arm NAME RUN_DIR... [--arm ...]``.
+
+A run directory is what ``memrl train`` writes (``summary.json`` + ``metrics.jsonl``). Runs of one arm are seeds
+of one configuration; the first arm is the reference the others are compared with.
+
+Per arm: the mean start and final held-out exact match over seeds, the mean gain, and a 95 % interval from a
+two-level bootstrap (resample seeds, then each seed's evaluation episodes), so the interval carries both the
+seed-to-seed spread and the finite evaluation set. The episode level is redrawn from each run's score and
+episode count, which is exact for a 0/1 metric (strict exact match, the evaluation reward of the training
+configs); the report refuses runs whose evaluation reward is not 0/1.
+
+Token efficiency: for each arm, the generated tokens at which its in-run evaluation (the fixed subset evaluated
+every ``train.eval_every`` steps) first reaches the reference arm's mean final exact match, against the
+reference's own total tokens. In-run evaluations use fewer episodes than the final one, so a single crossing is
+noisy; the curve plot shows the whole trajectory.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from memrl.train.metrics import read_metrics
+
+_BINARY_REWARDS = ("exact_match",)
+
+
+class ReportError(ValueError):
+    """A run directory that cannot be reported (missing files, a non-0/1 evaluation reward)."""
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One finished ``memrl train`` run: its summary and its in-run evaluation curve."""
+
+    path: Path
+    seed: int
+    em_start: float
+    em_final: float
+    em_final_ci: tuple[float, float] | None
+    eval_episodes: int
+    generated_tokens: int
+    wall_s: float
+    steps: int
+    curve: tuple[tuple[float, float], ...]  # (generated tokens, in-run exact match)
+
+
+def load_run(path: str | Path) -> RunRecord:
+    """Read a run directory; errors name the file and what is missing."""
+    path = Path(path)
+    summary_path = path / "summary.json"
+    if not summary_path.is_file():
+        raise ReportError(f"{summary_path}: not found (is {path} a finished `memrl train` output_dir?)")
+    summary = json.loads(summary_path.read_text())
+    for key in ("em_start", "em_final", "eval_episodes", "generated_tokens", "seed"):
+        if summary.get(key) is None:
+            raise ReportError(
+                f"{summary_path}: field {key!r} is missing or null (the run has no final evaluation)"
+            )
+    reward = summary.get("config", {}).get("eval_reward")
+    if reward not in _BINARY_REWARDS:
+        raise ReportError(
+            f"{summary_path}: train.eval_reward={reward!r}; the seed bootstrap needs a 0/1 metric "
+            f"({', '.join(_BINARY_REWARDS)})"
+        )
+    rows = read_metrics(path / "metrics.jsonl")
+    full = int(summary["eval_episodes"])
+    # In-run points only: the start and final evaluations (all eval_episodes) are in the summary.
+    curve = tuple(
+        (float(r["counters/generated_tokens"]), float(r["eval/em"]))
+        for r in rows
+        if "eval/em" in r and "counters/generated_tokens" in r and int(r.get("eval/episodes", 0)) != full
+    )
+    ci = summary.get("em_final_ci")
+    return RunRecord(
+        path=path,
+        seed=int(summary["seed"]),
+        em_start=float(summary["em_start"]),
+        em_final=float(summary["em_final"]),
+        em_final_ci=tuple(ci) if ci else None,
+        eval_episodes=full,
+        generated_tokens=int(summary["generated_tokens"]),
+        wall_s=float(summary.get("wall_s", 0.0)),
+        steps=int(summary.get("steps", 0)),
+        curve=curve,
+    )
+
+
+def seed_bootstrap(
+    runs: list[RunRecord], resamples: int = 4000, seed: int = 0
+) -> dict[str, tuple[float, float]]:
+    """95 % intervals of the mean final exact match and of the mean gain (final - start) over seeds."""
+    rng = np.random.default_rng(seed)
+    n = np.array([r.eval_episodes for r in runs])
+    start = np.array([r.em_start for r in runs])
+    final = np.array([r.em_final for r in runs])
+    picks = rng.integers(0, len(runs), size=(resamples, len(runs)))
+    final_draw = rng.binomial(n[picks], final[picks]) / n[picks]
+    start_draw = rng.binomial(n[picks], start[picks]) / n[picks]
+    finals = final_draw.mean(axis=1)
+    gains = (final_draw - start_draw).mean(axis=1)
+    interval = lambda x: (round(float(np.percentile(x, 2.5)), 4), round(float(np.percentile(x, 97.5)), 4))  # noqa: E731
+    return {"em_final_ci": interval(finals), "gain_ci": interval(gains)}
+
+
+def tokens_to_reach(run: RunRecord, target: float) -> float | None:
+    """Generated tokens at the first in-run evaluation with exact match >= ``target`` (None if never)."""
+    return next((tokens for tokens, em in run.curve if em >= target), None)
+
+
+def summarize_arm(runs: list[RunRecord]) -> dict[str, Any]:
+    mean = lambda xs: round(float(np.mean(xs)), 4)  # noqa: E731
+    return {
+        "seeds": sorted(r.seed for r in runs),
+        "runs": [
+            {
+                "path": str(r.path),
+                "seed": r.seed,
+                "em_start": r.em_start,
+                "em_final": r.em_final,
+                "em_final_ci": list(r.em_final_ci) if r.em_final_ci else None,
+                "generated_tokens": r.generated_tokens,
+                "steps": r.steps,
+                "wall_s": r.wall_s,
+            }
+            for r in runs
+        ],
+        "em_start_mean": mean([r.em_start for r in runs]),
+        "em_final_mean": mean([r.em_final for r in runs]),
+        "gain_mean": mean([r.em_final - r.em_start for r in runs]),
+        **{k: list(v) for k, v in seed_bootstrap(runs).items()},
+        "generated_tokens_mean": mean([r.generated_tokens for r in runs]),
+        "wall_s_mean": mean([r.wall_s for r in runs]),
+        "steps_mean": mean([r.steps for r in runs]),
+    }
+
+
+def compare(arms: dict[str, list[RunRecord]]) -> dict[str, Any]:
+    """The report: every arm's summary, and each arm's tokens to reach the reference's final exact match."""
+    if not arms or any(not runs for runs in arms.values()):
+        raise ReportError("every --arm needs at least one run directory")
+    reference = next(iter(arms))
+    summaries = {name: summarize_arm(runs) for name, runs in arms.items()}
+    target = summaries[reference]["em_final_mean"]
+    ref_tokens = summaries[reference]["generated_tokens_mean"]
+    reach: dict[str, Any] = {}
+    for name, runs in arms.items():
+        per_run = [tokens_to_reach(r, target) for r in runs]
+        reached = [t for t in per_run if t is not None]
+        reach[name] = {
+            "per_run": per_run,
+            "reached": f"{len(reached)}/{len(runs)}",
+            # Mean over the runs that got there; with some runs short of the target it flatters the arm, so
+            # "reached" says how many did.
+            "tokens_mean": round(float(np.mean(reached)), 1) if reached else None,
+            "ratio_to_reference_total": round(float(np.mean(reached)) / ref_tokens, 3) if reached else None,
+        }
+    return {"reference": reference, "target_em": target, "arms": summaries, "tokens_to_reference_em": reach}
+
+
+def plot_report(arms: dict[str, list[RunRecord]], out_png: str | Path) -> Path:
+    """In-run exact match vs generated tokens, one line per run, one colour per arm; final evaluations with
+    their intervals as points at each run's last token count."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for i, (name, runs) in enumerate(arms.items()):
+        colour = f"C{i}"
+        for j, run in enumerate(runs):
+            xs = [0.0] + [t for t, _ in run.curve]
+            ys = [run.em_start] + [em for _, em in run.curve]
+            ax.plot(xs, ys, color=colour, alpha=0.55, label=f"{name} (in-run)" if j == 0 else None)
+            lo, hi = run.em_final_ci or (run.em_final, run.em_final)
+            ax.errorbar(
+                run.generated_tokens,
+                run.em_final,
+                yerr=[[run.em_final - lo], [hi - run.em_final]],
+                fmt="o",
+                color=colour,
+                capsize=3,
+                label=f"{name} (final, {run.eval_episodes} episodes)" if j == 0 else None,
+            )
+    ax.set_xlabel("generated tokens")
+    ax.set_ylabel("held-out strict exact match")
+    ax.set_ylim(-0.02, 1.0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    out_png = Path(out_png)
+    fig.savefig(out_png, dpi=110)
+    plt.close(fig)
+    return out_png
+
+
+__all__ = [
+    "ReportError",
+    "RunRecord",
+    "compare",
+    "load_run",
+    "plot_report",
+    "seed_bootstrap",
+    "tokens_to_reach",
+]

@@ -1,0 +1,115 @@
+import json
+
+import pytest
+
+from memrl.cli.main import main
+from memrl.train.report import ReportError, compare, load_run, seed_bootstrap, tokens_to_reach
+
+
+def _write_run(path, *, seed, em_start, em_final, curve, tokens, eval_reward="exact_match", episodes=200):
+    path.mkdir(parents=True)
+    summary = {
+        "em_start": em_start,
+        "em_final": em_final,
+        "em_final_ci": [em_final - 0.07, em_final + 0.07],
+        "eval_episodes": episodes,
+        "generated_tokens": tokens,
+        "seed": seed,
+        "steps": 10,
+        "wall_s": 100.0,
+        "config": {"eval_reward": eval_reward},
+    }
+    (path / "summary.json").write_text(json.dumps(summary))
+    rows = [{"step": 0, "eval/em": em_start, "eval/episodes": episodes}]
+    rows += [
+        {"step": i + 1, "eval/em": em, "eval/episodes": 48, "counters/generated_tokens": t}
+        for i, (t, em) in enumerate(curve)
+    ]
+    rows.append(
+        {"step": 99, "eval/em": em_final, "eval/episodes": episodes, "counters/generated_tokens": tokens}
+    )
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_load_run_keeps_only_in_run_points(tmp_path):
+    run = load_run(
+        _write_run(
+            tmp_path / "a", seed=0, em_start=0.0, em_final=0.5, curve=[(10, 0.3), (20, 0.6)], tokens=30
+        )
+    )
+    # The start (step 0) and final (200-episode) evaluations are not in-run points.
+    assert run.curve == ((10.0, 0.3), (20.0, 0.6))
+    assert tokens_to_reach(run, 0.5) == 20.0
+    assert tokens_to_reach(run, 0.7) is None
+
+
+def test_seed_bootstrap_spans_seed_spread_and_episode_noise(tmp_path):
+    same = [
+        load_run(_write_run(tmp_path / f"s{i}", seed=i, em_start=0.0, em_final=0.5, curve=[], tokens=1))
+        for i in range(3)
+    ]
+    spread = [
+        load_run(_write_run(tmp_path / f"t{i}", seed=i, em_start=0.0, em_final=em, curve=[], tokens=1))
+        for i, em in enumerate((0.2, 0.5, 0.8))
+    ]
+    tight, wide = seed_bootstrap(same)["em_final_ci"], seed_bootstrap(spread)["em_final_ci"]
+    assert tight[0] < 0.5 < tight[1]
+    # 600 episodes at 0.5: about +-0.04; three seeds 0.2/0.5/0.8 are far wider.
+    assert tight[1] - tight[0] < 0.1
+    assert wide[1] - wide[0] > 0.3
+    gain = seed_bootstrap(same)["gain_ci"]
+    assert gain[0] > 0.4  # the start is 0 on every seed: the gain is the final score
+
+
+def test_compare_reports_tokens_to_reference_em(tmp_path):
+    chain = [
+        load_run(
+            _write_run(
+                tmp_path / f"c{i}",
+                seed=i,
+                em_start=0.0,
+                em_final=0.5,
+                curve=[(100, 0.2), (200, 0.5)],
+                tokens=300,
+            )
+        )
+        for i in range(2)
+    ]
+    tree = [
+        load_run(
+            _write_run(tmp_path / "t0", seed=0, em_start=0.0, em_final=0.6, curve=[(60, 0.55)], tokens=300)
+        ),
+        load_run(
+            _write_run(tmp_path / "t1", seed=1, em_start=0.0, em_final=0.3, curve=[(60, 0.3)], tokens=300)
+        ),
+    ]
+    report = compare({"chain": chain, "tree": tree})
+    assert report["reference"] == "chain" and report["target_em"] == 0.5
+    assert report["arms"]["tree"]["em_final_mean"] == 0.45
+    reach = report["tokens_to_reference_em"]["tree"]
+    assert reach["per_run"] == [60.0, None] and reach["reached"] == "1/2"
+    assert reach["ratio_to_reference_total"] == 0.2
+    assert report["tokens_to_reference_em"]["chain"]["tokens_mean"] == 200.0
+
+
+def test_errors_name_the_file_and_the_problem(tmp_path):
+    with pytest.raises(ReportError, match="summary.json: not found"):
+        load_run(tmp_path)
+    lenient = _write_run(
+        tmp_path / "l", seed=0, em_start=0.0, em_final=0.5, curve=[], tokens=1, eval_reward="lenient_match"
+    )
+    with pytest.raises(ReportError, match="eval_reward='lenient_match'"):
+        load_run(lenient)
+
+
+def test_cli_prints_json_and_draws_the_plot(tmp_path, capsys):
+    a = _write_run(tmp_path / "a", seed=0, em_start=0.0, em_final=0.5, curve=[(10, 0.4)], tokens=20)
+    b = _write_run(tmp_path / "b", seed=0, em_start=0.0, em_final=0.1, curve=[(10, 0.1)], tokens=20)
+    png = tmp_path / "cmp.png"
+    assert main(["report", "--arm", "memory", str(a), "--arm", "none", str(b), "--plot", str(png)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["arms"]["none"]["em_final_mean"] == 0.1
+    assert png.stat().st_size > 1000
+    with pytest.raises(SystemExit, match="names no run directory"):
+        main(["report", "--arm", "memory"])
