@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from memrl.data.jsonstream import JSONStreamError, iter_json_array, iter_json_lines
 from memrl.data.sources import DatasetNotFound, resolve_path
 from memrl.registry import Registry
 from memrl.types import BatchInput, ContractError
@@ -154,84 +155,37 @@ def _undecodable(value: str) -> int | None:
     return None if m is None else m.start()
 
 
-def read_text(path: str) -> str:
-    """File contents decoded as UTF-8; invalid bytes survive as surrogates so fields can be blamed."""
-    p = Path(path)
-    if not p.is_file():
-        raise AdapterError(str(path), None, None, "an existing dataset file", "no such file")
-    text = p.read_bytes().decode("utf-8", errors="surrogateescape")
-    return text[1:] if text.startswith("\ufeff") else text  # editors on Windows prepend a BOM
-
-
-def _skip_ws(text: str, i: int) -> int:
-    while i < len(text) and text[i] in " \t\r\n":
-        i += 1
-    return i
-
-
 def iter_json_records(path: str, *, lenient: bool, report: SkipReport) -> Iterator[tuple[int, Any]]:
-    """Yield ``(index, record)`` for each element of the top-level JSON array in ``path``.
+    """Yield ``(index, record)`` for each element of the top-level JSON array in ``path``, reading the file
+    in chunks (:mod:`memrl.data.jsonstream`): about one record is in memory at a time.
 
     A parse error (truncated file, garbage) at element ``i`` raises in strict mode; in lenient mode the
     complete elements before it are kept and one skip says where reading stopped and why.
     Files with the extension ``.jsonl`` are read one JSON value per line (a bad line skips just that line).
     """
-    text = read_text(path)
+    if not Path(path).is_file():
+        raise AdapterError(str(path), None, None, "an existing dataset file", "no such file")
     if path.endswith(".jsonl"):
-        yield from _iter_jsonl(path, text, lenient=lenient, report=report)
+        yield from _iter_jsonl(path, lenient=lenient, report=report)
         return
-    decoder = json.JSONDecoder()
-    i = _skip_ws(text, 0)
-    if i >= len(text) or text[i] != "[":
-        raise AdapterError(path, None, None, "a JSON array of records (file starting with '[')")
-    i, index = _skip_ws(text, i + 1), 0
-    if i < len(text) and text[i] == "]":
-        return
-    while True:
-        try:
-            record, i = decoder.raw_decode(text, i)
-        except json.JSONDecodeError as exc:
-            err = AdapterError(
-                path,
-                index,
-                None,
-                "a complete JSON value",
-                f"{exc.msg} at line {exc.lineno} column {exc.colno} (byte ~{exc.pos}); "
-                "this record and the rest of the file are unreadable (truncated file?)",
-            )
-            if not lenient:
-                raise err from exc
-            report.add(err)
-            return
-        yield index, record
-        index += 1
-        i = _skip_ws(text, i)
-        if i < len(text) and text[i] == ",":
-            i = _skip_ws(text, i + 1)
-            continue
-        if i < len(text) and text[i] == "]":
-            return
-        got = "end of file (truncated file?)" if i >= len(text) else repr(text[i : i + 20])
-        err = AdapterError(path, index, None, "',' or ']' after a record", got)
-        if not lenient:
-            raise err
+    try:
+        yield from iter_json_array(path)
+    except JSONStreamError as exc:
+        err = AdapterError(path, exc.index, None, exc.expected, exc.got)
+        if not lenient or exc.index is None:
+            raise err from exc
         report.add(err)
-        return
 
 
-def _iter_jsonl(path: str, text: str, *, lenient: bool, report: SkipReport) -> Iterator[tuple[int, Any]]:
-    index = 0
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            yield index, json.loads(line)
-        except json.JSONDecodeError as exc:
-            err = AdapterError(path, index, None, "one JSON value per line", f"line {lineno}: {exc.msg}")
+def _iter_jsonl(path: str, *, lenient: bool, report: SkipReport) -> Iterator[tuple[int, Any]]:
+    for index, lineno, value in iter_json_lines(path):
+        if isinstance(value, json.JSONDecodeError):
+            err = AdapterError(path, index, None, "one JSON value per line", f"line {lineno}: {value.msg}")
             if not lenient:
-                raise err from exc
+                raise err from value
             report.add(err)
-        index += 1
+            continue
+        yield index, value
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -441,7 +395,6 @@ __all__ = [
     "in_split",
     "iter_json_records",
     "load_dataset",
-    "read_text",
     "record_guard",
     "run_adapter",
 ]
