@@ -42,7 +42,7 @@ class EpisodeConfig:
 
     ``prompt_template`` is a file name in the bundled ``memrl/prompts/`` directory or a path to a Jinja file.
     ``prompt_token_budget`` bounds the target-turn prompt; over budget the lowest-scored facts are cut (and
-    recorded in ``StepMeta.cut_fact_ids``), never the question. ``retrieve_k`` = ``None`` uses ``memory.top_k``.
+    recorded in ``StepMeta.cut_fact_ids``), never the question.
     ``fact_order``: ``time`` renders retrieved facts oldest first (the latest value of an attribute comes last;
     what a capable LLM reasons over best), ``score`` most relevant first (a small model copies from the top).
     ``context`` is what the target-turn prompt carries: ``memory`` (retrieved facts + summary), ``none`` (the
@@ -67,11 +67,9 @@ class EpisodeConfig:
     reward_options: dict[str, Any] = field(default_factory=dict)
     prompt_template: str = "target_turn.j2"
     prompt_token_budget: int = 1536
-    retrieve_k: int | None = None
     fact_order: str = "time"
     context: str = "memory"
     use_summary: bool = True
-    update_memory_after_answer: bool = True
     batch_size: int = 16
     ingest_chunk_turns: int = 0
     history_steps: str = "turn"
@@ -85,8 +83,6 @@ class EpisodeConfig:
                 f"episode.prompt_token_budget must be >= 16 tokens, got {self.prompt_token_budget}"
                 " (it must at least hold the instructions and the question)"
             )
-        if self.retrieve_k is not None and self.retrieve_k < 0:
-            raise ValueError(f"episode.retrieve_k must be >= 0 or null, got {self.retrieve_k}")
         if self.context not in CONTEXTS:
             raise ValueError(f"episode.context={self.context!r}; valid: {', '.join(CONTEXTS)}")
         if self.fact_order not in FACT_ORDERS:

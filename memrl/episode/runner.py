@@ -206,7 +206,7 @@ class EpisodeRunner:
         self._guarded(Phase.PROMPTING, states, self._prompt_live)
 
     def _prompt_live(self, live: list[EpisodeState]) -> None:
-        k = self.cfg.retrieve_k if self.cfg.retrieve_k is not None else self.memory.cfg.top_k
+        k = self.memory.cfg.top_k
         use_memory = self.cfg.context == "memory"
         if use_memory and k > 0:
             marks = [len(st.manager.memory_ops) for st in live]
@@ -257,7 +257,7 @@ class EpisodeRunner:
             st.advance(Phase.UPDATING)
 
     def _update(self, states: list[EpisodeState]) -> None:
-        if not (self.cfg.update_memory_after_answer and self.cfg.context == "memory"):
+        if self.cfg.context != "memory":
             for st in states:
                 st.advance(Phase.SCORING)
             return
