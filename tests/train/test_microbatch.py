@@ -95,6 +95,17 @@ def test_every_train_layout_gives_the_same_gradient():
         assert torch.allclose(grads[layout], grads["packed"], atol=1e-5, rtol=1e-4), layout
 
 
+def test_shared_prefix_micro_batches_are_one_prompt_group_of_at_most_max_rows():
+    batch = TrajectoryBatchBuilder().build(make_episodes(n_groups=2, n_per_group=4, shared_prompt=True))
+    records = unpack(batch, torch.zeros(batch.num_steps), torch.ones(batch.num_steps))
+    micro = split_micro_batches(records, "shared_prefix", max_tokens=10_000, max_rows=3)
+    assert [mb.rows for mb in micro] == [[0, 1, 2], [3], [4, 5, 6], [7]]
+    for mb in micro:
+        prompt_len = records[mb.rows[0]].prompt_len
+        assert mb.prefix_ids.shape == (1, prompt_len - 1)  # the prompt minus its last token, once
+        assert mb.input_ids.shape[0] == len(mb.rows)
+
+
 def test_shared_prefix_refuses_rows_with_another_prompt():
     batch = TrajectoryBatchBuilder().build(make_episodes(n_groups=2, n_per_group=1, shared_prompt=True))
     records = unpack(batch, torch.zeros(2), torch.ones(2))
