@@ -13,11 +13,12 @@ of SmolLM2-135M's shape (``--layers`` fewer for a quick run) with the trainer's 
   (block-diagonal causal attention);
 * ``padded``: ``micro_batch_size`` right-padded rows per forward.
 
-The layouts run alternating in one process; each reports its best time. ``speedup`` is the padded layout's time
-over each layout's (``speedup_base`` names the reference when ``--layouts`` leaves padded out); ``loss_rel_diff``
-is the largest relative difference of a layout's summed loss from the reference's (the same tokens through the
-same model: float noise). ``forwarded_tokens`` counts what each layout feeds the model (padding included, a
-shared prompt once).
+The layouts run alternating in one process; each reports its best time. ``speedup`` is the padded layout's wall
+time over each layout's (``speedup_base`` names the reference when ``--layouts`` leaves padded out);
+``cpu_speedup`` is the same with the process's CPU time, which a loaded machine disturbs less (use
+``--threads 1`` there: idle OpenMP threads spin). ``loss_rel_diff`` is the largest relative difference of a
+layout's summed loss from the reference's (the same tokens through the same model: float noise).
+``forwarded_tokens`` counts what each layout feeds the model (padding included, a shared prompt once).
 """
 
 from __future__ import annotations
@@ -119,7 +120,7 @@ def _model(args: argparse.Namespace) -> torch.nn.Module:
         "intermediate_size": max(1, round(SMOLLM2_135M["intermediate_size"] * scale)),
         "num_hidden_layers": args.layers,
         "num_attention_heads": heads,
-        "num_key_value_heads": max(1, heads // 3),
+        "num_key_value_heads": heads // 3 if heads % 3 == 0 else 1,  # SmolLM2: 3 query heads per KV head
     }
     torch.manual_seed(args.seed)
     config = tiny_llama_config(**shape, max_position_embeddings=args.prompt_max + args.response_max + 8)
@@ -127,15 +128,15 @@ def _model(args: argparse.Namespace) -> torch.nn.Module:
     return attach_lora(LlamaForCausalLM(config).float(), LoraConfig()).train()
 
 
-def _forward_backward(model: torch.nn.Module, micro: list[MicroBatch]) -> tuple[float, float]:
-    """One pass as the trainer's update runs it; returns (seconds, summed response NLL)."""
+def _forward_backward(model: torch.nn.Module, micro: list[MicroBatch]) -> tuple[float, float, float]:
+    """One pass as the trainer's update runs it; returns (wall seconds, CPU seconds, summed response NLL)."""
     model.zero_grad(set_to_none=True)
-    t0, total = time.perf_counter(), 0.0
+    t0, c0, total = time.perf_counter(), time.process_time(), 0.0
     for mb in micro:
         loss = -(token_logprobs(forward_logits(model, mb), mb.input_ids) * mb.loss_mask).sum()
         loss.backward()
         total += float(loss.detach())
-    return time.perf_counter() - t0, total
+    return time.perf_counter() - t0, time.process_time() - c0, total
 
 
 def _forwarded(micro: list[MicroBatch]) -> int:
@@ -157,17 +158,21 @@ def bench_batch(argv: list[str]) -> dict:
     for layout in layouts:  # warm-up: one micro-batch each
         _forward_backward(model, micro[layout][:1])
     times: dict[str, list[float]] = {layout: [] for layout in layouts}
+    cpu: dict[str, list[float]] = {layout: [] for layout in layouts}
     losses: dict[str, float] = {}
     for _ in range(args.repeats):
         for layout in layouts:
-            t, losses[layout] = _forward_backward(model, micro[layout])
-            times[layout].append(t)
+            wall, cpu_s, losses[layout] = _forward_backward(model, micro[layout])
+            times[layout].append(wall)
+            cpu[layout].append(cpu_s)
     best = {layout: min(v) for layout, v in times.items()}
+    best_cpu = {layout: min(v) for layout, v in cpu.items()}
     real = int((batch.prompt_lengths + batch.response_lengths).sum())
     base = "padded" if "padded" in best else layouts[0]
     return {
         "speedup_base": base,
         "speedup": {layout: best[base] / t for layout, t in best.items()},
+        "cpu_speedup": {layout: best_cpu[base] / t for layout, t in best_cpu.items()},
         "tokens_per_s": {layout: real / t for layout, t in best.items()},
         "loss_rel_diff": max(abs(v - losses[base]) / max(abs(losses[base]), 1e-12) for v in losses.values()),
         "losses": losses,
@@ -176,6 +181,7 @@ def bench_batch(argv: list[str]) -> dict:
         "micro_batches": {layout: len(mbs) for layout, mbs in micro.items()},
         "num_sequences": batch.num_steps,
         "seconds": times,
+        "cpu_seconds": cpu,
         "model": {"layers": args.layers, "hidden": args.hidden, "lora_r": LoraConfig().r},
         "torch_threads": torch.get_num_threads(),
     }
