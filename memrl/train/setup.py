@@ -45,9 +45,8 @@ class TrainResources:
     runner: EpisodeRunner  # training rollouts
     eval_runner: EpisodeRunner  # held-out evaluation (greedy, one chain per question)
     eval_inputs: list[BatchInput]  # the in-run evaluation subset (train.eval_episodes)
-    final_eval_inputs: list[
-        BatchInput
-    ]  # start and final evaluation (train.final_eval_episodes; the subset is its head)
+    # Start and final evaluation (train.final_eval_episodes); the in-run subset is its head.
+    final_eval_inputs: list[BatchInput]
     buffer: RolloutBuffer  # over the training data source
     builder: TrajectoryBatchBuilder
     updater: PolicyUpdater
