@@ -1,17 +1,24 @@
-"""``memrl bench batch``: padding waste and forward+backward speed of packed vs padded training batches.
+"""``memrl bench batch``: forward+backward speed of the trainer's micro-batch layouts on GRPO-shaped batches.
 
-Builds a multi-turn batch with long-tail (log-normal) prompt/response lengths through
-:class:`~memrl.data.batch.TrajectoryBatchBuilder` (history steps present and dropped, as in real episodes),
-then runs a randomly initialised tiny ``LlamaForCausalLM`` (byte vocab 384) forward+backward over
+Builds GRPO groups shaped like ``configs/synthetic_chain.yaml`` (``--groups`` prompts of ``--prompt-min`` to
+``--prompt-max`` tokens, ``--group-size`` responses of up to ``--response-max`` tokens each, every response of a
+group after the same prompt) through :class:`~memrl.data.batch.TrajectoryBatchBuilder`, then runs the trainer's
+own path over it for each ``train.layout``: :func:`~memrl.train.microbatch.unpack` →
+:func:`~memrl.train.microbatch.split_micro_batches` → :func:`~memrl.train.microbatch.forward_logits` →
+:func:`~memrl.train.microbatch.token_logprobs`, then backward of the summed response NLL, on a random-init model
+of SmolLM2-135M's shape (``--layers`` fewer for a quick run) with the trainer's LoRA adapter attached.
 
-* **padded**: verl's layout, every row padded to ``max_prompt + max_response``, ``micro_batch`` rows per call;
-* **packed**: the same rows placed into bins (:func:`~memrl.data.packing.plan_bins`, capacity = the longest
-  row) with a block-diagonal causal mask, ``micro_batch`` bins per call.
+* ``shared_prefix``: each group's prompt once, its cache repeated for the group's responses;
+* ``packed``: ``[1, N]`` rows of ≤ ``micro_batch_tokens`` tokens, position ids restarting per sequence
+  (block-diagonal causal attention);
+* ``padded``: ``micro_batch_size`` right-padded rows per forward.
 
-Both passes see the same real tokens, in the same run, alternating; ``packed_speedup`` is the ratio of the
-best padded time to the best packed time. ``loss_rel_diff`` compares the summed response NLL of the two.
-``padding_fraction_packed`` counts the bin slack actually computed by the packed pass (the packed layout
-itself has none: ``padding_fraction_packed_layout``).
+The layouts run alternating in one process; each reports its best time. ``speedup`` is the padded layout's wall
+time over each layout's (``speedup_base`` names the reference when ``--layouts`` leaves padded out);
+``cpu_speedup`` is the same with the process's CPU time, which a loaded machine disturbs less (use
+``--threads 1`` there: idle OpenMP threads spin). ``loss_rel_diff`` is the largest relative difference of a
+layout's summed loss from the reference's (the same tokens through the same model: float noise).
+``forwarded_tokens`` counts what each layout feeds the model (padding included, a shared prompt once).
 """
 
 from __future__ import annotations
@@ -22,162 +29,159 @@ import time
 import numpy as np
 import torch
 
-from memrl.bench import BENCHES
-from memrl.data.batch import TrajectoryBatchBuilder, select_steps, slice_padded
-from memrl.data.config import BatchConfig
-from memrl.data.packing import _bin_tensors, packed_forward_logprobs, padded_forward_logprobs, plan_bins
+from memrl.bench import BENCHES, auto_threads
+from memrl.data.batch import TrajectoryBatchBuilder
+from memrl.train.config import LoraConfig, TrainConfig
+from memrl.train.microbatch import MicroBatch, forward_logits, split_micro_batches, token_logprobs, unpack
 from memrl.types import EpisodeStatus, EpisodeTrajectory, PackedBatch, StepTrajectory, TurnRole
 
-VOCAB = 384  # transformers.ByT5Tokenizer: 256 bytes + 3 specials, padded up
+LAYOUTS = ("shared_prefix", "packed", "padded")
+# SmolLM2-135M: the model the shipped training configs train.
+SMOLLM2_135M = {
+    "vocab_size": 49152,
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+}
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
+    train = TrainConfig()
     p = argparse.ArgumentParser(prog="memrl bench batch", description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=64, help="trainable (target-turn) steps in the batch")
-    p.add_argument("--targets-per-episode", type=int, default=4)
-    p.add_argument("--prompt-median", type=float, default=48)
-    p.add_argument("--response-median", type=float, default=24)
-    p.add_argument("--sigma", type=float, default=0.9, help="log-normal sigma of both length distributions")
-    p.add_argument("--max-len", type=int, default=1024, help="clip for each of prompt/response length")
-    # Defaults sized for a shared 2-core CPU (~1 min); --layers 4 --hidden 256 is the bigger variant.
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--micro-batch", type=int, default=8, help="rows (padded) or bins (packed) per forward")
+    p.add_argument("--groups", type=int, default=4, help="prompts per batch (data.prompts_per_batch)")
+    p.add_argument("--group-size", type=int, default=8, help="responses per prompt (rollout.n)")
+    p.add_argument("--prompt-min", type=int, default=300)
+    p.add_argument("--prompt-max", type=int, default=600)
+    p.add_argument("--response-max", type=int, default=96, help="rollout.max_response_tokens")
+    p.add_argument("--layers", type=int, default=SMOLLM2_135M["num_hidden_layers"])
+    p.add_argument(
+        "--hidden", type=int, default=SMOLLM2_135M["hidden_size"], help="model width (heads scale)"
+    )
+    p.add_argument("--micro-batch-size", type=int, default=train.micro_batch_size)
+    p.add_argument("--micro-batch-tokens", type=int, default=train.micro_batch_tokens)
+    p.add_argument("--layouts", default=",".join(LAYOUTS), help="comma-separated train.layout values")
     p.add_argument("--repeats", type=int, default=2, help="timed passes per layout (best is reported)")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = auto: 1 when oversubscribed)")
     p.add_argument("--seed", type=int, default=0)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    unknown = sorted(set(args.layouts.split(",")) - set(LAYOUTS))
+    if unknown:
+        p.error(f"--layouts: unknown {unknown}; choose from {', '.join(LAYOUTS)}")
+    if not 1 <= args.prompt_min <= args.prompt_max:
+        p.error(f"--prompt-min/--prompt-max: need 1 <= min <= max, got {args.prompt_min}/{args.prompt_max}")
+    return args
 
 
 def make_episodes(args: argparse.Namespace) -> list[EpisodeTrajectory]:
-    """Episodes of one history step (dropped by the builder) + ``targets_per_episode`` target steps."""
+    """``groups × group_size`` one-step episodes; the members of a group share their prompt, as GRPO's do."""
     rng = np.random.default_rng(args.seed)
-
-    def lengths(median: float) -> int:
-        return int(np.clip(rng.lognormal(np.log(median), args.sigma), 1, args.max_len))
-
-    def step(sid: str, role: TurnRole) -> StepTrajectory:
-        p, r = lengths(args.prompt_median), lengths(args.response_median)
-        mask = (rng.random(r) > 0.1).astype(int).tolist()  # ~10 % tool-output tokens (mask 0)
-        return StepTrajectory(
-            step_id=sid,
-            prompt_ids=rng.integers(3, 259, p).tolist(),
-            response_ids=rng.integers(3, 259, r).tolist(),
-            response_mask=mask,
-            logprobs=(-rng.random(r) * np.array(mask)).tolist(),
-            turn_id=sid,
-            turn_role=role,
-        )
-
+    vocab = SMOLLM2_135M["vocab_size"]
     episodes = []
-    n_eps = -(-args.steps // args.targets_per_episode)
-    for e in range(n_eps):
-        n_targets = min(args.targets_per_episode, args.steps - e * args.targets_per_episode)
-        steps = [step(f"e{e}/h0", TurnRole.HISTORY)]
-        steps += [step(f"e{e}/t{k}", TurnRole.TARGET) for k in range(n_targets)]
-        episodes.append(
-            EpisodeTrajectory(
-                episode_id=f"e{e}",
-                group_id=f"g{e // 4}",
-                steps=tuple(steps),
-                reward=float(rng.integers(0, 2)),
-                status=EpisodeStatus.COMPLETED,
+    for g in range(args.groups):
+        prompt = rng.integers(3, vocab, int(rng.integers(args.prompt_min, args.prompt_max + 1))).tolist()
+        for k in range(args.group_size):
+            n = int(rng.integers(1, args.response_max + 1))
+            mask = (rng.random(n) > 0.1).astype(int).tolist()  # ~10 % tool-output tokens (mask 0)
+            step = StepTrajectory(
+                step_id=f"g{g}e{k}/t0",
+                prompt_ids=prompt,
+                response_ids=rng.integers(3, vocab, n).tolist(),
+                response_mask=mask,
+                logprobs=(-rng.random(n) * np.array(mask)).tolist(),
+                turn_id="t0",
+                turn_role=TurnRole.TARGET,
             )
-        )
+            episodes.append(
+                EpisodeTrajectory(
+                    episode_id=f"g{g}e{k}",
+                    group_id=f"g{g}",
+                    steps=(step,),
+                    reward=float(rng.integers(0, 2)),
+                    status=EpisodeStatus.COMPLETED,
+                )
+            )
     return episodes
 
 
-def _tiny_llama(args: argparse.Namespace) -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
+def _model(args: argparse.Namespace) -> torch.nn.Module:
+    """Random-init Llama of SmolLM2-135M's shape (``--hidden`` scales width and heads) with the trainer's LoRA."""
+    from transformers import LlamaForCausalLM
 
+    from memrl.testing.models import tiny_llama_config
+    from memrl.train.lora import attach_lora
+
+    scale = args.hidden / SMOLLM2_135M["hidden_size"]
+    heads = max(1, round(SMOLLM2_135M["num_attention_heads"] * scale))
+    shape = {
+        **SMOLLM2_135M,
+        "hidden_size": args.hidden - args.hidden % heads,
+        "intermediate_size": max(1, round(SMOLLM2_135M["intermediate_size"] * scale)),
+        "num_hidden_layers": args.layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": heads // 3 if heads % 3 == 0 else 1,  # SmolLM2: 3 query heads per KV head
+    }
     torch.manual_seed(args.seed)
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=args.hidden,
-        intermediate_size=args.hidden * 4,
-        num_hidden_layers=args.layers,
-        num_attention_heads=args.heads,
-        num_key_value_heads=args.heads,
-        max_position_embeddings=2 * args.max_len + 8,
-        pad_token_id=0,
-    )
-    return LlamaForCausalLM(config).float().train()
+    config = tiny_llama_config(**shape, max_position_embeddings=args.prompt_max + args.response_max + 8)
+    config._attn_implementation = "sdpa"
+    return attach_lora(LlamaForCausalLM(config).float(), LoraConfig()).train()
 
 
-def _run_padded(model: torch.nn.Module, batch: PackedBatch, micro: int) -> tuple[float, float]:
-    """Forward+backward over padded micro-batches; returns (seconds, summed response NLL)."""
+def _forward_backward(model: torch.nn.Module, micro: list[MicroBatch]) -> tuple[float, float, float]:
+    """One pass as the trainer's update runs it; returns (wall seconds, CPU seconds, summed response NLL)."""
     model.zero_grad(set_to_none=True)
-    t0, total = time.perf_counter(), 0.0
-    for start in range(0, batch.num_steps, micro):
-        # Full batch width: "padded-to-max", as verl's fixed prompt/response lengths do.
-        mb = slice_padded(batch, start, start + micro)
-        loss = -(padded_forward_logprobs(model, mb) * mb.response_mask).sum()
+    t0, c0, total = time.perf_counter(), time.process_time(), 0.0
+    for mb in micro:
+        loss = -(token_logprobs(forward_logits(model, mb), mb.input_ids) * mb.loss_mask).sum()
         loss.backward()
         total += float(loss.detach())
-    return time.perf_counter() - t0, total
+    return time.perf_counter() - t0, time.process_time() - c0, total
 
 
-def _run_packed(model: torch.nn.Module, batch: PackedBatch, bins: list[list[int]], micro: int, cap: int):
-    model.zero_grad(set_to_none=True)
-    t0, total = time.perf_counter(), 0.0
-    for start in range(0, len(bins), micro):
-        rows = sorted(i for b in bins[start : start + micro] for i in b)
-        mb = select_steps(batch, rows)
-        lp = packed_forward_logprobs(model, mb, bin_capacity=cap, bins_per_forward=micro)
-        loss = -(lp * mb.response_mask).sum()
-        loss.backward()
-        total += float(loss.detach())
-    return time.perf_counter() - t0, total
+def _forwarded(micro: list[MicroBatch]) -> int:
+    return sum(mb.num_tokens + (mb.prefix_ids.numel() if mb.prefix_ids is not None else 0) for mb in micro)
 
 
 @BENCHES.register("batch")
 def bench_batch(argv: list[str]) -> dict:
     args = _parse(argv)
-    episodes = make_episodes(args)
-    builder = TrajectoryBatchBuilder(BatchConfig(layout="packed"))
-    t0 = time.perf_counter()
-    packed = builder.build(episodes)
-    build_packed_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    padded = builder.build(episodes, layout="padded")
-    build_padded_s = time.perf_counter() - t0
-
-    lengths = (packed.prompt_lengths + packed.response_lengths).tolist()
-    real = int(sum(lengths))
-    cap = max(lengths)
-    bins = plan_bins(lengths, cap)
-    computed_packed = sum(
-        _bin_tensors(packed, bins[s : s + args.micro_batch], 0)[0].numel()
-        for s in range(0, len(bins), args.micro_batch)
-    )
-    model = _tiny_llama(args)
-    _run_padded(model, select_steps(padded, range(min(2, padded.num_steps))), args.micro_batch)  # warm-up
-    _run_packed(model, packed, bins[:1], args.micro_batch, cap)
-    times: dict[str, list[float]] = {"padded": [], "packed": []}
+    torch.set_num_threads(args.threads or auto_threads())
+    layouts = args.layouts.split(",")
+    batch: PackedBatch = TrajectoryBatchBuilder().build(make_episodes(args))
+    records = unpack(batch, torch.zeros(batch.num_steps), torch.ones(batch.num_steps))
+    micro = {
+        layout: split_micro_batches(records, layout, args.micro_batch_tokens, args.micro_batch_size)
+        for layout in layouts
+    }
+    model = _model(args)
+    for layout in layouts:  # warm-up: one micro-batch each
+        _forward_backward(model, micro[layout][:1])
+    times: dict[str, list[float]] = {layout: [] for layout in layouts}
+    cpu: dict[str, list[float]] = {layout: [] for layout in layouts}
     losses: dict[str, float] = {}
     for _ in range(args.repeats):
-        t, losses["padded"] = _run_padded(model, padded, args.micro_batch)
-        times["padded"].append(t)
-        t, losses["packed"] = _run_packed(model, packed, bins, args.micro_batch, cap)
-        times["packed"].append(t)
-    best = {k: min(v) for k, v in times.items()}
+        for layout in layouts:
+            wall, cpu_s, losses[layout] = _forward_backward(model, micro[layout])
+            times[layout].append(wall)
+            cpu[layout].append(cpu_s)
+    best = {layout: min(v) for layout, v in times.items()}
+    best_cpu = {layout: min(v) for layout, v in cpu.items()}
+    real = int((batch.prompt_lengths + batch.response_lengths).sum())
+    base = "padded" if "padded" in best else layouts[0]
     return {
-        "padding_fraction_padded": 1.0 - real / padded.input_ids.numel(),
-        "padding_fraction_packed": 1.0 - real / computed_packed,
-        "padding_fraction_packed_layout": 1.0 - real / packed.input_ids.numel(),
-        "packed_speedup": best["padded"] / best["packed"],
-        "loss_rel_diff": abs(losses["packed"] - losses["padded"]) / max(abs(losses["padded"]), 1e-12),
-        "tokens_per_s_padded": real / best["padded"],
-        "tokens_per_s_packed": real / best["packed"],
-        "loss_padded": losses["padded"],
-        "loss_packed": losses["packed"],
-        "num_steps": packed.num_steps,
+        "speedup_base": base,
+        "speedup": {layout: best[base] / t for layout, t in best.items()},
+        "cpu_speedup": {layout: best_cpu[base] / t for layout, t in best_cpu.items()},
+        "tokens_per_s": {layout: real / t for layout, t in best.items()},
+        "loss_rel_diff": max(abs(v - losses[base]) / max(abs(losses[base]), 1e-12) for v in losses.values()),
+        "losses": losses,
         "real_tokens": real,
-        "padded_shape": list(padded.input_ids.shape),
-        "packed_bins": len(bins),
-        "bin_capacity": cap,
-        "build_seconds": {"packed": build_packed_s, "padded": build_padded_s},
+        "forwarded_tokens": {layout: _forwarded(mbs) for layout, mbs in micro.items()},
+        "micro_batches": {layout: len(mbs) for layout, mbs in micro.items()},
+        "num_sequences": batch.num_steps,
         "seconds": times,
-        "model": {"layers": args.layers, "hidden": args.hidden, "heads": args.heads, "vocab": VOCAB},
+        "cpu_seconds": cpu,
+        "model": {"layers": args.layers, "hidden": args.hidden, "lora_r": LoraConfig().r},
         "torch_threads": torch.get_num_threads(),
     }

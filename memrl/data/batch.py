@@ -14,8 +14,11 @@ Layouts (a registry, :data:`LAYOUTS`):
   ``position_ids = clip(cumsum(attention_mask) - 1, 0)``.
 * ``packed`` — no padding: every per-token tensor is ``[1, T]`` with ``T = Σ (prompt_i + response_i)``,
   ``cu_seqlens [N + 1]`` int32, position ids restart at 0 per sequence, response-side tensors are aligned
-  with ``input_ids`` (0 on prompt tokens). Run a model over it with
-  :func:`memrl.data.packing.packed_forward_logprobs`.
+  with ``input_ids`` (0 on prompt tokens).
+
+A batch is the trainer's input and the export format for verl (:func:`memrl.data.dataproto.to_dataproto`). The
+trainer reads it back row by row (:func:`row_tensors`, via :func:`memrl.train.microbatch.unpack`) and lays the
+rows out in ``train.layout`` itself, so the batch layout does not change what or how fast it trains.
 
     >>> batch = TrajectoryBatchBuilder(BatchConfig(layout="packed")).build(episodes)
     >>> [s.step_id for s in unpack(batch)] == batch.step_ids
@@ -250,8 +253,18 @@ def build_packed(rows: Sequence[BatchRow], pad_token_id: int = 0) -> PackedBatch
 # -- reading batches back ----------------------------------------------------------------------------------------
 
 
-def _row_slices(batch: PackedBatch, i: int) -> tuple[torch.Tensor, ...]:
-    """``(prompt_ids, response_ids, response_mask, logprobs, token_level_rewards, response_attention)`` of row i."""
+class RowTensors(NamedTuple):
+    """One row of a batch, in either layout, as 1-D tensors without padding."""
+
+    prompt_ids: torch.Tensor
+    response_ids: torch.Tensor
+    response_mask: torch.Tensor
+    logprobs: torch.Tensor
+    token_level_rewards: torch.Tensor
+
+
+def row_tensors(batch: PackedBatch, i: int) -> RowTensors:
+    """Row ``i`` of ``batch`` (either layout): the one reader of a batch's rows, for unpacking and training."""
     p, m = int(batch.prompt_lengths[i]), int(batch.response_lengths[i])
     if batch.layout == "packed":
         start = int(batch.cu_seqlens[i])
@@ -261,22 +274,20 @@ def _row_slices(batch: PackedBatch, i: int) -> tuple[torch.Tensor, ...]:
                 f"step {batch.step_ids[i]!r}: cu_seqlens gives {end - start} tokens but prompt+response "
                 f"lengths are {p}+{m}"
             )
-        return (
+        return RowTensors(
             batch.input_ids[0, start:rs],
             batch.input_ids[0, rs:end],
             batch.response_mask[0, rs:end],
             batch.old_log_probs[0, rs:end],
             batch.token_level_rewards[0, rs:end],
-            None,
         )
     p_max = batch.prompts.shape[1]
-    return (
+    return RowTensors(
         batch.prompts[i, p_max - p :],
         batch.responses[i, :m],
         batch.response_mask[i, :m],
         batch.old_log_probs[i, :m],
         batch.token_level_rewards[i, :m],
-        batch.attention_mask[i, p_max:],
     )
 
 
@@ -284,7 +295,7 @@ def unpack(batch: PackedBatch) -> list[UnpackedStep]:
     """Read every row back as token lists (either layout); packing then unpacking is the identity."""
     out = []
     for i, step_id in enumerate(batch.step_ids):
-        prompt, resp, mask, lps, _, _ = _row_slices(batch, i)
+        prompt, resp, mask, lps, _ = row_tensors(batch, i)
         out.append(
             UnpackedStep(
                 step_id=step_id,
@@ -320,7 +331,7 @@ def validate_batch(batch: PackedBatch) -> None:
                 f"packed batch: input_ids has {batch.input_ids.shape[-1]} tokens, cu_seqlens {total}"
             )
         for i in range(batch.num_steps):
-            _row_slices(batch, i)  # raises on a length mismatch
+            row_tensors(batch, i)  # raises on a length mismatch
         in_prompt = batch.responses.new_ones(total, dtype=torch.bool)
         for i in range(batch.num_steps):
             rs = int(batch.cu_seqlens[i]) + int(batch.prompt_lengths[i])
@@ -361,33 +372,6 @@ def select_steps(batch: PackedBatch, indices: Sequence[int], layout: str | None 
     """A new batch of the given rows (in that order), in ``layout`` (default: the batch's own)."""
     rows = rows_from_batch(batch)
     return LAYOUTS.get(layout or batch.layout)([rows[i] for i in indices])
-
-
-def slice_padded(batch: PackedBatch, start: int, stop: int) -> PackedBatch:
-    """Rows ``[start, stop)`` of a padded batch, keeping its widths (fixed-shape micro-batches, as verl)."""
-    if batch.layout != "padded":
-        raise ValueError(f"slice_padded needs a padded batch, got layout {batch.layout!r}")
-    fields = {}
-    for name, value in batch.__dict__.items():
-        fields[name] = value[start:stop] if isinstance(value, (torch.Tensor, list)) else value
-    return PackedBatch(**fields)
-
-
-def split_by_tokens(batch: PackedBatch, max_tokens: int) -> list[PackedBatch]:
-    """Token-budget micro-batches (verl's dynamic batch size): consecutive rows, ≤ ``max_tokens`` each.
-
-    A single row longer than the budget becomes its own micro-batch (it cannot be split).
-    """
-    lengths = (batch.prompt_lengths + batch.response_lengths).tolist()
-    chunks: list[list[int]] = [[]]
-    used = 0
-    for i, n in enumerate(lengths):
-        if chunks[-1] and used + n > max_tokens:
-            chunks.append([])
-            used = 0
-        chunks[-1].append(i)
-        used += n
-    return [select_steps(batch, idx) for idx in chunks]
 
 
 class TrajectoryBatchBuilder:

@@ -22,7 +22,7 @@ import dataclasses
 import logging
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from memrl.integrations.verl import INSTALL_HINT, episode_input, select_leaves, target_step
 from memrl.integrations.verl_policy import VerlServerPolicy
@@ -38,6 +38,12 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only where verl is missing
     raise ImportError(f"{INSTALL_HINT} (import failed: {exc})") from exc
 
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from memrl.config import Config
+    from memrl.rollout.config import RolloutConfig
+
 logger = logging.getLogger(__name__)
 
 
@@ -45,7 +51,7 @@ class VerlConfigError(ValueError):
     """memrl's config and verl's config disagree in a way that would break verl's batch; says which keys."""
 
 
-def memrl_config(verl_config: Any) -> Any:
+def memrl_config(verl_config: DictConfig) -> Config:
     """memrl's root config from verl's ``memrl`` section (``config``: YAML path, ``overrides``: list)."""
     from memrl.config import load_config
 
@@ -53,17 +59,18 @@ def memrl_config(verl_config: Any) -> Any:
     return load_config(section.get("config", None), list(section.get("overrides", None) or ()))
 
 
-def check_lengths(cfg: Any, rollout_config: Any) -> None:
-    """Fail at start-up when memrl's episodes cannot fit verl's fixed prompt/response widths."""
-    if cfg.rollout.max_response_tokens > rollout_config.response_length:
+def check_lengths(rollout: RolloutConfig, rollout_config: DictConfig) -> None:
+    """Fail at start-up when memrl's episodes (``rollout``) cannot fit verl's fixed prompt/response widths
+    (``rollout_config``: verl's ``actor_rollout_ref.rollout``)."""
+    if rollout.max_response_tokens > rollout_config.response_length:
         raise VerlConfigError(
-            f"memrl rollout.max_response_tokens={cfg.rollout.max_response_tokens} exceeds verl's "
+            f"memrl rollout.max_response_tokens={rollout.max_response_tokens} exceeds verl's "
             f"actor_rollout_ref.rollout.response_length={rollout_config.response_length}: lower the first "
             "(+memrl.overrides=[rollout.max_response_tokens=...]) or raise data.max_response_length"
         )
 
 
-def check_worker_split(verl_config: Any) -> None:
+def check_worker_split(verl_config: DictConfig) -> None:
     """Warn at start-up when verl's legacy trainer will split some ``uid``'s samples across agent-loop workers.
 
     ``AgentLoopManager.generate_sequences`` (``trainer.use_v1=false``) cuts the step's ``batch × n`` samples,
@@ -117,7 +124,7 @@ class EpisodeService:
     own episode of that size (its own tree under ``rollout.strategy=tree``), with an id that names the share's
     first sample position, so leaf ids stay unique across workers; GRPO still groups all of them by ``uid``."""
 
-    def __init__(self, cfg: Any, policy: VerlServerPolicy) -> None:
+    def __init__(self, cfg: Config, policy: VerlServerPolicy) -> None:
         from memrl.episode.build import build_runner
 
         self.cfg = cfg
@@ -225,7 +232,7 @@ def service_for(agent: AgentLoopBase) -> EpisodeService:
     service = _SERVICES.get(key)
     if service is None:
         cfg = memrl_config(agent.config)
-        check_lengths(cfg, agent.rollout_config)
+        check_lengths(cfg.rollout, agent.rollout_config)
         check_worker_split(agent.config)
         rc = agent.rollout_config
         policy = VerlServerPolicy(

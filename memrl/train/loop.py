@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from memrl.config import Config
 from memrl.data.buffer import (
     RolloutResult,
     group_episodes,
@@ -48,6 +49,7 @@ from memrl.train.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from memrl.train.config import TrainConfig
 from memrl.train.evaluate import evaluate
 from memrl.train.metrics import MetricsLogger, plot_curves
 from memrl.train.replay import ReplayBuffer
@@ -146,8 +148,7 @@ def run_step(res: TrainResources, step: int, counters: dict[str, float]) -> Step
     return StepResult(metrics, episodes)
 
 
-def _budget_left(cfg: Any, counters: dict[str, float]) -> bool:
-    tc = cfg.train
+def _budget_left(tc: TrainConfig, counters: dict[str, float]) -> bool:
     if tc.max_wall_s is not None and counters.get("wall_s", 0.0) >= tc.max_wall_s:
         logger.info("wall-clock budget %.0f s reached", tc.max_wall_s)
         return False
@@ -228,7 +229,7 @@ def _counters_from_eval(counters: dict[str, float], name: str, result: dict[str,
     )
 
 
-def train(cfg: Any, *, resources: TrainResources | None = None) -> dict[str, Any]:
+def train(cfg: Config, *, resources: TrainResources | None = None) -> dict[str, Any]:
     """Run (or resume) training for the root config ``cfg``; returns the summary written to ``summary.json``."""
     run_dir = Path(cfg.output_dir)
     ckpt_root = run_dir / "checkpoints"
@@ -276,7 +277,7 @@ def _train_steps(
     step = done
     tick = time.perf_counter()
     for step in range(done + 1, cfg.train.steps + 1):
-        if not _budget_left(cfg, counters):
+        if not _budget_left(cfg.train, counters):
             step -= 1
             break
         seed_everything(step_seed(cfg.seed, step), res)
@@ -300,7 +301,7 @@ def _train_steps(
     return step
 
 
-def _finish(cfg: Any, run_dir: Path, step: int, counters: dict[str, float]) -> dict[str, Any]:
+def _finish(cfg: Config, run_dir: Path, step: int, counters: dict[str, float]) -> dict[str, Any]:
     png = plot_curves(run_dir / "metrics.jsonl", run_dir / "curve.png", title=Path(cfg.output_dir).name)
     ci = lambda name: (  # noqa: E731
         [counters[f"{name}_ci_low"], counters[f"{name}_ci_high"]] if f"{name}_ci_low" in counters else None

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from memrl.data.batch import row_tensors
 from memrl.types import PackedBatch
 
 
@@ -70,31 +71,6 @@ class MicroBatch:
         return int(self.input_ids.numel())
 
 
-def _padded_rows(batch: PackedBatch):
-    resp_width = batch.responses.shape[1]
-    prompt_width = batch.input_ids.shape[1] - resp_width
-    for i in range(batch.num_steps):
-        pl, rl = int(batch.prompt_lengths[i]), int(batch.response_lengths[i])
-        prompt = batch.input_ids[i, prompt_width - pl : prompt_width]
-        yield (
-            i,
-            prompt,
-            batch.responses[i, :rl],
-            batch.response_mask[i, :rl],
-            batch.old_log_probs[i, :rl],
-        )
-
-
-def _packed_rows(batch: PackedBatch):
-    cu = batch.cu_seqlens.tolist()
-    for i in range(batch.num_steps):
-        start, end = cu[i], cu[i + 1]
-        pl = int(batch.prompt_lengths[i])
-        seq = batch.input_ids[0, start:end]
-        sl = slice(start + pl, end)
-        yield i, seq[:pl], seq[pl:], batch.response_mask[0, sl], batch.old_log_probs[0, sl]
-
-
 def _without_spliced_logprobs(old: torch.Tensor, meta) -> torch.Tensor:
     """NaN where a rollback spliced in a repaired call: those tokens were sampled under a context the final
     sequence no longer holds, so they have no behaviour log-prob here; the updater uses log-probs recomputed
@@ -114,9 +90,9 @@ def _without_spliced_logprobs(old: torch.Tensor, meta) -> torch.Tensor:
 
 def unpack(batch: PackedBatch, seq_adv: torch.Tensor, weights: torch.Tensor) -> list[SeqRecord]:
     """Split ``batch`` into sequences. ``seq_adv`` and ``weights`` are ``[num_steps]``."""
-    rows = _packed_rows(batch) if batch.layout == "packed" else _padded_rows(batch)
     out = []
-    for i, prompt, resp, rmask, old in rows:
+    for i in range(batch.num_steps):
+        prompt, resp, rmask, old, _ = row_tensors(batch, i)
         if len(prompt) == 0:
             raise ValueError(f"step {batch.step_ids[i]!r}: empty prompt (row {i}); every sequence needs one")
         old = _without_spliced_logprobs(old, batch.step_meta[i] if batch.step_meta else None)

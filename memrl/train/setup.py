@@ -12,29 +12,43 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
+from memrl.config import Config
+from memrl.data.config import DataConfig
+from memrl.policy.config import PolicyConfig
+from memrl.train.config import LoraConfig
 from memrl.train.demonstrations import GoldDemonstrations
 from memrl.train.lora import attach_lora, save_adapter
 from memrl.train.replay import ReplayBuffer
 from memrl.train.updater import PolicyUpdater
+
+if TYPE_CHECKING:  # the heavy modules load inside build_resources, when a run starts
+    from peft import PeftModel
+
+    from memrl.data.batch import TrajectoryBatchBuilder
+    from memrl.data.buffer import RolloutBuffer
+    from memrl.episode.runner import EpisodeRunner
+    from memrl.policy.base import PolicyClient
+    from memrl.types import BatchInput
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
 class TrainResources:
-    cfg: Any
-    model: Any  # the PeftModel being trained
-    policy: Any  # the PolicyClient that generates rollouts
-    runner: Any  # EpisodeRunner for training rollouts
-    eval_runner: Any  # EpisodeRunner for held-out evaluation (greedy, one chain per question)
-    eval_inputs: list  # the in-run evaluation subset (train.eval_episodes)
-    final_eval_inputs: list  # start and final evaluation (train.final_eval_episodes; the subset is its head)
-    buffer: Any  # RolloutBuffer over the training data source
-    builder: Any
+    cfg: Config
+    model: PeftModel  # the model being trained
+    policy: PolicyClient  # generates the rollouts
+    runner: EpisodeRunner  # training rollouts
+    eval_runner: EpisodeRunner  # held-out evaluation (greedy, one chain per question)
+    eval_inputs: list[BatchInput]  # the in-run evaluation subset (train.eval_episodes)
+    # Start and final evaluation (train.final_eval_episodes); the in-run subset is its head.
+    final_eval_inputs: list[BatchInput]
+    buffer: RolloutBuffer  # over the training data source
+    builder: TrajectoryBatchBuilder
     updater: PolicyUpdater
     replay: ReplayBuffer | None
     shares_model: bool
@@ -50,7 +64,7 @@ class TrainResources:
             source.manual_seed(seed)
 
 
-def eval_config(cfg: Any) -> Any:
+def eval_config(cfg: Config) -> Config:
     """Evaluation is fixed and strategy-independent: greedy, one chain per held-out question, scored by
     ``train.eval_reward`` when set (else the episode reward)."""
     rollout = dataclasses.replace(cfg.rollout, strategy="chain", n=1, temperature=0.0)
@@ -62,41 +76,41 @@ def eval_config(cfg: Any) -> Any:
     return dataclasses.replace(cfg, rollout=rollout, episode=episode)
 
 
-def _load_dataset(cfg: Any, split: str, limit: int | None) -> list:
+def _load_dataset(data: DataConfig, split: str, limit: int | None) -> list[BatchInput]:
     from memrl.data.adapters import load_dataset
 
-    inputs, report = load_dataset(dataclasses.replace(cfg.data, split=split, limit=limit))
+    inputs, report = load_dataset(dataclasses.replace(data, split=split, limit=limit))
     if report.skipped:
         logger.warning("data (%s): %d records skipped: %s", split, report.skipped, report.reasons()[:3])
     if not inputs:
-        raise ValueError(f"data.adapter={cfg.data.adapter!r} split={split!r} gave no episodes; check data.*")
+        raise ValueError(f"data.adapter={data.adapter!r} split={split!r} gave no episodes; check data.*")
     return inputs
 
 
-def _model_and_policy(cfg: Any):
+def _model_and_policy(policy: PolicyConfig, lora: LoraConfig) -> tuple[PeftModel, PolicyClient, bool]:
+    """The trained model, the client that generates with it, and whether the two share the module."""
     from memrl.policy.hf import HFPolicy, load_model_and_tokenizer
 
-    base_policy_cfg = dataclasses.replace(cfg.policy, lora_path=None)
-    model, tokenizer = load_model_and_tokenizer(base_policy_cfg)
-    model = attach_lora(model, cfg.train.lora)
-    if cfg.policy.backend == "hf":
-        return model, HFPolicy.from_model(model, tokenizer, cfg.policy), True
+    model, tokenizer = load_model_and_tokenizer(dataclasses.replace(policy, lora_path=None))
+    model = attach_lora(model, lora)
+    if policy.backend == "hf":
+        return model, HFPolicy.from_model(model, tokenizer, policy), True
     from memrl.policy import make_policy
 
-    return model, make_policy(cfg.policy), False
+    return model, make_policy(policy), False
 
 
-def build_resources(cfg: Any) -> TrainResources:
+def build_resources(cfg: Config) -> TrainResources:
     from memrl.data.batch import TrajectoryBatchBuilder
     from memrl.data.buffer import RolloutBuffer
     from memrl.data.datasource import RolloutDataSource
     from memrl.episode.build import build_runner
 
     torch.manual_seed(cfg.seed)
-    model, policy, shares = _model_and_policy(cfg)
-    train_inputs = _load_dataset(cfg, cfg.data.split, cfg.data.limit)
+    model, policy, shares = _model_and_policy(cfg.policy, cfg.train.lora)
+    train_inputs = _load_dataset(cfg.data, cfg.data.split, cfg.data.limit)
     final_n = cfg.train.final_eval_episodes or cfg.train.eval_episodes
-    final_eval_inputs = _load_dataset(cfg, cfg.train.eval_split, max(final_n, cfg.train.eval_episodes))
+    final_eval_inputs = _load_dataset(cfg.data, cfg.train.eval_split, max(final_n, cfg.train.eval_episodes))
     eval_inputs = final_eval_inputs[: cfg.train.eval_episodes]
     runner = build_runner(cfg, policy=policy)
     eval_runner = build_runner(eval_config(cfg), policy=policy)

@@ -9,8 +9,6 @@ from memrl.data.batch import (
     BatchError,
     TrajectoryBatchBuilder,
     select_steps,
-    slice_padded,
-    split_by_tokens,
     unpack,
     validate_batch,
 )
@@ -130,17 +128,15 @@ def test_validate_batch_names_the_offending_step(layout):
         validate_batch(batch)
 
 
-def test_split_select_and_slice_keep_rows():
+def test_select_keeps_rows_in_the_asked_order_and_layout():
     batch = TrajectoryBatchBuilder(BatchConfig(layout="packed")).build(sample_episodes())
-    parts = split_by_tokens(batch, max_tokens=7)
-    assert [p.step_ids for p in parts] == [["a"], ["b", "c"]]
-    assert [s for p in parts for s in unpack(p)] == unpack(batch)
-    assert torch.equal(torch.cat([p.token_level_rewards for p in parts], 1), batch.token_level_rewards)
     padded = select_steps(batch, [2, 0], layout="padded")
+    assert padded.layout == "padded"
     assert padded.step_ids == ["c", "a"] and unpack(padded) == [unpack(batch)[2], unpack(batch)[0]]
-    full = select_steps(batch, range(3), layout="padded")
-    part = slice_padded(full, 1, 3)
-    assert part.input_ids.shape == (2, full.input_ids.shape[1]) and part.step_ids == ["b", "c"]
+    assert padded.rewards.tolist() == [batch.rewards[2].item(), batch.rewards[0].item()]
+    part = select_steps(batch, [1, 2])
+    assert part.layout == "packed" and part.step_ids == ["b", "c"]
+    assert part.input_ids.shape[1] == int(batch.cu_seqlens[3] - batch.cu_seqlens[1])
 
 
 # -- property: packing then unpacking is the identity ----------------------------------------------------------

@@ -40,27 +40,6 @@ def test_one_step_changes_lora_not_base():
     assert metrics["train/entropy"] > 0
 
 
-def test_packed_and_padded_layouts_agree():
-    eps = make_episodes()
-    logps = {}
-    model = tiny_llama().eval()
-    for layout in ("packed", "padded"):
-        batch = _build(eps, layout)
-        recs = unpack(batch, torch.zeros(batch.num_steps), torch.ones(batch.num_steps))
-        out = {}
-        for train_layout in ("packed", "padded"):
-            for mb in split_micro_batches(recs, train_layout, max_tokens=40, max_rows=3):
-                lp = token_logprobs(forward_logits(model, mb), mb.input_ids)
-                for k, row in enumerate(mb.rows):
-                    sel = (mb.seq_index == k) & (mb.loss_mask > 0)
-                    out[(train_layout, row)] = lp[sel]
-        for row in range(batch.num_steps):
-            assert torch.allclose(out[("packed", row)], out[("padded", row)], atol=1e-5)
-        logps[layout] = out
-    for key, value in logps["packed"].items():
-        assert torch.allclose(value, logps["padded"][key], atol=1e-5)
-
-
 @pytest.mark.parametrize("temperature", [1.0, 2.0])
 def test_rollout_logprobs_match_training_forward(temperature):
     """Token-in/token-out: if the rollout log-probs are the model's own (sampled at ``temperature``), the update
@@ -128,25 +107,6 @@ def test_rollback_spliced_tokens_use_log_probs_under_the_final_context():
     assert abs(two["train/approx_kl"]) < 0.5 and all(map(math.isfinite, two.values()))
     # The spliced tokens are trained: their loss mask is 1 where the model wrote them.
     assert all(r.loss_mask[r.prompt_len : r.prompt_len + 2].sum() > 0 for r in recs)
-
-
-def test_shared_prefix_layout_equals_full_sequences():
-    eps = make_episodes(shared_prompt=True)
-    batch = _build(eps, "packed")
-    model = tiny_llama().eval()
-    recs = unpack(batch, torch.zeros(batch.num_steps), torch.ones(batch.num_steps))
-    out = {}
-    for layout in ("packed", "shared_prefix"):
-        mbs = split_micro_batches(recs, layout, max_tokens=10_000, max_rows=3)
-        if layout == "shared_prefix":
-            assert len(mbs) == 4 and all(mb.prefix_ids is not None for mb in mbs)  # 2 groups of 4, ≤ 3 rows
-        for mb in mbs:
-            lp = token_logprobs(forward_logits(model, mb), mb.input_ids)
-            for k, row in enumerate(mb.rows):
-                out[(layout, row)] = lp[(mb.seq_index == k) & (mb.loss_mask > 0)]
-    for row in range(batch.num_steps):
-        assert out[("packed", row)].numel() > 0
-        assert torch.allclose(out[("packed", row)], out[("shared_prefix", row)], atol=1e-5)
 
 
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
