@@ -130,31 +130,25 @@ def _enc(policy, text: str) -> tuple[int, ...]:
 
 
 def _branches(policy: HFPolicy) -> list:
-    """Two kept nodes of different lengths; from both, in ONE generate call, branches with suffixes of different
-    lengths (padding holes) and different token budgets (rows leave the batch at different steps), each kept;
-    then a continuation from one branch's own kept state."""
+    """Two nodes of different lengths; from both, in ONE generate call, branches with suffixes of different
+    lengths (padding holes) and different token budgets (rows leave the batch at different steps), each found in
+    the radix cache; then a continuation of one branch (its own cached state)."""
     prompts = [_enc(policy, "Alice: I moved to Lisbon in May. " * 6), _enc(policy, "Bob has 3 cats. " * 5)]
-    node_params = SamplingParams(temperature=0.0, max_tokens=8, keep_prefix=True)
+    node_params = SamplingParams(temperature=0.0, max_tokens=8)
     nodes = [o[0] for o in policy.generate([GenerationRequest(p, node_params) for p in prompts])]
     suffixes = [(), _enc(policy, " <result>4</result>"), _enc(policy, "x"), _enc(policy, " <r>12</r>")]
     reqs = []
     for i, (p, node) in enumerate(zip(prompts, nodes, strict=True)):
         for j, s in enumerate(suffixes):
-            params = SamplingParams(
-                temperature=0.0, max_tokens=4 + 3 * j + i, keep_prefix=True, top_logprobs=3
-            )
-            reqs.append(GenerationRequest(p + node.token_ids + s, params, prefix_handle=node.prefix_handle))
+            params = SamplingParams(temperature=0.0, max_tokens=4 + 3 * j + i, top_logprobs=3)
+            reqs.append(GenerationRequest(p + node.token_ids + s, params))
     outs = [o[0] for o in policy.generate(reqs)]
     first = outs[5]
     cont = reqs[5].prompt_ids + first.token_ids + _enc(policy, " ok")
-    [[tail]] = policy.generate(
-        [
-            GenerationRequest(
-                cont, SamplingParams(temperature=0.0, max_tokens=8), prefix_handle=first.prefix_handle
-            )
-        ]
-    )
-    policy.release([n.prefix_handle for n in nodes] + [o.prefix_handle for o in outs])
+    [[tail]] = policy.generate([GenerationRequest(cont, SamplingParams(temperature=0.0, max_tokens=8))])
+    assert (
+        tail.cached_tokens == len(cont) - len(_enc(policy, " ok")) - 1
+    )  # the branch's own output was cached
     return outs + [tail]
 
 
