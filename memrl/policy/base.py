@@ -3,8 +3,8 @@
 Every backend (``hf``, ``vllm``, ``openai``) implements :class:`PolicyClient`. Text that already has ids is
 never re-tokenised. Tree search needs per-token logprobs, top-k alternatives (entropy), finish/stop reasons,
 per-request ``max_tokens``. Requests always carry their full context; **prefix reuse** is the backend's
-business: the HF backend keeps a radix (token-trie) KV cache, vLLM and SGLang match token prefixes themselves, so
-branches that share a prefix do not recompute it and report the reused part as ``cached_tokens``.
+business: the HF backend keeps a radix (token-trie) KV cache, vLLM and SGLang match token prefixes themselves,
+so branches that share a prefix do not recompute it and report the reused part as ``cached_tokens``.
 """
 
 from __future__ import annotations

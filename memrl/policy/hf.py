@@ -47,11 +47,11 @@ logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Requests of one call whose prompts share at least this many leading tokens get that prefix computed once (see
-# HFPolicy._share_prompts), when the radix cache does not hold it yet. Shorter common prefixes are mostly the template's opening instructions, shared by
-# unrelated prompts: sharing them saves little and costs one more sequential forward before the real prefill,
-# plus a copy of the cached state into every row's cache. 256 tokens is about half a second of SmolLM2-135M
-# prefill on CPU per request; a conversation slice shared by its questions (LoCoMo, recent_history: ~7,500
-# tokens) is far above it.
+# HFPolicy._share_prompts), when the radix cache does not hold it yet. Shorter common prefixes are mostly the
+# template's opening instructions, shared by unrelated prompts: sharing them saves little and costs one more
+# sequential forward before the real prefill, plus a copy of the cached state into every row's cache. 256 tokens
+# is about half a second of SmolLM2-135M prefill on CPU per request; a conversation slice shared by its questions
+# (LoCoMo, recent_history: ~7,500 tokens) is far above it.
 MIN_SHARED_PREFIX = 256
 
 
