@@ -164,7 +164,6 @@ class GenerationOutput:
     stop_reason: str | int | None = None
     prompt_token_ids: tuple[int, ...] = ()
     cached_tokens: int = 0
-    prefix_handle: str | None = None
 
     def __post_init__(self) -> None:
         ids = as_tuple(self, "token_ids", self.token_ids, int)

@@ -3,9 +3,11 @@
 * ``batched_speedup``: generated tokens/s of one batched ``generate`` over ``--batch`` prompts divided by the
   tokens/s of the same requests sent one at a time.
 * ``prefix_reuse_speedup``: ``--branches`` continuations of ``--branch-tokens`` tokens after a shared
-  ``--prefix-tokens``-token prefix (each branch adds its own few tokens, as a tool result would): recomputing the
-  prefix in every request vs continuing from a kept handle (in tree search the parent's generation already left
-  the prefix state behind); ``prefix_reuse_speedup_incl_prefix`` also times computing the prefix once.
+  ``--prefix-tokens``-token prefix (each branch adds its own few tokens, as a tool result would), sent as full
+  token sequences: a backend without a prefix cache (``policy.prefix_cache_tokens=0``: every request computes its
+  whole prompt) vs the radix cache already holding the prefix (in tree search the parent's generation left it
+  behind); ``prefix_reuse_speedup_incl_prefix`` also times computing the prefix once, and
+  ``prefix_cold_cache_speedup`` sends the branches to a cold cache in one call (they share one prefill of it).
 
 Both ratios come from one run on one machine (each timing = best of ``--repeats``). The default model,
 ``random``, is a randomly initialised small Llama from :mod:`memrl.testing` (built in a second; speed does not
@@ -15,6 +17,7 @@ depend on the weights); ``--model`` also takes a model alias such as ``smollm2-1
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 from memrl.bench import BENCHES
@@ -72,52 +75,62 @@ def _batched(policy, args) -> dict:
 
 
 def _prefix_reuse(policy, args) -> dict:
+    """Eight branches after a shared prefix: without a prefix cache, with the prefix already cached, and from a
+    cold cache (the prefix computed inside the timed region). Every arm sends the same full token sequences."""
     from memrl.policy.base import GenerationRequest, SamplingParams
+    from memrl.policy.hf import HFPolicy
 
     prefix = tuple(3 + (i * 7) % 250 for i in range(args.prefix_tokens))
     branch = SamplingParams(temperature=1.0, max_tokens=args.branch_tokens, seed=1)
+    once = SamplingParams(temperature=0.0, max_tokens=1)
     suffixes = [tuple(3 + (b * 13 + j) % 250 for j in range(4)) for b in range(args.branches)]
+    [[root]] = policy.generate([GenerationRequest(prefix, once)])
+    reqs = [GenerationRequest(prefix + root.token_ids + s, branch) for s in suffixes]
+    # The same model behind a backend that keeps nothing: every request computes its whole prompt.
+    no_cache = HFPolicy.from_model(
+        policy.model, policy.tokenizer, dataclasses.replace(policy.cfg, prefix_cache_tokens=0)
+    )
+    no_cache.eos_ids = policy.eos_ids
 
-    def recompute():
-        return policy.generate([GenerationRequest(prefix + s, branch) for s in suffixes])
+    def warm_cache():  # untimed: the parent's generation left the prefix state behind (tree search)
+        policy.invalidate_cache()
+        policy.generate([GenerationRequest(prefix, once)])
 
-    [[root]] = policy.generate([GenerationRequest(prefix, SamplingParams(max_tokens=1, keep_prefix=True))])
-    full = [prefix + root.token_ids + s for s in suffixes]
-
-    def from_handle():
-        return policy.generate([GenerationRequest(p, branch, prefix_handle=root.prefix_handle) for p in full])
+    def cold_cache():
+        policy.invalidate_cache()
 
     def prefix_then_branches():
-        [[own]] = policy.generate([GenerationRequest(prefix, SamplingParams(max_tokens=1, keep_prefix=True))])
-        reqs = [
-            GenerationRequest(prefix + own.token_ids + s, branch, prefix_handle=own.prefix_handle)
-            for s in suffixes
-        ]
-        outs = policy.generate(reqs)
-        policy.release([own.prefix_handle])
-        return outs
+        policy.generate([GenerationRequest(prefix, once)])
+        return policy.generate(reqs)
 
-    # Interleaved repeats, best of each: a burst of machine noise hits all three alike.
-    arms = {"re": recompute, "reuse": from_handle, "incl": prefix_then_branches}
+    arms = {
+        "re": (lambda: None, lambda: no_cache.generate(reqs)),
+        "reuse": (warm_cache, lambda: policy.generate(reqs)),
+        "incl": (cold_cache, prefix_then_branches),
+        "cold": (cold_cache, lambda: policy.generate(reqs)),
+    }
+    # Interleaved repeats, best of each: a burst of machine noise hits every arm alike.
     times: dict[str, list[float]] = {k: [] for k in arms}
     results: dict[str, object] = {}
     for _ in range(args.repeats):
-        for key, fn in arms.items():
+        for key, (setup, fn) in arms.items():
+            setup()
             t0 = time.perf_counter()
             results[key] = fn()
             times[key].append(time.perf_counter() - t0)
-    t_re, t_reuse, t_incl = (min(times[k]) for k in arms)
-    outs = results["reuse"]
-    policy.release([root.prefix_handle])
+    t_re, t_reuse, t_incl, t_cold = (min(times[k]) for k in arms)
     return {
         "prefix_recompute_s": t_re,
         "prefix_reuse_s": t_reuse,
         "prefix_reuse_incl_prefix_s": t_incl,
-        "prefix_cached_tokens_per_branch": outs[0][0].cached_tokens,
-        # Tree search: the parent's generation already left the prefix state behind (keep_prefix).
+        "prefix_cold_cache_s": t_cold,
+        "prefix_cached_tokens_per_branch": results["reuse"][0][0].cached_tokens,
+        # Tree search: the parent's generation already left the prefix state behind.
         "prefix_reuse_speedup": t_re / t_reuse,
         # Conservative: the shared prefix is computed once inside the timed region.
         "prefix_reuse_speedup_incl_prefix": t_re / t_incl,
+        # One call from a cold cache: its requests still share one prefill of their common prefix.
+        "prefix_cold_cache_speedup": t_re / t_cold,
     }
 
 

@@ -81,7 +81,6 @@ def _measure(policy, work: Workload, cfg: RolloutConfig) -> dict:
         "decode_tokens_per_leaf": m["rollout/decode_tokens"] / leaves,
         "wall_s_per_leaf": wall / leaves,
         "prefix_hit_rate": m["rollout/prefix_hit_rate"],
-        "prefix_misses": m.get("rollout/prefix_misses", 0.0),
         "generate_calls": m.get("rollout/generate_calls", 0.0),
         "stream_waits": m.get("rollout/stream_waits", 0.0),
         "mean_response_tokens": sum(len(s.response_ids) for x in result.leaves for s in x) / leaves,
@@ -367,7 +366,7 @@ def parser() -> argparse.ArgumentParser:
         "--prefix-cache-tokens",
         type=int,
         default=1 << 20,
-        help="HF KV budget for kept prefixes; a tree keeps one per node, evictions are recomputed (and counted)",
+        help="HF radix-cache budget (KV positions); evicted prefixes are recomputed (evictions are counted)",
     )
     p.add_argument("--calls", type=int, default=3, help="tool calls per response in the rollback workload")
     return p

@@ -19,7 +19,7 @@ What verl's servers give and what they do not:
 - only the sampled token's log-prob comes back, so ``top_logprobs`` is empty: tree search ranks nodes by the
   sampled tokens' surprisal instead of top-k entropy (:func:`memrl.rollout.expansion.output_entropies`,
   ``docs/verl.md``);
-- prefix handles are bookkeeping only (verl's servers cache prefixes by themselves);
+- requests carry full token sequences: prefix reuse is the servers' own (vLLM / SGLang prefix caching);
 - the weight version each output was sampled under (``TokenOutput.extra_fields``: ``min_global_steps`` /
   ``max_global_steps``, verl's staleness bookkeeping) is gathered across calls and handed over by
   :meth:`VerlServerPolicy.take_weight_versions`;
@@ -30,7 +30,6 @@ What verl's servers give and what they do not:
 from __future__ import annotations
 
 import asyncio
-import itertools
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -63,8 +62,6 @@ class VerlServerPolicy:
         self.loop = loop
         self.max_model_len = max_model_len
         self.sampling: dict[str, Any] = {"temperature": 1.0, "top_p": 1.0}
-        self._handles: dict[str, int] = {}
-        self._counter = itertools.count()
         self._versions: list[int] = []
 
     def take_weight_versions(self) -> tuple[int | None, int | None]:
@@ -82,9 +79,6 @@ class VerlServerPolicy:
             raise PolicyError(
                 "VerlServerPolicy.generate was called on its event loop's thread (it would block it)"
             )
-        for req in requests:
-            if req.prefix_handle is not None and req.prefix_handle not in self._handles:
-                raise PolicyError(f"unknown prefix_handle {req.prefix_handle!r}: never returned, or released")
         calls = [(req, self._params(req)) for req in requests for _ in range(req.params.n)]
         future = asyncio.run_coroutine_threadsafe(self._all(calls), self.loop)
         try:
@@ -134,17 +128,12 @@ class VerlServerPolicy:
             finish = FinishReason.LENGTH
         else:
             finish = FinishReason.STOP
-        handle = None
-        if req.params.keep_prefix:
-            handle = f"verl-{next(self._counter)}"
-            self._handles[handle] = len(req.prompt_ids) + len(ids)
         return GenerationOutput(
             token_ids=ids,
             logprobs=lps,
             finish_reason=finish,
             stop_reason=self._stop_reason(req, ids) if finish is FinishReason.STOP else None,
             prompt_token_ids=req.prompt_ids,
-            prefix_handle=handle,
         )
 
     def _stop_reason(self, req: GenerationRequest, ids: tuple[int, ...]) -> str | int | None:
@@ -164,7 +153,3 @@ class VerlServerPolicy:
         raise PolicyError(
             "VerlServerPolicy does not score sequences: verl's actor computes training log-probs itself"
         )
-
-    def release(self, handles: Sequence[str]) -> None:
-        for h in handles:
-            self._handles.pop(h, None)

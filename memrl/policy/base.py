@@ -2,8 +2,9 @@
 
 Every backend (``hf``, ``vllm``, ``openai``) implements :class:`PolicyClient`. Text that already has ids is
 never re-tokenised. Tree search needs per-token logprobs, top-k alternatives (entropy), finish/stop reasons,
-per-request ``max_tokens`` and **prefix reuse**: a request may name a ``prefix_handle`` whose cached state
-(KV cache) covers a prefix of its ``prompt_ids``, so branches do not recompute their shared prefix.
+per-request ``max_tokens``. Requests always carry their full context; **prefix reuse** is the backend's
+business: the HF backend keeps a radix (token-trie) KV cache, vLLM and SGLang match token prefixes themselves,
+so branches that share a prefix do not recompute it and report the reused part as ``cached_tokens``.
 """
 
 from __future__ import annotations
@@ -18,8 +19,7 @@ from memrl.types import ContractError, GenerationOutput
 @dataclass(frozen=True)
 class SamplingParams:
     """Per-request sampling. ``n`` samples share the prompt. ``top_logprobs=k`` returns the k most likely
-    alternatives at each position. ``keep_prefix`` asks the backend to keep the state of prompt+output and
-    return its handle in ``GenerationOutput.prefix_handle`` (release it with ``PolicyClient.release``)."""
+    alternatives at each position."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -29,7 +29,6 @@ class SamplingParams:
     n: int = 1
     seed: int | None = None
     top_logprobs: int = 0
-    keep_prefix: bool = False
 
     def __post_init__(self) -> None:
         if self.temperature < 0:
@@ -48,13 +47,10 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """``prompt_ids`` is always the full context. ``prefix_handle`` (optional) names a cached state; the backend
-    reuses it for the longest common prefix of the handle's tokens and ``prompt_ids`` and computes only the rest
-    (a request that forks inside the handle's tokens, as a tree branch at token t does, crops the state there)."""
+    """``prompt_ids`` is always the full context (the backend finds what it has cached of it)."""
 
     prompt_ids: tuple[int, ...]
     params: SamplingParams = SamplingParams()
-    prefix_handle: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prompt_ids", tuple(int(t) for t in self.prompt_ids))
@@ -74,8 +70,4 @@ class PolicyClient(Protocol):
 
     def logprobs(self, sequences: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[list[float]]:
         """Training-time scoring: log p(response_i | prompt, response_<i) for each (prompt_ids, response_ids)."""
-        ...
-
-    def release(self, handles: Sequence[str]) -> None:
-        """Free cached prefix states."""
         ...

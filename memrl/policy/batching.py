@@ -13,7 +13,7 @@ from transformers.cache_utils import DynamicCache
 
 from memrl.policy.base import SamplingParams
 from memrl.policy.kv_cache import PreallocatedLayer, concat_batches, first_used
-from memrl.policy.prefix_cache import PrefixEntry
+from memrl.policy.radix_cache import PrefixMatch, PrefixStates
 from memrl.policy.sampling import StopChecker
 from memrl.types import FinishReason, GenerationOutput
 
@@ -33,14 +33,15 @@ class DecodeRow:
     seed: int  # the row's sampling stream: token n uses counter_uniform(seed, n)
     stopper: StopChecker
     budget: int  # new tokens allowed (max_tokens clipped to the context window)
-    entry: PrefixEntry | None = None
+    match: PrefixMatch | None = None  # its cached prefix; locked in the cache until the row is prefilled
     cached: int = 0
+    entry: PrefixStates | None = None  # the match's states, read at prefill (rows with one match share them)
+    holds_lock: bool = False
     out: list[int] = field(default_factory=list)
     lps: list[float] = field(default_factory=list)
     tops: list[dict[int, float]] = field(default_factory=list)
     finish: FinishReason | None = None
     stop_reason: str | int | None = None
-    handle: str | None = None
     reported_cached: int | None = None  # cached_tokens to report when it differs from ``cached``
 
     def to_output(self) -> GenerationOutput:
@@ -52,7 +53,6 @@ class DecodeRow:
             stop_reason=self.stop_reason,
             prompt_token_ids=self.prompt,
             cached_tokens=self.cached if self.reported_cached is None else self.reported_cached,
-            prefix_handle=self.handle,
         )
 
 

@@ -36,8 +36,11 @@ class PolicyConfig:
     attn_implementation: str = "sdpa"
     max_batch_size: int = 32  # rows (requests x n) decoded together; more wait and join as rows finish
     score_batch_size: int = 8  # sequences per forward pass in logprobs()
-    prefix_cache_tokens: int = 65536  # KV budget of kept prefixes (tokens); least recently used evicted first
-    # Rows continuing from kept prefix states attend to one copy per state (memrl.policy.shared_attention):
+    # KV positions the radix cache keeps (memrl.policy.radix_cache): every finished row leaves its states there
+    # and requests continue from their longest cached prefix; least recently used leaves go first; 0 = off.
+    # A full cache of SmolLM2-135M in float32 holds ~3.0 GB (30 layers x 2 x 3 kv heads x 64 x 4 bytes a token).
+    prefix_cache_tokens: int = 65536
+    # Rows continuing from one cached prefix attend to one copy of it (memrl.policy.shared_attention):
     # "one" = when every row of a decode batch shares one state (tree branches of a node, n samples of a
     # prompt); "groups" = also several states per batch (exact, but on CPU per-group matmuls measured slower
     # than fused sdpa over per-row copies); "off" = per-row copies only.
@@ -47,7 +50,7 @@ class PolicyConfig:
     # prompt already keeps the matmuls busy, so padding is pure extra work (16 prompts of 330-600 tokens:
     # 0.38 s batched vs 0.23 s one by one); on an accelerator one padded batch fills the device.
     # "auto" = on CPU ragged when some row computes at least ragged_min_tokens positions, batched otherwise (short
-    # tails - tool results and fork points after a kept prefix - are cheaper in one padded forward than one
+    # tails - tool results and fork points after a cached prefix - are cheaper in one padded forward than one
     # forward per row: 32 continuations of ~10 tokens took 0.057 s batched vs 0.099 s ragged); batched elsewhere.
     prefill: str = "auto"
     ragged_min_tokens: int = 64

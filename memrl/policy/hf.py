@@ -2,7 +2,9 @@
 
 The loop runs ``model(...)`` over a KV cache with pre-allocated capacity (:mod:`memrl.policy.kv_cache`) so that it
 can report per-token logprobs and top-k alternatives, honour stop strings / stop ids per sequence and resume from
-kept prefix states. Not thread-safe: serialise calls (``memrl serve`` does).
+the states of cached prefixes (:mod:`memrl.policy.radix_cache`: every finished row leaves its states there, and a
+request continues from the longest cached prefix of its token ids). Not thread-safe: serialise calls (``memrl
+serve`` does).
 
 Batch layout (``B`` rows = requests x ``n``): row ``i`` reuses ``c_i`` cached prompt positions and computes the
 ``r_i`` remaining ones. The batch cache is ``[B, heads, C, head_dim]`` with ``C = max c_i``, each row's cached
@@ -16,10 +18,9 @@ sits at the position it would have without padding (RoPE keys stored in the cach
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -37,7 +38,7 @@ from memrl.policy.kv_cache import (
     shared_prefix_cache,
 )
 from memrl.policy.models import MODEL_ALIASES, policy_dtype, resolve_model_path
-from memrl.policy.prefix_cache import PrefixCache, PrefixEntry, common_prefix_len, shared_prefix_groups
+from memrl.policy.radix_cache import PrefixStates, RadixCache, shared_prefix_groups
 from memrl.policy.sampling import StopChecker, choose_tokens
 from memrl.types import FinishReason, GenerationOutput
 
@@ -46,16 +47,12 @@ logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Requests of one call whose prompts share at least this many leading tokens get that prefix computed once (see
-# HFPolicy._share_prompts). Shorter common prefixes are mostly the template's opening instructions, shared by
-# unrelated prompts: sharing them saves little and costs one more sequential forward before the real prefill,
-# plus a copy of the kept state into every row's cache. 256 tokens is about half a second of SmolLM2-135M
-# prefill on CPU per request; a conversation slice shared by its questions (LoCoMo, recent_history: ~7,500
-# tokens) is far above it.
+# HFPolicy._share_prompts), when the radix cache does not hold it yet. Shorter common prefixes are mostly the
+# template's opening instructions, shared by unrelated prompts: sharing them saves little and costs one more
+# sequential forward before the real prefill, plus a copy of the cached state into every row's cache. 256 tokens
+# is about half a second of SmolLM2-135M prefill on CPU per request; a conversation slice shared by its questions
+# (LoCoMo, recent_history: ~7,500 tokens) is far above it.
 MIN_SHARED_PREFIX = 256
-# Shared prefixes kept across generate calls (most recent first out): the questions of one conversation come in
-# several batches over the same history slice (LoCoMo's full-context arm: ~7,500 tokens, ~14 s of prefill here per
-# batch), and a batch can straddle two conversations. Two states of SmolLM2 at 7.5 K tokens are ~0.7 GB.
-RECENT_SHARED_PREFIXES = 2
 
 
 def _needs_padding(rows: Sequence[DecodeRow], min_tail: int = 2) -> bool:
@@ -64,6 +61,13 @@ def _needs_padding(rows: Sequence[DecodeRow], min_tail: int = 2) -> bool:
     if len(rows) < 2 or max(len(r.prompt) - r.cached for r in rows) < min_tail:
         return False
     return len({(r.cached, len(r.prompt)) for r in rows}) > 1
+
+
+def _prefix_dominates(rows: Sequence[DecodeRow]) -> bool:
+    """Whether the rows' cached prefix is at least as long as what any of them computes (tree branches of a node,
+    the samples of a prompt): then reading it once per step beats padding-free prefill. A short incidental hit (a
+    template's opening, shared by unrelated prompts) is not worth a padded prefill of long tails."""
+    return min(r.cached for r in rows) >= max(len(r.prompt) - r.cached for r in rows)
 
 
 def load_model_and_tokenizer(cfg: PolicyConfig):
@@ -111,7 +115,8 @@ class HFPolicy:
         self.model = model
         self.tokenizer = tokenizer
         self.device = torch.device(cfg.device)
-        self.prefix_cache = PrefixCache(cfg.prefix_cache_tokens)
+        # Every finished row leaves its states here; requests continue from their longest cached prefix.
+        self.prefix_cache = RadixCache(cfg.prefix_cache_tokens)
         self._seed_source = torch.Generator().manual_seed(cfg.seed)
         self.pad_id = _pad_id(tokenizer)
         self.eos_ids = _eos_ids(model, tokenizer)
@@ -125,7 +130,6 @@ class HFPolicy:
         # Model forwards: calls, rows (sum of batch sizes), tokens fed, seconds (host time: exact on CPU, launch
         # time on an asynchronous device). Benchmarks split a speed-up into fewer forwards vs cheaper ones with it.
         self.forward_stats: Counter[str] = Counter()
-        self._recent_shared: OrderedDict[tuple[int, ...], str] = OrderedDict()  # prefix → kept handle
 
     @classmethod
     def from_model(cls, model, tokenizer, cfg: PolicyConfig | None = None) -> HFPolicy:
@@ -161,12 +165,8 @@ class HFPolicy:
         self.invalidate_cache()
 
     def invalidate_cache(self) -> None:
-        """Forget kept prefix states; call after changing the model's weights in place."""
+        """Forget cached prefix states; call after changing the model's weights in place."""
         self.prefix_cache.clear()
-        self._recent_shared.clear()
-
-    def release(self, handles: Sequence[str]) -> None:
-        self.prefix_cache.release(handles)
 
     # ------------------------------------------------------------------ generation
 
@@ -190,18 +190,20 @@ class HFPolicy:
         comes back as soon as its samples have finished."""
         return HFStream(self)
 
-    def _share_prompts(
-        self, requests: Sequence[GenerationRequest]
-    ) -> tuple[list[GenerationRequest], set[str], set[str]]:
+    def _share_prompts(self, requests: Sequence[GenerationRequest]) -> list[int | None]:
         """Compute prompt prefixes that several rows need once, as vLLM's prefix caching or SGLang's radix cache
-        would serve them, instead of once per row: requests (without a prefix handle of their own) that share at
-        least :data:`MIN_SHARED_PREFIX` leading tokens continue from one temporary kept state over their common
-        prefix; a request for ``n > 1`` samples continues from one over its ``prompt[:-1]``. The states come from
-        one nested :meth:`generate` call (one row per distinct prefix), which shares their own common prefixes in
-        turn, and the :data:`RECENT_SHARED_PREFIXES` most recent ones are kept for later calls (a conversation's
-        next batch of questions). Greedy outputs are those of unshared prefills. Returns the requests to run, the
-        temporary handles (released by the caller when their rows end) and the handles computed by this call."""
-        free = [i for i, r in enumerate(requests) if r.prefix_handle is None and len(r.prompt_ids) > 2]
+        would serve them, instead of once per row: requests that share at least :data:`MIN_SHARED_PREFIX` leading
+        tokens continue from their common prefix, and a request for ``n > 1`` samples from its ``prompt[:-1]``.
+        Those the radix cache does not hold yet are computed by one nested :meth:`generate` call (one row per
+        distinct prefix, which shares their own common prefixes in turn) and land in the cache, where the rows
+        find them. Greedy outputs are those of unshared prefills.
+
+        Returns, per request, the ``cached_tokens`` to report when this call computed part of its prefix (the
+        cached length before the call: the shared part was computed for it), else ``None``."""
+        reported: list[int | None] = [None] * len(requests)
+        if self.prefix_cache.budget_tokens == 0:
+            return reported  # nothing would be kept for the rows to find
+        free = [i for i, r in enumerate(requests) if len(r.prompt_ids) > 2]
         starts: dict[int, tuple[int, ...]] = {}  # request index → the prefix its rows continue from
         for length, members in shared_prefix_groups(
             [requests[i].prompt_ids for i in free], MIN_SHARED_PREFIX
@@ -211,54 +213,22 @@ class HFPolicy:
         for i in free:
             if requests[i].params.n > 1:
                 starts[i] = requests[i].prompt_ids[:-1]
-        if not starts:
-            return list(requests), set(), set()
-        prefixes = list(dict.fromkeys(starts.values()))
-        for p in [p for p, h in self._recent_shared.items() if not self.prefix_cache.alive(h)]:
-            del self._recent_shared[p]  # evicted by the cache's token budget: compute it again
-        handle_of = {p: self._recent_shared[p] for p in prefixes if p in self._recent_shared}
-        for p in handle_of:
-            self._recent_shared.move_to_end(p)
-        cold = [p for p in prefixes if p not in handle_of]
-        if cold:
-            once = SamplingParams(temperature=0.0, max_tokens=1, keep_prefix=True)
-            warm = self.generate([GenerationRequest(p, once, self._nearest_recent(p)) for p in cold])
-            handle_of.update({p: w.prefix_handle for p, [w] in zip(cold, warm, strict=True)})
-        temporary, fresh = set(), set()
-        for p in cold:  # long new prefixes are kept for later calls; the rest go when their rows end
-            handle = handle_of[p]
-            if handle is None:
-                continue
-            fresh.add(handle)
-            if len(p) >= MIN_SHARED_PREFIX:
-                self._recent_shared[p] = handle
-                self.prefix_cache.pinned.add(handle)  # rows' own kept states must not push it out
-            else:
-                temporary.add(handle)
-        while len(self._recent_shared) > RECENT_SHARED_PREFIXES:
-            _, old = self._recent_shared.popitem(last=False)
-            self.release([old])  # rows that took it hold its state; a later lookup would recompute
-        out = list(requests)
+        cold: dict[tuple[int, ...], None] = {}
         for i, prefix in starts.items():
-            if handle_of[prefix] is not None:
-                out[i] = dataclasses.replace(requests[i], prefix_handle=handle_of[prefix])
-        return out, temporary, fresh
+            if self.prefix_cache.match_length(prefix) < len(prefix):
+                reported[i] = self.prefix_cache.match_length(requests[i].prompt_ids[:-1])
+                cold[prefix] = None
+        if cold:
+            once = SamplingParams(temperature=0.0, max_tokens=1)
+            self.generate([GenerationRequest(p, once) for p in cold])
+        return reported
 
-    def _nearest_recent(self, prefix: tuple[int, ...]) -> str | None:
-        """A kept recent shared state that covers at least :data:`MIN_SHARED_PREFIX` tokens of ``prefix`` (the
-        longest such), so a new prefix over a known context computes only what is new."""
-        best, handle = MIN_SHARED_PREFIX - 1, None
-        for kept, h in self._recent_shared.items():
-            n = common_prefix_len(kept, prefix)
-            if n > best:
-                best, handle = n, h
-        return handle
-
-    def _rows_for(self, index: int, req: GenerationRequest) -> list[DecodeRow]:
+    def _rows_for(self, index: int, req: GenerationRequest, reported: int | None = None) -> list[DecodeRow]:
+        """One row per sample, each continuing from the longest cached prefix of the prompt (at least one token
+        is computed: its logits give the first new token), locked in the cache until the row is prefilled."""
         p = req.params
-        entry, cached = None, 0
-        if req.prefix_handle is not None:
-            entry, cached = self.prefix_cache.lookup(req.prefix_handle, req.prompt_ids)
+        match = self.prefix_cache.match(req.prompt_ids[:-1])
+        cached = match.length if match is not None else 0
         budget = min(p.max_tokens, self.max_model_len - len(req.prompt_ids))
         base_seed = (
             p.seed if p.seed is not None else int(torch.randint(0, 2**62, (1,), generator=self._seed_source))
@@ -273,8 +243,9 @@ class HFPolicy:
                 seed=(base_seed + s) & ((1 << 63) - 1),  # an int64 for counter_uniform
                 stopper=StopChecker(self.tokenizer, p.stop, p.stop_token_ids, self.eos_ids),
                 budget=budget,
-                entry=entry if cached > 0 else None,
+                match=match,
                 cached=cached,
+                reported_cached=reported,
             )
             if budget < 1:
                 logger.warning(
@@ -283,18 +254,49 @@ class HFPolicy:
                     len(req.prompt_ids),
                     self.max_model_len,
                 )
-                row.finish, row.cached = FinishReason.ABORT, 0
+                row.finish, row.match, row.cached = FinishReason.ABORT, None, 0
+            elif match is not None:
+                self.prefix_cache.lock(match)
+                row.holds_lock = True
             rows.append(row)
         return rows
 
+    def _release_rows(self, rows: Sequence[DecodeRow]) -> None:
+        """Unlock the cached prefixes of rows that will not be prefilled (any more)."""
+        for row in rows:
+            if row.holds_lock and row.match is not None:
+                self.prefix_cache.unlock(row.match)
+                row.holds_lock = False
+
+    @staticmethod
+    def _read_prefixes(rows: Sequence[DecodeRow]) -> None:
+        """Each row's cached states (``row.entry``), one copy per distinct prefix: rows continuing from the same
+        cached prefix share it (and so may attend to one copy, see :meth:`_prefix_groups`)."""
+        seen: dict[tuple[int, int], PrefixStates] = {}
+        for row in rows:
+            if row.match is not None and row.cached > 0:
+                key = row.match.key
+                if key not in seen:
+                    seen[key] = row.match.states()
+                row.entry = seen[key]
+
     def _start(self, rows: list[DecodeRow]) -> DecodeBatch:
         """Prefill ``rows``: a batch whose logits predict each row's first new token."""
-        # Rows continuing from shared kept states (tree branches of a node) keep the shared-prefix path, where each
-        # state is read once per step; otherwise padded prefill is wasted work (see PolicyConfig.prefill).
+        self._read_prefixes(rows)
+        try:
+            return self._prefill(rows)
+        finally:
+            self._release_rows(rows)
+            for row in rows:
+                row.entry = None  # the batch cache holds what the rows need
+
+    def _prefill(self, rows: list[DecodeRow]) -> DecodeBatch:
+        # Rows continuing from one long cached prefix (tree branches of a node) keep the shared-prefix path, where it
+        # is read once per step; otherwise padded prefill is wasted work (see PolicyConfig.prefill).
         if (
             self.ragged_prefill
             and _needs_padding(rows, self.ragged_min_tokens)
-            and not self._prefix_groups(rows, self.shared_attention)
+            and not (self._prefix_groups(rows, self.shared_attention) and _prefix_dominates(rows))
         ):
             logits, mask, pos, cache = self._prefill_ragged(rows)
         else:
@@ -322,8 +324,8 @@ class HFPolicy:
                 row.finish = FinishReason.LENGTH
             if row.finish is None:
                 still.append(b)
-            elif row.params.keep_prefix:
-                row.handle = self._keep(row, batch.cache, b, batch.mask[b])
+            else:
+                self._insert(row, batch.cache, b, batch.mask[b])
         return still
 
     def _step(self, batch: DecodeBatch) -> None:
@@ -398,7 +400,7 @@ class HFPolicy:
         right-aligned in ``[0, T)`` (``T`` = longest), so the decode steps see the usual left-padded layout.
         Returns first-token ``logits [B, V]``, ``mask [B, T]``, ``pos [B, 1]`` (last real position) and the cache.
         """
-        done: dict[tuple, tuple[torch.Tensor, PrefixEntry]] = {}
+        done: dict[tuple, tuple[torch.Tensor, PrefixStates]] = {}
         per_row = []
         for r in rows:
             key = (r.prompt, id(r.entry), r.cached)
@@ -417,7 +419,7 @@ class HFPolicy:
         logits = torch.cat([lg for lg, _ in per_row])
         return logits, mask.to(self.device), pos.to(self.device), cache
 
-    def _prefill_one(self, row: DecodeRow) -> tuple[torch.Tensor, PrefixEntry]:
+    def _prefill_one(self, row: DecodeRow) -> tuple[torch.Tensor, PrefixStates]:
         """One row's prompt through the model (reusing its cached prefix): last logits ``[1, V]`` and its states."""
         tail = row.prompt[row.cached :]
         n = len(row.prompt)
@@ -430,32 +432,37 @@ class HFPolicy:
         logits = self._forward(ids, None, pos, cache)
         keys = [layer.keys[0] for layer in cache.layers]
         values = [layer.values[0] for layer in cache.layers]
-        return logits, PrefixEntry(tokens=row.prompt, keys=keys, values=values)
+        return logits, PrefixStates(keys=keys, values=values)
 
     @staticmethod
-    def _prefix_groups(rows: list[DecodeRow], mode: str) -> list[tuple[PrefixEntry, int, list[int]]] | None:
+    def _prefix_groups(rows: list[DecodeRow], mode: str) -> list[tuple[PrefixStates, int, list[int]]] | None:
         """Rows grouped by the prefix state they continue from, when ``mode`` allows it: every row continues
-        from a kept state and there is sharing (``one``: a single group; ``groups``: at most one group per two
+        from a cached prefix and there is sharing (``one``: a single group; ``groups``: at most one group per two
         rows, since singleton groups only add per-group work to each decode step)."""
         if mode == "off" or any(r.entry is None or r.cached == 0 for r in rows):
             return None
-        groups: dict[tuple[int, int], tuple[PrefixEntry, int, list[int]]] = {}
+        groups: dict[tuple[int, int], tuple[PrefixStates, int, list[int]]] = {}
         for i, r in enumerate(rows):
             groups.setdefault((id(r.entry), r.cached), (r.entry, r.cached, []))[2].append(i)
         if len(groups) == 1 or (mode == "groups" and 2 * len(groups) <= len(rows)):
             return list(groups.values())
         return None
 
-    def _keep(self, row: DecodeRow, cache, batch_index: int, row_mask: torch.Tensor) -> str:
-        """Copy the row's real (unpadded) key/value states out of the batch cache and register a handle.
+    def _insert(self, row: DecodeRow, cache, batch_index: int, row_mask: torch.Tensor) -> None:
+        """Leave the finished row's states in the radix cache (only the positions it does not hold yet are
+        copied out of the batch cache).
 
         The cache holds ``prompt + out[:-1]`` (the last sampled token was never fed); ``row_mask`` marks which of
-        its ``[C + R + steps]`` positions are real for this row."""
-        states = [layer.row_states(batch_index, row_mask.bool()) for layer in cache.layers]
-        keys, values = [k for k, _ in states], [v for _, v in states]
-        return self.prefix_cache.put(
-            PrefixEntry(tokens=row.prompt + tuple(row.out), keys=keys, values=values)
-        )
+        its positions are real for this row."""
+        if self.prefix_cache.budget_tokens == 0:
+            return
+        real = row_mask.bool()
+
+        def take(start: int, end: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+            states = [layer.row_states(batch_index, real, start) for layer in cache.layers]
+            return [k for k, _ in states], [v for _, v in states]
+
+        self.prefix_cache.insert(row.prompt + tuple(row.out[:-1]), take)
 
     def _num_layers(self) -> int:
         cfg = self.model.config

@@ -19,13 +19,13 @@ class StreamBackend(DecodeBackend, Protocol):
 
     cfg: PolicyConfig
 
-    def release(self, handles: Sequence[str]) -> None: ...
+    def _share_prompts(self, requests: Sequence[GenerationRequest]) -> list[int | None]: ...  # see HFPolicy
 
-    def _share_prompts(
-        self, requests: Sequence[GenerationRequest]
-    ) -> tuple[list[GenerationRequest], set[str], set[str]]: ...  # see HFPolicy._share_prompts
+    def _rows_for(
+        self, index: int, req: GenerationRequest, reported: int | None
+    ) -> list[DecodeRow]: ...  # one row per sample
 
-    def _rows_for(self, index: int, req: GenerationRequest) -> list[DecodeRow]: ...  # one row per sample
+    def _release_rows(self, rows: Sequence[DecodeRow]) -> None: ...  # unlock prefixes of unstarted rows
 
 
 class HFStream:
@@ -40,23 +40,17 @@ class HFStream:
         self.loop = DecodeLoop(policy, policy.cfg.max_batch_size)
         self._rows: dict[int, list[DecodeRow]] = {}
         self._left: dict[int, int] = {}
-        self._internal: dict[int, str] = {}  # temporary shared-prompt handles (see HFPolicy._share_prompts)
         self._ready: list[int] = []
         self._next = 0
 
     def add(self, requests: Sequence[GenerationRequest]) -> list[int]:
-        shared, internal, fresh = self.policy._share_prompts(requests)
+        reported = self.policy._share_prompts(requests)
         ids, queue = [], []
-        for req in shared:
+        for req, cached in zip(requests, reported, strict=True):
             rid = self._next
             self._next += 1
             ids.append(rid)
-            rows = self.policy._rows_for(rid, req)
-            if req.prefix_handle in internal:
-                self._internal[rid] = req.prefix_handle
-            if req.prefix_handle in fresh:
-                for row in rows:
-                    row.reported_cached = 0  # computed for this request: not a cache hit
+            rows = self.policy._rows_for(rid, req, cached)
             self._rows[rid] = rows
             pending = [r for r in rows if r.finish is None]
             self._left[rid] = len(pending)
@@ -77,11 +71,10 @@ class HFStream:
         return [(rid, self._outputs(rid)) for rid in ready]
 
     def close(self) -> None:
-        """Forget unfinished rows; release every kept state nobody received."""
-        unclaimed = [r.handle for rows in self._rows.values() for r in rows if r.handle is not None]
-        self.policy.release(unclaimed + list(self._internal.values()))
+        """Forget unfinished rows (their cached prefixes are unlocked)."""
+        self.policy._release_rows([r for rows in self._rows.values() for r in rows])
         self.loop = DecodeLoop(self.policy, self.policy.cfg.max_batch_size)
-        self._rows, self._left, self._internal, self._ready = {}, {}, {}, []
+        self._rows, self._left, self._ready = {}, {}, []
 
     def _note(self, finished: list[DecodeRow]) -> bool:
         for row in finished:
@@ -93,7 +86,4 @@ class HFStream:
     def _outputs(self, rid: int) -> list[GenerationOutput]:
         rows = self._rows.pop(rid)  # in sample order (HFPolicy._rows_for)
         del self._left[rid]
-        internal = self._internal.pop(rid, None)
-        if internal is not None:
-            self.policy.release([internal])
         return [r.to_output() for r in rows]

@@ -58,9 +58,11 @@ class PreallocatedLayer(DynamicLayer):
             self._k, self._v = self._k[indices], self._v[indices]
             self._views()
 
-    def row_states(self, b: int, real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Row ``b``'s states at the positions where ``real`` (``[seq_length]`` bool) is set, as new tensors."""
-        return self.keys[b][:, real].clone(), self.values[b][:, real].clone()
+    def row_states(self, b: int, real: torch.Tensor, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Row ``b``'s states at the positions where ``real`` (``[seq_length]`` bool) is set, from the
+        ``start``-th such position on, as new tensors ``[heads, n, head_dim]``."""
+        idx = real.nonzero().squeeze(1)[start:]
+        return self.keys[b][:, idx], self.values[b][:, idx]  # index tensors: copies
 
     def drop_leading(self, n: int) -> None:
         """Forget the first ``n`` positions (columns no row attends to); a view, no copy."""
@@ -86,13 +88,18 @@ class SharedPrefixLayer(PreallocatedLayer):
     def get_seq_length(self) -> int:
         return self.prefix_length + self.length
 
-    def row_states(self, b: int, real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def row_states(self, b: int, real: torch.Tensor, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         g = self.prefix.group_of(b)
         pk, pv = self.prefix.keys[g][self.layer], self.prefix.values[g][self.layer]
         C, c = self.prefix_length, pk.shape[-2]
-        shown = real[C - c : C]  # the group's prefix sits right-aligned in the reserved width
-        keys = torch.cat([pk[:, shown], self.keys[b][:, real[C:]]], dim=1)
-        values = torch.cat([pv[:, shown], self.values[b][:, real[C:]]], dim=1)
+        shown = real[C - c : C].nonzero().squeeze(1)  # the group's prefix sits right-aligned in the width
+        own = real[C:].nonzero().squeeze(1)
+        if start >= len(shown):
+            own = own[start - len(shown) :]
+            return self.keys[b][:, own], self.values[b][:, own]
+        shown = shown[start:]
+        keys = torch.cat([pk[:, shown], self.keys[b][:, own]], dim=1)
+        values = torch.cat([pv[:, shown], self.values[b][:, own]], dim=1)
         return keys, values
 
 

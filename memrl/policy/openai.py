@@ -5,13 +5,12 @@ name every sampled and top-k token as ``"token_id:<id>"``, so nothing is re-toke
 concurrently (the server batches them). Connection failures, timeouts, 429 and 5xx are retried with
 exponential backoff; other 4xx and malformed responses fail at once with :class:`PolicyHTTPError`.
 
-Prefix handles are local bookkeeping: such servers cache prefixes automatically, and ``cached_tokens`` is taken
+Prefix reuse is the server's: such servers cache token prefixes automatically, and ``cached_tokens`` is taken
 from ``usage.prompt_tokens_details.cached_tokens`` when the server reports it.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import time
@@ -62,9 +61,6 @@ class OpenAIPolicy:
             headers["Authorization"] = f"Bearer {key}"
         self._http = httpx.Client(timeout=cfg.request_timeout_s, headers=headers)
         self._pool = ThreadPoolExecutor(max_workers=cfg.max_batch_size, thread_name_prefix="memrl-openai")
-        self._handles: dict[str, tuple[int, ...]] = {}
-        self._issued: set[str] = set()
-        self._counter = itertools.count()
         self.model_name = cfg.served_model_name or cfg.model
 
     def close(self) -> None:
@@ -126,11 +122,6 @@ class OpenAIPolicy:
     # ------------------------------------------------------------------ generation
 
     def generate(self, requests: Sequence[GenerationRequest]) -> list[list[GenerationOutput]]:
-        for req in requests:
-            if req.prefix_handle is not None and req.prefix_handle not in self._issued:
-                raise PolicyError(
-                    f"unknown prefix_handle {req.prefix_handle!r}: it was never returned by this backend"
-                )
         return list(self._pool.map(self._generate_one, requests))
 
     def _generate_one(self, req: GenerationRequest) -> list[GenerationOutput]:
@@ -176,11 +167,6 @@ class OpenAIPolicy:
                 )
                 tops.append(dict(pairs[:k]))  # vLLM may add the sampled token as a (k+1)-th entry
         finish = choice.get("finish_reason") or "abort"
-        handle = None
-        if req.params.keep_prefix:
-            handle = f"http-{next(self._counter)}"
-            self._issued.add(handle)
-            self._handles[handle] = req.prompt_ids + tuple(ids)
         return GenerationOutput(
             token_ids=tuple(ids),
             logprobs=tuple(float(x) for x in lp["token_logprobs"]),
@@ -189,12 +175,7 @@ class OpenAIPolicy:
             stop_reason=choice.get("stop_reason"),
             prompt_token_ids=req.prompt_ids,
             cached_tokens=int(cached),
-            prefix_handle=handle,
         )
-
-    def release(self, handles: Sequence[str]) -> None:
-        for h in handles:
-            self._handles.pop(h, None)
 
     # ------------------------------------------------------------------ scoring
 

@@ -4,8 +4,8 @@ caching on, per-token logprobs + top-k, stop strings / ids and a ``LoRARequest``
 Install the extra in its own environment (``.ci/vllm.sh`` shows the steps). Logprobs are vLLM's
 ``processed_logprobs`` (temperature applied, as the :class:`~memrl.types.GenerationOutput` contract says; with
 ``top_p < 1`` vLLM reports the filtered tokens as ``-inf`` where the HF backend reports their pre-filter value).
-Prefix handles are bookkeeping only: vLLM's automatic prefix caching reuses the shared prefix by itself and
-``cached_tokens`` is its ``num_cached_tokens``.
+Prefix reuse is vLLM's automatic prefix caching (it matches token prefixes by itself); ``cached_tokens`` is its
+``num_cached_tokens``.
 """
 
 from __future__ import annotations
@@ -67,8 +67,6 @@ class VLLMPolicy:
         self.max_model_len = cfg.max_model_len
         if cfg.lora_path:
             self.load_adapter(cfg.lora_path)
-        self._handles: dict[str, tuple[int, ...]] = {}
-        self._counter = itertools.count()
         self._seeds = itertools.count(cfg.seed * 1_000_003)
 
     def load_adapter(self, path: str | Path) -> None:
@@ -85,10 +83,6 @@ class VLLMPolicy:
             )
         lora_id = next(self._lora_ids)
         self._lora = LoRARequest(f"memrl-{lora_id}", lora_id, str(path))
-
-    def release(self, handles: Sequence[str]) -> None:
-        for h in handles:
-            self._handles.pop(h, None)
 
     def _sampling(self, req: GenerationRequest):
         from vllm import SamplingParams as VSampling
@@ -109,9 +103,6 @@ class VLLMPolicy:
     def generate(self, requests: Sequence[GenerationRequest]) -> list[list[GenerationOutput]]:
         from vllm.inputs import TokensPrompt
 
-        for req in requests:
-            if req.prefix_handle is not None and req.prefix_handle not in self._handles:
-                raise PolicyError(f"unknown prefix_handle {req.prefix_handle!r}: never returned, or released")
         fits = [i for i, r in enumerate(requests) if len(r.prompt_ids) < self.max_model_len]
         results: list[list[GenerationOutput]] = [
             [GenerationOutput((), (), FinishReason.ABORT, prompt_token_ids=r.prompt_ids)] * r.params.n
@@ -133,10 +124,6 @@ class VLLMPolicy:
             lps.append(float(entry[tid].logprob))
             ranked = sorted(entry.items(), key=lambda kv: -kv[1].logprob)[:k]
             tops.append({int(t): float(lp.logprob) for t, lp in ranked})
-        handle = None
-        if req.params.keep_prefix:
-            handle = f"vllm-{next(self._counter)}"
-            self._handles[handle] = req.prompt_ids + ids
         finish = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH}.get(
             comp.finish_reason, FinishReason.ABORT
         )
@@ -148,7 +135,6 @@ class VLLMPolicy:
             stop_reason=comp.stop_reason,
             prompt_token_ids=req.prompt_ids,
             cached_tokens=int(cached),
-            prefix_handle=handle,
         )
 
     def logprobs(

@@ -44,8 +44,7 @@ class Branch:
     ``floor`` is the response length at the fork point: tokens below it are shared with other branches of the
     tree (the branch's copy of them is private, so a rollback may cut below it; the tree strategy then re-attaches
     the branch higher up). ``turn_start`` is the response index where the current model turn began (after the
-    last tool result): the rollback checkpoint. ``held`` lists prefix handles this branch
-    holds a reference to, as ``(handle, covered token count)`` in increasing coverage.
+    last tool result): the rollback checkpoint.
     """
 
     uid: str
@@ -73,7 +72,6 @@ class Branch:
     calls_from: int = 0
     finish: BranchFinish | None = None
     spawn_key: str | None = None  # branches sharing it start from one state: one request with n samples
-    held: list[tuple[str, int]] = field(default_factory=list)
     tree: Any = None  # strategy-owned bookkeeping (tree node links)
 
     @property
@@ -88,13 +86,6 @@ class Branch:
     def checkpoint(self) -> int:
         """Response index the open rollback restores to (the turn start when none is open)."""
         return self.open_rollback.position if self.open_rollback is not None else self.turn_start
-
-    def best_handle(self) -> tuple[str | None, int]:
-        """The most-covering held handle whose tokens are a prefix of the current state."""
-        for handle, covered in reversed(self.held):
-            if covered <= len(self.tokens):
-                return handle, covered
-        return None, 0
 
     def append_model(self, ids: tuple[int, ...], logprobs: tuple[float, ...]) -> None:
         self.tokens.extend(ids)

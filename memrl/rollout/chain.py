@@ -30,12 +30,7 @@ def chain_rollout(
         for k, req in enumerate(requests)
         for i in range(cfg.n)
     ]
-    try:
-        engine.run(branches)
-    finally:
-        for b in branches:
-            engine.release_branch(b)
-        engine.handles.flush()
+    engine.run(branches)
     leaves: list[list] = [[] for _ in requests]
     for b in branches:
         index = len(leaves[b.request_index])

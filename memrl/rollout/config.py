@@ -33,7 +33,7 @@ class TreeConfig:
       one kept KV state per branch, instead of one per segment).
     - ``token`` (as TreeRL's EPTree): any model token of a finished branch. Branches generate to their
       stop in one call; a fork at token ``t`` keeps tokens ``< t`` and samples token ``t`` afresh, continuing
-      from the parent's kept state (the backend crops it to the fork point). ``entropy`` ranks a point by the
+      from the parent's cached state (the backend crops it to the fork point). ``entropy`` ranks a point by the
       normalised top-k entropy of the distribution token ``t`` was drawn from: a fork lands exactly where the
       model hesitated. Measured in ``memrl bench rollout`` (same run, 32 prompts, 16 leaves, mean of 4 seeds): fewer
       tokens than ``segment`` on the random-init model (0.47 vs 0.52 per leaf of chain) and on the embedded

@@ -2,8 +2,9 @@
 
 Each :meth:`Engine.step` makes **one** ``policy.generate`` call covering every branch that is ready to generate
 (across all requests and trees) and **one** ``tools.execute`` call covering every pending tool call. Fresh
-branches that start from the same state (same ``spawn_key``) go in one request with ``n`` samples, so their
-shared prefix is computed once; continuing branches pass their prefix handle.
+branches that start from the same state (same ``spawn_key``) go in one request with ``n`` samples. Every request
+carries the branch's full token sequence: reusing the computed prefix (the prompt, a parent's response up to a
+fork point, a turn before its tool result) is the backend's business.
 
 A turn's calls all run in one batch (a tag-format turn stops at its call: one; a hermes-style turn that ends at
 end of sequence may hold several), results appended in call order. Tool rollback lives here because it is a
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import zlib
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
@@ -59,37 +59,6 @@ class EngineHooks:
         """The branch was truncated back to response index ``position`` by a rollback."""
 
 
-class HandleRefs:
-    """Reference counts on prefix handles shared by branches and tree nodes; released when unreferenced."""
-
-    def __init__(self, policy: PolicyClient) -> None:
-        self.policy = policy
-        self.refs: Counter[str] = Counter()
-        self._to_release: list[str] = []
-
-    def hold(self, handle: str | None) -> None:
-        if handle is not None:
-            self.refs[handle] += 1
-
-    def drop(self, handle: str | None) -> None:
-        if handle is None:
-            return
-        self.refs[handle] -= 1
-        if self.refs[handle] <= 0:
-            del self.refs[handle]
-            self._to_release.append(handle)
-
-    def discard(self, handle: str | None) -> None:
-        """Release a handle nobody will hold."""
-        if handle is not None and handle not in self.refs:
-            self._to_release.append(handle)
-
-    def flush(self) -> None:
-        if self._to_release:
-            self.policy.release(self._to_release)
-            self._to_release = []
-
-
 class Engine:
     """Drives branches to TERMINATED; a branch generates until a stop (a tool call, the answer, eos, its budget)."""
 
@@ -107,7 +76,6 @@ class Engine:
         self.cfg = cfg
         self.metrics = metrics
         self.hooks = hooks or EngineHooks()
-        self.handles = HandleRefs(policy)
         self.tokenizer = policy.tokenizer
         self.stop = TOOL_STOP_STRINGS + (ANSWER_STOP_STRINGS if cfg.stop_on_answer else ())
 
@@ -151,10 +119,8 @@ class Engine:
                     req, members = inflight.pop(rid)
                     self._apply_request(req, members, outs)
                     todo += members
-                self.handles.flush()
         finally:
             stream.close()
-            self.handles.flush()
 
     def step(self, branches: Sequence[Branch]) -> None:
         ready = [b for b in branches if b.state in _READY]
@@ -163,12 +129,6 @@ class Engine:
         waiting = [b for b in branches if b.state is AgentState.PROCESSING_TOOLS]
         if waiting:
             self._run_tools(waiting)
-        self.handles.flush()
-
-    def release_branch(self, branch: Branch) -> None:
-        for handle, _ in branch.held:
-            self.handles.drop(handle)
-        branch.held.clear()
 
     # ------------------------------------------------------------------ generation
 
@@ -204,7 +164,6 @@ class Engine:
         out = []
         for key, members in groups.items():
             head = members[0]
-            handle, _ = head.best_handle()
             params = SamplingParams(
                 temperature=self.cfg.temperature,
                 top_p=self.cfg.top_p,
@@ -213,9 +172,8 @@ class Engine:
                 n=len(members),
                 seed=self._seed(key, head.segments),
                 top_logprobs=self.cfg.top_logprobs,
-                keep_prefix=True,
             )
-            out.append((GenerationRequest(tuple(head.tokens), params, handle), members))
+            out.append((GenerationRequest(tuple(head.tokens), params), members))
             for b in members:
                 b.state = AgentState.GENERATING
         return out
@@ -226,7 +184,7 @@ class Engine:
         if len(outs) != len(members):
             raise ContractError(f"policy.generate returned {len(outs)} samples for n={len(members)}")
         self.metrics.add("rollout/requests", 1)
-        self.metrics.count_request(len(req.prompt_ids), outs, req.prefix_handle is not None)
+        self.metrics.count_request(len(req.prompt_ids), outs)
         for b, out in zip(members, outs, strict=True):
             b.spawn_key = None
             self._apply_output(b, out)
@@ -236,23 +194,14 @@ class Engine:
         spliced = b.regenerating
         if spliced:
             self._restore(b)
-            # That handle covers the feedback context, which is gone now: never continue from it.
-            self.handles.discard(out.prefix_handle)
         else:
-            cut = self._cut_straddling_stop(b, out)
-            if cut is not out:
-                self.handles.discard(out.prefix_handle)  # it covers tokens that were cut off
-                out = cut
-            elif out.prefix_handle is not None:
-                self.handles.hold(out.prefix_handle)
-                b.held.append((out.prefix_handle, len(b.tokens) + len(out.token_ids)))
+            out = self._cut_straddling_stop(b, out)
         start = b.response_len
         b.append_model(out.token_ids, out.logprobs)
         b.segments += 1
         if not spliced:
             self.hooks.on_output(b, out, start)
         self._transition(b, out)
-        self._prune_handles(b)
 
     def _cut_straddling_stop(self, b: Branch, out: GenerationOutput) -> GenerationOutput:
         """A stop string split across two segments is invisible to the backend (it matches only new text):
@@ -275,7 +224,6 @@ class Engine:
                         top_logprobs=out.top_logprobs[:i],
                         finish_reason=FinishReason.STOP,
                         stop_reason=stop,
-                        prefix_handle=None,
                     )
         return out
 
@@ -307,21 +255,6 @@ class Engine:
     def _turn_text(self, b: Branch) -> str:
         """The turn's text not yet executed: from the turn start, or from where a rollback spliced."""
         return self.tokenizer.decode(b.tokens[b.prompt_len + b.calls_from :])
-
-    def _prune_handles(self, b: Branch) -> None:
-        """Keep the newest handle and the newest one a rollback of this turn could restore to; drop the rest."""
-        if len(b.held) <= 1:
-            return
-        checkpoint_len = b.prompt_len + b.checkpoint
-        keep = {len(b.held) - 1}
-        for i in range(len(b.held) - 1, -1, -1):
-            if b.held[i][1] <= checkpoint_len:
-                keep.add(i)
-                break
-        for i, (handle, _) in enumerate(b.held):
-            if i not in keep:
-                self.handles.drop(handle)
-        b.held = [h for i, h in enumerate(b.held) if i in keep]
 
     def _terminate(self, b: Branch, finish: BranchFinish) -> None:
         if b.kept_results:
@@ -462,9 +395,6 @@ class Engine:
         b.open_rollback.tokens_removed += removed
         b.calls_from = position
         self.metrics.add("tools/rollback_tokens_removed", removed)
-        for handle, _ in [h for h in b.held if h[1] > len(b.tokens)]:
-            self.handles.drop(handle)
-        b.held = [h for h in b.held if h[1] <= len(b.tokens)]
         b.regenerating = False
         self.hooks.on_restore(b, position)
 

@@ -23,13 +23,8 @@ class RolloutMetrics:
     def maximum(self, key: str, value: float) -> None:
         self.values[key] = max(self.values.get(key, 0.0), value)
 
-    def count_request(
-        self, prompt_len: int, outs: Sequence[GenerationOutput], had_handle: bool = False
-    ) -> None:
+    def count_request(self, prompt_len: int, outs: Sequence[GenerationOutput]) -> None:
         cached = min(o.cached_tokens for o in outs) if outs else 0
-        if had_handle and cached == 0:
-            # The backend no longer had the state (evicted): the prefix was recomputed.
-            self.add("rollout/prefix_misses", 1)
         decode = sum(len(o.token_ids) for o in outs)
         self.add("rollout/prompt_tokens", prompt_len)
         self.add("rollout/cached_tokens", cached)

@@ -3,18 +3,17 @@
 Phase 1 builds one tree per request (a root node = the prompt). Phase 2 grows ``initial_rollouts`` chains per
 tree (``initial_rollouts_rule`` may add chains to a tree once its first ones end, taken from its fork budget). Phase 3 runs ``expansion_iterations`` rounds: each picks ``nodes_per_expansion`` nodes per tree with the
 expansion policy and forks ``beam_size - 1`` new branches from each, which continue from the node's token state
-through its prefix handle (the shared prefix is never recomputed). Phase 4 samples exactly ``n`` leaves per tree
+(the backend finds the shared prefix in its cache: it is not recomputed). Phase 4 samples exactly ``n`` leaves per tree
 (duplicating, flagged, only when the tree has fewer). All branches run on one generation stream, and a tree
 starts its next round as soon as its own branches have ended (no tree waits for another tree's slowest branch);
 a tree's choices depend only on its own branches and its own random stream.
 
 Where a tree may branch is ``cfg.tree.branch_at``. ``segment``: a node is a point between two generation segments
 of a branch (a segment is at most ``segment_tokens`` model tokens, or ends at a tool call). Branches run to their
-stop in one call and their segment nodes are laid out afterwards (:func:`_lay_segment_nodes`), each holding the
-owner's final state. ``token``: branches run to their stop in one call and every model token they sampled is a
+stop in one call and their segment nodes are laid out afterwards (:func:`_lay_segment_nodes`). ``token``: branches run to their stop in one call and every model token they sampled is a
 candidate fork point (its entropy is that of the distribution it was drawn from); a chosen point becomes a node by
-splitting its branch's segment there. Forks from a final state continue from it cropped to the fork point by the
-backend (one token is recomputed, to get the logits there).
+splitting its branch's segment there. A fork sends the owner's tokens up to the fork point; the backend continues
+from the owner's cached state cropped there (one token is recomputed, to get the logits there).
 """
 
 from __future__ import annotations
@@ -48,8 +47,6 @@ class TreeNode:
     owner: Branch | None  # whose tokens hold this node's prefix (None for the root)
     response_len: int
     turn_start: int
-    handle: str | None = None
-    handle_covered: int = 0
     branch_depth: int = 0
     children: list[TreeNode] = field(default_factory=list)
     terminal: bool = False
@@ -83,7 +80,6 @@ class Tree:
     # expand.
     rng: random.Random = field(default_factory=random.Random)
     rounds: int = 0  # expansion rounds started
-    final: bool = False  # its last round has started: nothing forks from its nodes any more
     initial_settled: bool = False  # the initial-rollout rule has decided this tree's number of chains
 
 
@@ -119,13 +115,6 @@ class TreeHooks(EngineHooks):
         # Segment nodes are laid out after their branch has run to its stop in one call (see _lay_segment_nodes),
         # instead of one generate call per segment.
         self.lazy_segments = not self.by_token
-        # Nodes at tool boundaries keep their state while a later expansion round may fork from them; forks at
-        # token points and lazily laid segment points continue from the owner branch's own final state instead.
-        self.keep_handles = cfg.tree.expansion_iterations > 0 and not self.by_token
-
-    @property
-    def handles(self):
-        return self._engine[0].handles
 
     @functools.cached_property
     def vocab_size(self) -> int:
@@ -150,19 +139,14 @@ class TreeHooks(EngineHooks):
 
     def on_boundary(self, branch: Branch) -> None:
         link: _Link = branch.tree
-        keep = self.keep_handles and not link.tree.final
-        handle, covered = branch.best_handle() if keep else (None, 0)
         node = TreeNode(
             uid=f"{branch.uid}/s{branch.segments}",
             parent=link.node,
             owner=branch,
             response_len=branch.response_len,
             turn_start=branch.turn_start,
-            handle=handle,
-            handle_covered=covered,
             branch_depth=link.depth,
         )
-        self.handles.hold(handle)
         link.node.children.append(node)
         link.tree.nodes.append(node)
         link.node = node
@@ -179,18 +163,12 @@ class TreeHooks(EngineHooks):
             if node.owner is branch:
                 node.parent.children.remove(node)
                 link.tree.nodes.remove(node)
-                self.handles.drop(node.handle)
             node = node.parent
         if node is not link.node and node.owner is not branch:
             self._engine[0].metrics.add("rollout/tree/rollback_reattached", 1)
         if node is not link.node:
             link.node = node
             branch.floor = min(branch.floor, node.response_len)
-            if node.handle is not None and node.handle_covered > branch.best_handle()[1]:
-                # Continue from the ancestor's kept state rather than recomputing the shared prefix.
-                self.handles.hold(node.handle)
-                branch.held.append((node.handle, node.handle_covered))
-                branch.held.sort(key=lambda h: h[1])
 
     def add_leaf(self, branch: Branch) -> TreeNode:
         link: _Link = branch.tree
@@ -220,20 +198,11 @@ def _new_branch(tree: Tree, uid: str, spawn_key: str) -> Branch:
     return b
 
 
-def _fork(engine: Engine, tree: Tree, node: TreeNode, uid: str, spawn_key: str) -> Branch:
-    handle, covered = node.handle, node.handle_covered
-    if (
-        node.owner is None
-    ):  # the root: a fresh chain; any branch's kept state serves the prompt they all share
-        b = _new_branch(tree, uid, spawn_key)
-        handle = next((h for h, _ in (br.best_handle() for br in tree.branches) if h is not None), None)
-        covered = len(tree.request.prompt_ids)
-    else:
-        b = node.owner.fork(uid, node.response_len, node.turn_start, spawn_key)
-        b.tree = _Link(tree, node, node.branch_depth + 1)
-    if handle is not None:
-        engine.handles.hold(handle)
-        b.held.append((handle, covered))
+def _fork(tree: Tree, node: TreeNode, uid: str, spawn_key: str) -> Branch:
+    if node.owner is None:  # the root: a fresh chain
+        return _new_branch(tree, uid, spawn_key)
+    b = node.owner.fork(uid, node.response_len, node.turn_start, spawn_key)
+    b.tree = _Link(tree, node, node.branch_depth + 1)
     return b
 
 
@@ -260,9 +229,9 @@ def _fork_points(tree: Tree, cfg: RolloutConfig) -> list[ForkPoint | TreeNode]:
     return points or [tree.root]
 
 
-def _node_at(engine: Engine, tree: Tree, point: ForkPoint, *, keep: bool = True, tag: str = "t") -> TreeNode:
+def _node_at(tree: Tree, point: ForkPoint, *, tag: str = "t") -> TreeNode:
     """The node at ``point``: an existing node of its branch there, or a new one splitting the segment that
-    spans it. Its state is the owner's newest kept state, which covers the point (the backend crops it)."""
+    spans it."""
     b, pos = point.branch, point.pos
     link: _Link = b.tree
     child, node = None, link.node
@@ -288,11 +257,6 @@ def _node_at(engine: Engine, tree: Tree, point: ForkPoint, *, keep: bool = True,
             new.children.append(child)
         tree.nodes.append(new)
         node = new
-    if keep and node.handle is None:
-        handle, _ = b.best_handle()
-        if handle is not None:
-            engine.handles.hold(handle)
-            node.handle, node.handle_covered = handle, b.prompt_len + pos
     return node
 
 
@@ -315,11 +279,9 @@ def _segment_points(b: Branch, seg: int) -> list[int]:
     return points
 
 
-def _lay_segment_nodes(engine: Engine, tree: Tree, cfg: RolloutConfig, *, keep: bool) -> None:
+def _lay_segment_nodes(tree: Tree, cfg: RolloutConfig) -> None:
     """Give each finished branch of ``tree`` the segment nodes a segment-by-segment run would have recorded, with
-    the same entropy (the first ``entropy_window`` tokens of the segment after the node). Their state is the
-    owner's final one, cropped by the backend when a fork continues from it; ``keep=False`` (nothing forks any
-    more) lays them for node paths only."""
+    the same entropy (the first ``entropy_window`` tokens of the segment after the node)."""
     seg, window = cfg.tree.segment_tokens, cfg.tree.entropy_window
     for b in tree.branches:
         link: _Link = b.tree
@@ -329,17 +291,17 @@ def _lay_segment_nodes(engine: Engine, tree: Tree, cfg: RolloutConfig, *, keep: 
         for pos in _segment_points(b, seg):
             own = [link.entropies[q] for q in range(pos, pos + min(window, seg)) if q in link.entropies]
             entropy = sum(own) / len(own) if own else 0.0
-            _node_at(engine, tree, ForkPoint(b, pos, entropy, 0), keep=keep, tag="s")
+            _node_at(tree, ForkPoint(b, pos, entropy, 0), tag="s")
 
 
 def _expand_tree(engine: Engine, hooks: TreeHooks, tree: Tree, cfg: RolloutConfig) -> list[Branch]:
     """Round ``tree.rounds`` of ``tree``: pick nodes with the expansion policy, fork ``beam_size - 1`` branches
-    from each. After the last round its nodes' kept states are dropped (nothing forks from them any more)."""
+    from each."""
     policy = EXPANSION_POLICIES.get(cfg.tree.expansion_policy)
     it = tree.rounds
     tree.rounds += 1
     if hooks.lazy_segments:
-        _lay_segment_nodes(engine, tree, cfg, keep=True)
+        _lay_segment_nodes(tree, cfg)
     candidates = _fork_points(tree, cfg) if hooks.by_token else _candidates(tree, cfg)
     # Extra initial chains (initial_rollouts_rule) came out of this budget: fork only what is left of it.
     left = cfg.tree.leaves_per_tree() - len(tree.branches)
@@ -347,17 +309,14 @@ def _expand_tree(engine: Engine, hooks: TreeHooks, tree: Tree, cfg: RolloutConfi
     nodes = min(cfg.tree.nodes_per_expansion, -(-left // per_node))
     fresh: list[Branch] = []
     for picked in policy(candidates, nodes, tree.rng) if nodes > 0 else []:
-        node = _node_at(engine, tree, picked) if isinstance(picked, ForkPoint) else picked
+        node = _node_at(tree, picked) if isinstance(picked, ForkPoint) else picked
         node.expansions += 1
         key = f"{node.uid}/x{it}.{node.expansions}"
         for _ in range(min(per_node, left - len(fresh))):
-            b = _fork(engine, tree, node, f"{tree.tree_id}/x{it}.{len(tree.branches)}", key)
+            b = _fork(tree, node, f"{tree.tree_id}/x{it}.{len(tree.branches)}", key)
             tree.branches.append(b)
             fresh.append(b)
         engine.metrics.add("rollout/tree/expanded_nodes", 1)
-    if tree.rounds == cfg.tree.expansion_iterations or len(tree.branches) >= cfg.tree.leaves_per_tree():
-        tree.final = True
-        _drop_node_handles(engine, [tree])
     return fresh
 
 
@@ -413,22 +372,13 @@ def tree_rollout(
             _new_branch(tree, f"{tree_id}/c{i}", f"{root.uid}/init") for i in range(cfg.tree.initial_rollouts)
         ]
         trees.append(tree)
-    try:
-        if cfg.tree.expansion_iterations == 0:
-            _last_round(engine, hooks, trees)
-        # Phase 3: expansion rounds, each tree on its own as soon as its branches have ended.
-        _grow_per_tree(engine, hooks, trees, cfg)
-        # Phase 4: exactly n leaves per tree.
-        if hooks.lazy_segments:
-            for t in trees:
-                _lay_segment_nodes(engine, t, cfg, keep=False)
-        leaves = [_sample_leaves(t, hooks, cfg.n, rng) for t in trees]
-    finally:
+    # Phase 3: expansion rounds, each tree on its own as soon as its branches have ended.
+    _grow_per_tree(engine, hooks, trees, cfg)
+    # Phase 4: exactly n leaves per tree.
+    if hooks.lazy_segments:
         for t in trees:
-            for b in t.branches:
-                engine.release_branch(b)
-        _drop_node_handles(engine, trees)
-        engine.handles.flush()
+            _lay_segment_nodes(t, cfg)
+    leaves = [_sample_leaves(t, hooks, cfg.n, rng) for t in trees]
     _tree_metrics(metrics, trees, leaves, cfg)
     return RolloutResult(leaves=leaves, metrics=metrics.summary())
 
@@ -466,27 +416,11 @@ def _extra_initial_chains(engine: Engine, tree: Tree, cfg: RolloutConfig) -> lis
     answers = [extract_answer(engine.tokenizer.decode(b.tokens[b.prompt_len :])) for b in tree.branches]
     total = min(budget, max(have, int(rule(answers, cfg.tree.initial_rollouts, budget))))
     extra = [
-        _fork(engine, tree, tree.root, f"{tree.tree_id}/c{i}", f"{tree.root.uid}/init+")
-        for i in range(have, total)
+        _fork(tree, tree.root, f"{tree.tree_id}/c{i}", f"{tree.root.uid}/init+") for i in range(have, total)
     ]
     tree.branches += extra
     engine.metrics.add("rollout/tree/extra_initial_chains", len(extra))
     return extra
-
-
-def _last_round(engine: Engine, hooks: TreeHooks, trees: list[Tree]) -> None:
-    """Nothing forks after this round (trees without expansion rounds): no new node keeps a state."""
-    hooks.keep_handles = False
-    for t in trees:
-        t.final = True
-
-
-def _drop_node_handles(engine: Engine, trees: list[Tree]) -> None:
-    for t in trees:
-        for node in t.nodes:
-            engine.handles.drop(node.handle)
-            node.handle = None
-    engine.handles.flush()
 
 
 def _tree_metrics(

@@ -4,8 +4,9 @@ A *script* maps the context (token ids, decoded text, sampling seed, sample inde
 "model" wants to write (text or token ids, optional per-token logprobs and top-k logprobs). The client then
 behaves like a real backend: it honours ``max_tokens`` (finish ``length``), eos and ``stop_token_ids``, stop
 strings (cut right after the first stop string, which stays in the output, finish ``stop`` with
-``stop_reason``), ``n`` samples per request, and prefix handles (``keep_prefix`` returns a handle; a request
-naming a handle must extend the handle's tokens, and the handle's tokens are reported as ``cached_tokens``).
+``stop_reason``), ``n`` samples per request, and prefix caching: every prompt and every output it produced is
+remembered token by token, and a request's longest remembered prefix (leaving one token to compute, as the HF
+backend does) is reported as ``cached_tokens``.
 
 When a continuation is cut by ``max_tokens``, the rest of it is remembered under the exact token state, so a
 request that continues from that state gets the rest of the plan (as a model continuing its own text would),
@@ -17,7 +18,6 @@ unless ``continue_plans=False``.
 
 from __future__ import annotations
 
-import itertools
 import math
 import random
 from collections.abc import Callable, Mapping, Sequence
@@ -26,19 +26,11 @@ from typing import Any
 
 from memrl.policy.base import GenerationRequest, SamplingParams
 from memrl.policy.config import PolicyConfig
-from memrl.policy.prefix_cache import common_prefix_len
 from memrl.registry import Registry
 from memrl.testing.models import byte_tokenizer
 from memrl.types import ContractError, FinishReason, GenerationOutput
 
 DEFAULT_LOGPROB = -0.25
-
-
-class PrefixHandleError(KeyError):
-    """A request named a prefix handle that is unknown, released, or shares no prefix with its prompt."""
-
-    def __str__(self) -> str:
-        return str(self.args[0])
 
 
 @dataclass(frozen=True)
@@ -73,16 +65,14 @@ class _Plan:
 
 @dataclass
 class ScriptedStats:
-    """Work the client did, counted as a real backend would: prefill = prompt tokens not served from a prefix
-    handle (once per request, shared by its ``n`` samples); decode = generated tokens."""
+    """Work the client did, counted as a real backend would: prefill = prompt tokens not served from its prefix
+    cache (once per request, shared by its ``n`` samples); decode = generated tokens."""
 
     generate_calls: int = 0
     requests: int = 0
     prefill_tokens: int = 0
     cached_tokens: int = 0
     decode_tokens: int = 0
-    handles_created: int = 0
-    handles_released: int = 0
     max_batch: int = 0
     batch_sizes: list[int] = field(default_factory=list)
 
@@ -95,9 +85,8 @@ class ScriptedPolicy:
         self.script = script
         self.continue_plans = continue_plans
         self.stats = ScriptedStats()
-        self._handles: dict[str, tuple[int, ...]] = {}
+        self._seen: dict = {}  # token trie (nested dicts) of every prompt and output state produced
         self._plans: dict[tuple[int, ...], _Plan] = {}
-        self._ids = itertools.count()
 
     # -- PolicyClient -------------------------------------------------------------------------------------
 
@@ -107,7 +96,8 @@ class ScriptedPolicy:
         self.stats.max_batch = max(self.stats.max_batch, len(requests))
         out = []
         for req in requests:
-            cached = self._check_handle(req)
+            cached = self._cached(req.prompt_ids)
+            self._remember(req.prompt_ids)
             self.stats.requests += 1
             self.stats.prefill_tokens += len(req.prompt_ids) - cached
             self.stats.cached_tokens += cached
@@ -117,33 +107,21 @@ class ScriptedPolicy:
     def logprobs(self, sequences: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[list[float]]:
         return [[DEFAULT_LOGPROB] * len(resp) for _, resp in sequences]
 
-    def release(self, handles: Sequence[str]) -> None:
-        for h in handles:
-            if h not in self._handles:
-                raise PrefixHandleError(f"release: unknown or already released prefix handle {h!r}")
-            del self._handles[h]
-            self.stats.handles_released += 1
-
-    @property
-    def live_handles(self) -> int:
-        return len(self._handles)
-
     # -- internals ----------------------------------------------------------------------------------------
 
-    def _check_handle(self, req: GenerationRequest) -> int:
-        if req.prefix_handle is None:
-            return 0
-        tokens = self._handles.get(req.prefix_handle)
-        if tokens is None:
-            raise PrefixHandleError(f"generate: unknown or released prefix handle {req.prefix_handle!r}")
-        # As every backend: the handle serves the longest common prefix (a fork inside it crops it there).
-        common = common_prefix_len(tokens, req.prompt_ids)
-        if common == 0:
-            raise PrefixHandleError(
-                f"generate: prefix handle {req.prefix_handle!r} shares no prefix with the request's"
-                f" {len(req.prompt_ids)} prompt tokens"
-            )
-        return common
+    def _cached(self, prompt: tuple[int, ...]) -> int:
+        """The longest remembered prefix of ``prompt``, leaving its last token to compute."""
+        node, n = self._seen, 0
+        for tok in prompt[:-1]:
+            if tok not in node:
+                break
+            node, n = node[tok], n + 1
+        return n
+
+    def _remember(self, tokens: tuple[int, ...]) -> None:
+        node = self._seen
+        for tok in tokens:
+            node = node.setdefault(tok, {})
 
     def _plan_for(self, req: GenerationRequest, index: int) -> _Plan:
         if self.continue_plans and req.prompt_ids in self._plans:
@@ -191,11 +169,7 @@ class ScriptedPolicy:
         state = req.prompt_ids + tuple(emitted)
         if finish is FinishReason.LENGTH and rest.token_ids:
             self._plans[state] = rest
-        handle = None
-        if params.keep_prefix:
-            handle = f"scripted-{next(self._ids)}"
-            self._handles[handle] = state
-            self.stats.handles_created += 1
+        self._remember(state)
         tops: tuple[Mapping[int, float], ...] = ()
         if params.top_logprobs > 0:
             given = plan.tops[:n] if plan.tops is not None else None
@@ -213,7 +187,6 @@ class ScriptedPolicy:
             stop_reason=reason,
             prompt_token_ids=req.prompt_ids,
             cached_tokens=cached,
-            prefix_handle=handle,
         )
 
     def _cut(

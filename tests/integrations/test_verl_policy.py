@@ -100,11 +100,9 @@ def test_finish_reasons_and_errors(loop):
     )
     outs = adapter.generate([req])[0]
     assert len(outs) == 2 and all(o.finish_reason.value == "length" and len(o.token_ids) == 3 for o in outs)
-    stop = GenerationRequest(req.prompt_ids, SamplingParams(max_tokens=20, stop=("cd",), keep_prefix=True))
+    stop = GenerationRequest(req.prompt_ids, SamplingParams(max_tokens=20, stop=("cd",)))
     out = adapter.generate([stop])[0][0]
-    assert tok.decode(list(out.token_ids)) == "abcd" and out.stop_reason == "cd" and out.prefix_handle
-    with pytest.raises(PolicyError, match="unknown prefix_handle"):
-        adapter.generate([dataclasses.replace(stop, prefix_handle="nope")])
+    assert tok.decode(list(out.token_ids)) == "abcd" and out.stop_reason == "cd"
     with pytest.raises(PolicyError, match="actor computes"):
         adapter.logprobs([((1,), (2,))])
 

@@ -95,18 +95,12 @@ def test_sampled_rows_equal_their_solo_generation(model_tok):
 def test_rows_join_a_batch_decoding_from_a_shared_prefix(model_tok):
     policy = make_policy(model_tok, limit=2)
     prompt = enc(policy, "A shared conversation prefix. " * 3)
-    [[first]] = policy.generate(
-        [GenerationRequest(prompt, SamplingParams(temperature=0.0, max_tokens=6, keep_prefix=True))]
-    )
-    cont = prompt + first.token_ids
+    [[first]] = policy.generate([GenerationRequest(prompt, SamplingParams(temperature=0.0, max_tokens=6))])
+    cont = prompt + first.token_ids  # its states up to the last token are cached now
     other = enc(policy, "an unrelated prompt")
     reqs = [
-        GenerationRequest(
-            cont, SamplingParams(temperature=0.0, max_tokens=12), prefix_handle=first.prefix_handle
-        ),
-        GenerationRequest(
-            cont, SamplingParams(temperature=0.0, max_tokens=3), prefix_handle=first.prefix_handle
-        ),
+        GenerationRequest(cont, SamplingParams(temperature=0.0, max_tokens=12)),
+        GenerationRequest(cont, SamplingParams(temperature=0.0, max_tokens=3)),
         GenerationRequest(other, SamplingParams(temperature=0.0, max_tokens=2)),  # waits: shortest budget
     ]
     calls, hook = record_forwards(policy)
@@ -114,7 +108,6 @@ def test_rows_join_a_batch_decoding_from_a_shared_prefix(model_tok):
         outs = policy.generate(reqs)
     finally:
         hook.remove()
-    policy.release([first.prefix_handle])
     shared = [s for _, s in calls]
     # The two continuations start on shared-prefix attention; the third request joins once the short one ends
     # (the merged batch holds every row's own copy).

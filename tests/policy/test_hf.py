@@ -10,7 +10,6 @@ import torch
 from memrl.policy import BACKENDS, make_policy
 from memrl.policy.base import GenerationRequest, SamplingParams
 from memrl.policy.config import PolicyConfig
-from memrl.policy.errors import PolicyError
 from memrl.policy.hf import HFPolicy
 from memrl.registry import RegistryError
 from memrl.testing import random_tiny_llama
@@ -98,7 +97,7 @@ def test_left_padding_does_not_change_results(peaked_policy):
 
 
 def test_ragged_prefill_equals_one_padded_batch(peaked_policy):
-    """Prompts of different lengths, some continuing from their own kept states (distinct entries), n > 1:
+    """Prompts of different lengths, some continuing from cached states (distinct prefixes), n > 1:
     per-prompt prefill then batched decode gives the tokens and logprobs of one left-padded prefill."""
     model, tok = peaked_policy.model, peaked_policy.tokenizer
     ragged = HFPolicy.from_model(model, tok, PolicyConfig(model="x", seed=0, prefill="ragged"))
@@ -112,25 +111,22 @@ def test_ragged_prefill_equals_one_padded_batch(peaked_policy):
     try:
         for policy in (ragged, batched):
             base = enc(policy, PROMPTS[0] * 2)
-            [[kept]] = policy.generate([GenerationRequest(base, greedy(6, keep_prefix=True))])
+            [[kept]] = policy.generate([GenerationRequest(base, greedy(6))])
             params = SamplingParams(temperature=1.0, max_tokens=10, seed=5, top_logprobs=3)
             reqs = [GenerationRequest(enc(policy, p), params) for p in (PROMPTS[1], PROMPTS[2] * 2)] + [
-                GenerationRequest(
-                    base + kept.token_ids + enc(policy, " <result>7</result>"), params, kept.prefix_handle
-                ),
+                GenerationRequest(base + kept.token_ids + enc(policy, " <result>7</result>"), params),
                 GenerationRequest(enc(policy, PROMPTS[0]), dataclasses.replace(params, n=3)),
             ]
             fed.clear()
             results.append([o for outs in policy.generate(reqs) for o in outs])
             if policy is ragged:  # each distinct prompt alone, unpadded; then one batch of all 6 rows
                 assert (1, len(reqs[1].prompt_ids)) in fed and (6, 1) in fed
-            policy.release([kept.prefix_handle])
     finally:
         hook.remove()
     for a, b in zip(*results, strict=True):
         assert a.token_ids == b.token_ids and a.cached_tokens == b.cached_tokens
         assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)
-    assert results[0][2].cached_tokens > 0  # the kept state was reused on both paths
+    assert results[0][2].cached_tokens > 0  # the cached state was reused on both paths
     assert len({o.token_ids for o in results[0]}) > 3
 
 
@@ -149,6 +145,7 @@ def test_auto_prefill_pads_short_tails_and_prefills_long_ones_alone(peaked_polic
         auto.generate([GenerationRequest(p, greedy(2)) for p in short])
         assert fed[0] == (2, 11)  # one left-padded batch
         fed.clear()
+        auto.invalidate_cache()  # else the short prompts' cached "Q: " would be reused
         long = [enc(auto, "Q: " + "x" * 20), enc(auto, "Q: " + "y" * 30)]
         assert min(len(p) for p in long) >= 16 and len({len(p) for p in long}) == 2
         auto.generate([GenerationRequest(p, greedy(2)) for p in long])
@@ -184,49 +181,53 @@ def test_stop_token_ids_and_eos(peaked_policy):
     assert out.finish_reason is FinishReason.STOP and out.stop_reason == target
 
 
+def _cold(policy) -> HFPolicy:
+    """The same model behind a backend that caches nothing."""
+    return HFPolicy.from_model(
+        policy.model, policy.tokenizer, dataclasses.replace(policy.cfg, prefix_cache_tokens=0)
+    )
+
+
 def test_prefix_reuse_equals_full_recompute(peaked_policy):
+    """A continuation and a fork inside the first output find their prefix in the radix cache: fewer positions
+    computed, the same tokens and log-probs as a backend without a cache."""
     policy = peaked_policy
+    policy.invalidate_cache()
     prompt = enc(policy, PROMPTS[0] * 4)
-    [[first]] = policy.generate([GenerationRequest(prompt, greedy(10, keep_prefix=True))])
-    assert first.prefix_handle is not None
+    [[first]] = policy.generate([GenerationRequest(prompt, greedy(10))])
     tool_result = enc(policy, " <result>42</result>")
     cont = prompt + first.token_ids + tool_result
-    branch = prompt + first.token_ids[:4]  # branch mid-sequence: the cache is cropped
-    reqs = [
-        GenerationRequest(p, greedy(10, top_logprobs=2), prefix_handle=first.prefix_handle)
-        for p in (cont, branch)
-    ]
+    branch = prompt + first.token_ids[:4]  # branch mid-sequence: the cached state is cropped
+    reqs = [GenerationRequest(p, greedy(10, top_logprobs=2)) for p in (cont, branch)]
+    policy.forward_stats.clear()
     reused = policy.generate(reqs)
-    fresh = policy.generate([GenerationRequest(p, greedy(10, top_logprobs=2)) for p in (cont, branch)])
-    assert [o[0].cached_tokens for o in reused] == [
-        len(prompt) + 9,
-        len(prompt) + 3,
-    ]  # >= 1 token is always computed
+    warm_tokens = policy.forward_stats["tokens"]
+    cold = _cold(policy)
+    fresh = cold.generate(reqs)
+    assert [o[0].cached_tokens for o in reused] == [len(prompt) + 9, len(prompt) + 3]  # >= 1 token computed
     assert [o[0].cached_tokens for o in fresh] == [0, 0]
+    assert warm_tokens < cold.forward_stats["tokens"] - len(prompt)  # the prompt, not computed twice
     for [a], [b] in zip(reused, fresh, strict=True):
         assert a.token_ids == b.token_ids
         assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)
-    policy.release([first.prefix_handle])
-    [[after]] = policy.generate([GenerationRequest(cont, greedy(10), prefix_handle=first.prefix_handle)])
+    policy.invalidate_cache()
+    [[after]] = policy.generate([GenerationRequest(cont, greedy(10))])
     assert after.cached_tokens == 0 and after.token_ids == fresh[0][0].token_ids
 
 
-def test_chained_handles_and_unknown_handle(peaked_policy):
+def test_chained_continuations_reuse_their_own_output(peaked_policy):
     policy = peaked_policy
+    policy.invalidate_cache()
     prompt = enc(policy, "chain")
-    [[a]] = policy.generate([GenerationRequest(prompt, greedy(5, keep_prefix=True))])
+    [[a]] = policy.generate([GenerationRequest(prompt, greedy(5))])
     p2 = prompt + a.token_ids
-    [[b]] = policy.generate(
-        [GenerationRequest(p2, greedy(5, keep_prefix=True), prefix_handle=a.prefix_handle)]
-    )
+    [[b]] = policy.generate([GenerationRequest(p2, greedy(5))])
     assert b.cached_tokens == len(p2) - 1
     p3 = p2 + b.token_ids
-    [[c]] = policy.generate([GenerationRequest(p3, greedy(5), prefix_handle=b.prefix_handle)])
-    [[c_ref]] = policy.generate([GenerationRequest(p3, greedy(5))])
+    [[c]] = policy.generate([GenerationRequest(p3, greedy(5))])
+    [[c_ref]] = _cold(policy).generate([GenerationRequest(p3, greedy(5))])
     assert c.cached_tokens == len(p3) - 1 and c.token_ids == c_ref.token_ids
-    policy.release([a.prefix_handle, b.prefix_handle])
-    with pytest.raises(PolicyError, match="never returned"):
-        policy.generate([GenerationRequest(prompt, greedy(2), prefix_handle="kv-bogus")])
+    assert torch.allclose(torch.tensor(c.logprobs), torch.tensor(c_ref.logprobs), atol=1e-4)
 
 
 def test_n_samples_seeded_and_batch_invariant(peaked_policy):
@@ -241,6 +242,7 @@ def test_n_samples_seeded_and_batch_invariant(peaked_policy):
 
 def test_n_samples_share_one_prompt_prefill(peaked_policy):
     prompt = enc(peaked_policy, PROMPTS[2] * 3)
+    peaked_policy.invalidate_cache()
     fed = []
     hook = peaked_policy.model.register_forward_pre_hook(
         lambda _m, args, kw: fed.append(int(kw["input_ids"].numel())), with_kwargs=True
@@ -254,7 +256,9 @@ def test_n_samples_share_one_prompt_prefill(peaked_policy):
     single = peaked_policy.generate([GenerationRequest(prompt, greedy(max_tokens=6))])[0][0]
     assert all(o.token_ids == single.token_ids for o in outs)  # same greedy tokens as one request alone
     assert all(o.cached_tokens == 0 for o in outs)  # computed in this call: not reported as a cache hit
-    assert len(peaked_policy.prefix_cache) == 0  # the temporary state is released
+    # The finished rows' states stay cached: a continuation of a sample computes only its last token.
+    assert single.cached_tokens == len(prompt) - 1
+    assert peaked_policy.prefix_cache.match_length(prompt + outs[0].token_ids) == len(prompt) + 5
 
 
 def test_context_overflow_aborts_that_request_only():
@@ -273,7 +277,7 @@ def test_lora_adapter_generation_and_hot_swap(tmp_path):
     peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
     policy = HFPolicy.from_model(peft_model, tok, PolicyConfig(model="x"))
     prompt = enc(policy, PROMPTS[0])
-    [[base]] = policy.generate([GenerationRequest(prompt, greedy(10, keep_prefix=True))])  # lora_B = 0: no-op
+    [[base]] = policy.generate([GenerationRequest(prompt, greedy(10))])  # lora_B = 0: no-op
     with torch.no_grad():
         for name, param in peft_model.named_parameters():
             if "lora_B" in name:
@@ -283,8 +287,8 @@ def test_lora_adapter_generation_and_hot_swap(tmp_path):
         for name, param in peft_model.named_parameters():
             if "lora_B" in name:
                 param.zero_()
-    policy.load_adapter(tmp_path / "adapter")  # hot swap: weights change, kept prefixes are dropped
-    [[swapped]] = policy.generate([GenerationRequest(prompt, greedy(10), prefix_handle=base.prefix_handle)])
+    policy.load_adapter(tmp_path / "adapter")  # hot swap: weights change, cached prefixes are dropped
+    [[swapped]] = policy.generate([GenerationRequest(prompt, greedy(10))])
     assert swapped.cached_tokens == 0
     assert list(swapped.token_ids) == manual_greedy(policy.model, prompt, 10)
     ref = forward_logsoftmax(policy.model, prompt, swapped.token_ids)

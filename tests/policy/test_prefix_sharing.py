@@ -11,13 +11,13 @@ from memrl.policy import hf
 from memrl.policy.base import GenerationRequest, SamplingParams
 from memrl.policy.config import PolicyConfig
 from memrl.policy.hf import MIN_SHARED_PREFIX, HFPolicy
-from memrl.policy.prefix_cache import common_prefix_len, shared_prefix_groups
+from memrl.policy.radix_cache import common_prefix_len, shared_prefix_groups
 from memrl.testing import random_tiny_llama
 
 
 @pytest.fixture
 def policy(tiny_hf_policy):
-    """The shared random tiny model behind a fresh HFPolicy (own forward counters, own kept states); rows run to
+    """The shared random tiny model behind a fresh HFPolicy (own forward counters, own radix cache); rows run to
     ``max_tokens`` (no end-of-sequence id) so the counts below are exact."""
     pol = HFPolicy.from_model(
         tiny_hf_policy.model, tiny_hf_policy.tokenizer, PolicyConfig(model="random-tiny")
@@ -66,6 +66,7 @@ def test_shared_prefill_equals_unshared_and_computes_the_prefix_once(policy):
     prefix = min(common_prefix_len(prompts[0], p) for p in prompts[1:])
     assert prefix >= MIN_SHARED_PREFIX and len({len(p) for p in prompts}) == 1  # equal tails: no padding
     alone = [policy.generate([GenerationRequest(p, _greedy(8))])[0][0] for p in prompts]
+    policy.invalidate_cache()
     policy.forward_stats.clear()
     together = policy.generate([GenerationRequest(p, _greedy(8)) for p in prompts])
     for [out], ref in zip(together, alone, strict=True):
@@ -79,16 +80,15 @@ def test_shared_prefill_equals_unshared_and_computes_the_prefix_once(policy):
     tail = len(prompts[0]) - prefix
     # The prefix once (one row), every request's own tail, then 7 decode steps of 4 rows.
     assert policy.forward_stats["tokens"] == prefix + 4 * tail + 7 * 4
-    # The shared state is kept for the next call over the same context (a conversation's next batch of
-    # questions): it computes only the tails and reports the prefix as cached.
-    assert len(policy.prefix_cache) == 1
+    # The radix cache holds the shared prefix below every request's own states: the same call again computes
+    # only each prompt's last token and reports the rest as cached.
     policy.forward_stats.clear()
     again = policy.generate([GenerationRequest(p, _greedy(8)) for p in prompts])
     assert [o.token_ids for [o] in again] == [o.token_ids for [o] in together]
-    assert policy.forward_stats["tokens"] == 4 * tail + 7 * 4
-    assert {o.cached_tokens for [o] in again} == {prefix}
-    policy.invalidate_cache()  # new weights: kept states are stale
-    assert len(policy.prefix_cache) == 0 and not policy._recent_shared
+    assert policy.forward_stats["tokens"] == 4 * 1 + 7 * 4
+    assert {o.cached_tokens for [o] in again} == {len(prompts[0]) - 1}
+    policy.invalidate_cache()  # new weights: cached states are stale
+    assert len(policy.prefix_cache) == 0 and policy.prefix_cache.tokens == 0
 
 
 def test_without_sharing_every_request_prefills_its_whole_prompt(policy, monkeypatch):
@@ -115,6 +115,7 @@ def test_groups_unrelated_prompts_and_n_samples_in_one_call(peaked_policy):
     reqs = [GenerationRequest(_ids(peaked_policy, t), _greedy(6)) for t in texts]
     reqs[3] = GenerationRequest(reqs[3].prompt_ids, _greedy(6, n=2))
     alone = [peaked_policy.generate([r])[0] for r in reqs]
+    peaked_policy.invalidate_cache()
     peaked_policy.forward_stats.clear()
     stream = peaked_policy.stream()  # the stream path (generate runs one too)
     try:
@@ -129,21 +130,31 @@ def test_groups_unrelated_prompts_and_n_samples_in_one_call(peaked_policy):
         for o, r in zip(done[rid], ref, strict=True):
             assert o.logprobs == pytest.approx(r.logprobs, abs=1e-4)
     assert len({done[rid][0].token_ids for rid in ids}) > 2  # not vacuous: the prompts decode differently
-    assert len(peaked_policy.prefix_cache) <= hf.RECENT_SHARED_PREFIXES  # only the recent shared states stay
     # Every prompt token is computed once at most (the contexts once each, not once per request).
     assert peaked_policy.forward_stats["tokens"] < sum(len(r.prompt_ids) for r in reqs) - len(CONTEXT)
 
 
-def test_a_kept_shared_prefix_evicted_by_the_cache_budget_is_computed_again(policy):
-    """Rows' own kept states can push the recent shared prefix out of the cache's token budget: the next call
-    must compute the prefix once again (one row), not fall back to every row prefilling its whole prompt."""
-    prompts = [_ids(policy, CONTEXT + q) for q in QUESTIONS]
+def test_a_shared_prefix_evicted_by_the_cache_budget_is_computed_again(tiny_hf_policy):
+    """Under a budget of about one prompt, an unrelated prompt pushes the shared prefix out: the next call
+    computes the prefix once again (one row), not every row its whole prompt."""
+    prompts = [_ids(tiny_hf_policy, CONTEXT + q) for q in QUESTIONS]
     prefix = min(common_prefix_len(prompts[0], p) for p in prompts[1:])
-    policy.invalidate_cache()
-    policy.generate([GenerationRequest(p, _greedy(4)) for p in prompts])
-    [(_, handle)] = policy._recent_shared.items()
-    policy.prefix_cache.release([handle])  # as an eviction would
-    policy.forward_stats.clear()
-    policy.generate([GenerationRequest(p, _greedy(4)) for p in prompts])
+    small = HFPolicy.from_model(
+        tiny_hf_policy.model,
+        tiny_hf_policy.tokenizer,
+        PolicyConfig(model="random-tiny", prefix_cache_tokens=len(prompts[0]) + 8),
+    )
+    small.eos_ids = []
+    small.generate([GenerationRequest(p, _greedy(4)) for p in prompts])
+    assert (
+        small.prefix_cache.match_length(prompts[0][:prefix]) == prefix
+    )  # the shared part outlives the rows'
+    unrelated = _ids(tiny_hf_policy, "#" * len(prompts[0]))
+    small.generate([GenerationRequest(unrelated, _greedy(4))])  # pushes it out of the budget
+    assert small.prefix_cache.evictions > 0 and small.prefix_cache.tokens <= len(prompts[0]) + 8
+    before = small.prefix_cache.match_length(prompts[0][:prefix])
+    assert before == 0
+    small.forward_stats.clear()
+    small.generate([GenerationRequest(p, _greedy(4)) for p in prompts])
     tail = len(prompts[0]) - prefix
-    assert policy.forward_stats["tokens"] == prefix + 4 * tail + 3 * 4
+    assert small.forward_stats["tokens"] == (prefix - before) + 4 * tail + 3 * 4

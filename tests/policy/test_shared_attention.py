@@ -92,6 +92,28 @@ def test_width_stays_when_the_longest_group_leaves():
     assert prefix.width == 5  # the cache still reserves 5 positions; the mask is cut there
 
 
+def test_row_states_from_any_start_read_prefix_then_own_positions():
+    """What a finished row leaves in the radix cache: its real positions from ``start`` on, across the group's
+    shared prefix (right-aligned in the reserved width) and its own positions, equal to the dense layout."""
+    from memrl.policy.radix_cache import PrefixStates
+
+    g = torch.Generator().manual_seed(0)
+    long, short = (torch.randn(2, c, 3, generator=g) for c in (5, 3))  # [heads, C_g, head_dim]
+    groups = [(PrefixStates([long], [-long]), 5, [0]), (PrefixStates([short], [-short]), 3, [1])]
+    cache = kv_cache.shared_prefix_cache(groups, capacity=5 + 4)
+    layer = cache.layers[0]
+    layer.update(torch.randn(2, 2, 4, 3, generator=g), torch.randn(2, 2, 4, 3, generator=g))
+    real = torch.ones(2, 9, dtype=torch.bool)
+    real[1, :2] = False  # row 1's shorter prefix leaves two masked columns
+    real[0, 5] = False  # and a padding hole in row 0's own part
+    dense_k, dense_v = kv_cache._dense_states(layer)
+    for b in (0, 1):
+        full_k = dense_k[b][:, real[b]]
+        for start in range(full_k.shape[1] + 1):
+            k, v = layer.row_states(b, real[b], start)
+            assert torch.equal(k, full_k[:, start:]) and torch.equal(v, dense_v[b][:, real[b]][:, start:])
+
+
 def test_padded_gqa_attention_skips_the_head_copies_and_equals_transformers_sdpa(monkeypatch):
     from transformers.integrations import sdpa_attention
 
@@ -130,31 +152,25 @@ def _enc(policy, text: str) -> tuple[int, ...]:
 
 
 def _branches(policy: HFPolicy) -> list:
-    """Two kept nodes of different lengths; from both, in ONE generate call, branches with suffixes of different
-    lengths (padding holes) and different token budgets (rows leave the batch at different steps), each kept;
-    then a continuation from one branch's own kept state."""
+    """Two nodes of different lengths; from both, in ONE generate call, branches with suffixes of different
+    lengths (padding holes) and different token budgets (rows leave the batch at different steps), each found in
+    the radix cache; then a continuation of one branch (its own cached state)."""
     prompts = [_enc(policy, "Alice: I moved to Lisbon in May. " * 6), _enc(policy, "Bob has 3 cats. " * 5)]
-    node_params = SamplingParams(temperature=0.0, max_tokens=8, keep_prefix=True)
+    node_params = SamplingParams(temperature=0.0, max_tokens=8)
     nodes = [o[0] for o in policy.generate([GenerationRequest(p, node_params) for p in prompts])]
     suffixes = [(), _enc(policy, " <result>4</result>"), _enc(policy, "x"), _enc(policy, " <r>12</r>")]
     reqs = []
     for i, (p, node) in enumerate(zip(prompts, nodes, strict=True)):
         for j, s in enumerate(suffixes):
-            params = SamplingParams(
-                temperature=0.0, max_tokens=4 + 3 * j + i, keep_prefix=True, top_logprobs=3
-            )
-            reqs.append(GenerationRequest(p + node.token_ids + s, params, prefix_handle=node.prefix_handle))
+            params = SamplingParams(temperature=0.0, max_tokens=4 + 3 * j + i, top_logprobs=3)
+            reqs.append(GenerationRequest(p + node.token_ids + s, params))
     outs = [o[0] for o in policy.generate(reqs)]
     first = outs[5]
     cont = reqs[5].prompt_ids + first.token_ids + _enc(policy, " ok")
-    [[tail]] = policy.generate(
-        [
-            GenerationRequest(
-                cont, SamplingParams(temperature=0.0, max_tokens=8), prefix_handle=first.prefix_handle
-            )
-        ]
-    )
-    policy.release([n.prefix_handle for n in nodes] + [o.prefix_handle for o in outs])
+    [[tail]] = policy.generate([GenerationRequest(cont, SamplingParams(temperature=0.0, max_tokens=8))])
+    assert (
+        tail.cached_tokens == len(cont) - len(_enc(policy, " ok")) - 1
+    )  # the branch's own output was cached
     return outs + [tail]
 
 

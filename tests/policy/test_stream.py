@@ -22,10 +22,8 @@ def policy():
     return pol
 
 
-def _req(policy, text, max_tokens, n=1, seed=7, keep=False):
-    params = SamplingParams(
-        temperature=1.0, max_tokens=max_tokens, n=n, seed=seed, top_logprobs=3, keep_prefix=keep
-    )
+def _req(policy, text, max_tokens, n=1, seed=7):
+    params = SamplingParams(temperature=1.0, max_tokens=max_tokens, n=n, seed=seed, top_logprobs=3)
     return GenerationRequest(enc(policy, text), params)
 
 
@@ -57,15 +55,24 @@ def test_requests_return_as_they_finish_and_late_requests_join_the_running_batch
     assert len(decode_steps) < 30 + 6 and max(rows for rows, _ in calls) >= 3
 
 
-def test_closing_a_stream_releases_states_nobody_received(policy):
+def test_closing_a_stream_unlocks_the_cached_prefixes_of_rows_never_started(policy):
+    policy.invalidate_cache()
+    [[out]] = policy.generate([_req(policy, "Dan likes tea.", 3)])
+    cont = enc(policy, "Dan likes tea.") + out.token_ids  # cached but for its last token
+    waiting = [GenerationRequest(cont, SamplingParams(max_tokens=3, seed=s)) for s in range(6)]
     stream = policy.stream()
-    stream.add([_req(policy, "Dan likes tea.", 3, keep=True), _req(policy, "Eve runs.", 25, keep=True)])
-    [(_, [out])] = stream.wait()
-    assert out.prefix_handle is not None and len(out.token_ids) == 3
-    stream.close()  # the long request never finished; the short one's handle belongs to the caller now
-    assert len(policy.prefix_cache) == 1
-    policy.release([out.prefix_handle])
-    assert len(policy.prefix_cache) == 0
+    # 4 slots: the 4 long rows run first; when they end 4 continuations join, 2 still wait (locked prefixes).
+    stream.add([_req(policy, "Eve runs.", 25, n=4)] + waiting)
+    [(_, outs)] = stream.wait()
+    assert len(outs) == 4
+    cache = policy.prefix_cache
+    assert max(node.locks for node in cache._nodes()) == 2
+    stream.close()
+    assert all(node.locks == 0 for node in cache._nodes())
+    cache.budget_tokens = 0
+    cache._evict()  # nothing locked: everything can go
+    assert len(cache) == 0
+    cache.budget_tokens = policy.cfg.prefix_cache_tokens
 
 
 def test_backends_without_a_stream_get_one_generate_call_per_wait():

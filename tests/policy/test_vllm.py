@@ -70,14 +70,12 @@ def test_vllm_stops_prefix_cache_and_scoring(pair):
     prompt = enc(hf, "Bob bought a red bike. " * 8)
     [[ref]] = hf.generate([GenerationRequest(prompt, SamplingParams(temperature=0.0, max_tokens=20))])
     stop_id = ref.token_ids[3]
-    params = SamplingParams(temperature=0.0, max_tokens=20, stop_token_ids=(stop_id,), keep_prefix=True)
+    params = SamplingParams(temperature=0.0, max_tokens=20, stop_token_ids=(stop_id,))
     [[first]] = vl.generate([GenerationRequest(prompt, params)])
     assert first.token_ids == ref.token_ids[: ref.token_ids.index(stop_id) + 1]
     assert first.finish_reason is FinishReason.STOP and first.stop_reason == stop_id
     cont = prompt + first.token_ids
-    [[second]] = vl.generate(
-        [GenerationRequest(cont, SamplingParams(temperature=0.0, max_tokens=4), first.prefix_handle)]
-    )
+    [[second]] = vl.generate([GenerationRequest(cont, SamplingParams(temperature=0.0, max_tokens=4))])
     assert second.cached_tokens > 0  # vLLM's automatic prefix caching served the shared prefix
     pairs = [(prompt, ref.token_ids[:8])]
     assert torch.allclose(torch.tensor(vl.logprobs(pairs)[0]), torch.tensor(hf.logprobs(pairs)[0]), atol=1e-3)

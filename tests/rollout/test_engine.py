@@ -20,7 +20,6 @@ def _run(tok, script, n=1, k=1, rollback=None, **kw):
     tools = TableTools()
     reqs = [RolloutRequest(encode(tok, f"#{i} {PROMPT}"), f"ep{i}") for i in range(k)]
     result = run_rollout(reqs, pol, tools, cfg)
-    assert pol.live_handles == 0
     return result, pol, tools
 
 

@@ -6,7 +6,6 @@ from transformers import ByT5Tokenizer
 from memrl.policy.base import GenerationRequest, SamplingParams
 from memrl.testing.scripted import (
     DEFAULT_LOGPROB,
-    PrefixHandleError,
     ScriptedPolicy,
     ScriptedTurn,
     random_script,
@@ -30,29 +29,23 @@ def test_stop_string_cuts_right_after_it_and_is_kept():
 
 def test_eos_finishes_and_length_continues_the_plan():
     pol = ScriptedPolicy(TOK, lambda ctx: "0123456789")
-    [[a]] = pol.generate([GenerationRequest(ids("p"), SamplingParams(max_tokens=4, keep_prefix=True))])
+    [[a]] = pol.generate([GenerationRequest(ids("p"), SamplingParams(max_tokens=4))])
     assert a.finish_reason is FinishReason.LENGTH and TOK.decode(a.token_ids) == "0123"
-    req = GenerationRequest(
-        ids("p") + a.token_ids, SamplingParams(max_tokens=50), prefix_handle=a.prefix_handle
-    )
-    [[b]] = pol.generate([req])
+    [[b]] = pol.generate([GenerationRequest(ids("p") + a.token_ids, SamplingParams(max_tokens=50))])
     assert TOK.decode(b.token_ids) == "456789</s>" and b.finish_reason is FinishReason.STOP
-    assert b.cached_tokens == len(ids("p")) + 4
-    assert pol.stats.prefill_tokens == len(ids("p")) and pol.stats.decode_tokens == 11
+    assert b.cached_tokens == len(ids("p")) + 3  # its own earlier output, all but the last token
+    assert pol.stats.prefill_tokens == len(ids("p")) + 1 and pol.stats.decode_tokens == 11
 
 
-def test_prefix_handles_are_checked_and_released():
+def test_prefix_caching_serves_the_longest_remembered_prefix():
     pol = ScriptedPolicy(TOK, lambda ctx: "xy")
-    [[a]] = pol.generate([GenerationRequest(ids("abc"), SamplingParams(keep_prefix=True))])
-    with pytest.raises(PrefixHandleError, match="shares no prefix"):
-        pol.generate([GenerationRequest(ids("zzzzzzzz"), SamplingParams(), prefix_handle=a.prefix_handle)])
-    # A request forking inside the handle's tokens ("abc" + "xy" -> "abcx" + "q") reuses it up to the fork.
-    [[c]] = pol.generate([GenerationRequest(ids("abcxq"), SamplingParams(), prefix_handle=a.prefix_handle)])
+    [[a]] = pol.generate([GenerationRequest(ids("abc"), SamplingParams())])
+    assert a.cached_tokens == 0
+    [[z]] = pol.generate([GenerationRequest(ids("zzzzzzzz"), SamplingParams())])
+    assert z.cached_tokens == 0  # nothing in common
+    # A request forking inside an earlier output ("abc" + "xy" -> "abcx" + "q") reuses it up to the fork.
+    [[c]] = pol.generate([GenerationRequest(ids("abcxq"), SamplingParams())])
     assert c.cached_tokens == len(ids("abcx"))
-    pol.release([a.prefix_handle])
-    assert pol.live_handles == 0
-    with pytest.raises(PrefixHandleError, match="already released"):
-        pol.release([a.prefix_handle])
 
 
 def test_n_samples_and_top_logprobs():
