@@ -60,17 +60,20 @@ class MemoryConfig:
     # Keep speaker names in the BM25 query. Every fact starts with "Name:", so a name matches half the
     # conversation; dropping them (False) was better on LoCoMo.
     bm25_query_speakers: bool = False
-    # Neighbour-turn expansion: attach the +-n adjacent turns' ids and text to a retrieved fact.
-    # With 1, a hit covers 3 turns: +0.13 recall@10 on LoCoMo for ~3x the context (still ~5% of the history).
+    # Context around the hits (memrl.memory.context). 0: the top_k facts alone. n > 0: passages of adjacent facts
+    # chosen by value (own score plus a decaying share of the hits up to 2n facts away) within the tokens that
+    # +-n windows around top_k hits would take. n = 1 on LoCoMo: recall@10 0.64 (facts alone) -> 0.80 (windows)
+    # -> 0.855 (passages), all at ~5 % of the history's tokens.
     neighbour_turns: int = 1
-    # Time-aware scoring: boost facts whose date matches a date/month/year the query names; recency decay
-    # (per fact, by ingest order) for "latest"-style queries. 0 disables.
+    # Time-aware scoring: boost facts dated in the year/month the query names, or in the range its relative time
+    # names ("two weeks ago", "in the past three months") from the date it was asked; recency decay (per fact,
+    # by ingest order) for "latest"-style queries. 0 disables.
     time_weight: float = 0.05
     recency_weight: float = 0.0
-    # Bonus (in fused-score units) for facts said by a speaker the query names.
-    speaker_weight: float = 0.0
-    # score'(i) = score(i) + w * max(score of the adjacent facts): favours relevant stretches of dialogue.
-    smooth_weight: float = 0.0
+    # Passages: facts said by a speaker the query names are worth (1 + speaker_weight) times as much. 96 % of
+    # LoCoMo's evidence turns are said by the person the question names (50 % of all turns): recall@10 0.827
+    # (0) -> 0.855 (1.0). No effect with neighbour_turns = 0.
+    speaker_weight: float = 1.0
 
     def __post_init__(self) -> None:
         if self.embedder_dtype not in EMBEDDER_DTYPES:
@@ -110,7 +113,6 @@ class MemoryConfig:
             "time_weight",
             "recency_weight",
             "speaker_weight",
-            "smooth_weight",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"memory.{name}={getattr(self, name)}: must be >= 0")
