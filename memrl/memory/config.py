@@ -65,9 +65,9 @@ class MemoryConfig:
     # +-n windows around top_k hits would take. n = 1 on LoCoMo: recall@10 0.64 (facts alone) -> 0.80 (windows)
     # -> 0.855 (passages), all at ~5 % of the history's tokens.
     neighbour_turns: int = 1
-    # Time-aware scoring: boost facts dated in the year/month the query names, or in the range its relative time
-    # names ("two weeks ago", "in the past three months") from the date it was asked; recency decay (per fact,
-    # by ingest order) for "latest"-style queries. 0 disables.
+    # Time-aware scoring: a bonus for facts dated in the year/month the query names; facts in the range its
+    # relative time names ("two weeks ago", "in the past three months", from the date it was asked) score 1.5x
+    # (retrieval.RANGE_BOOST); recency decay (per fact, by ingest order) for "latest"-style queries. 0 disables.
     time_weight: float = 0.05
     recency_weight: float = 0.0
     # Passages: facts said by a speaker the query names are worth (1 + speaker_weight) times as much. 96 % of

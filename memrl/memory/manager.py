@@ -66,8 +66,10 @@ class MemoryManager:
     def compress_short_term(self, turns: Sequence[TurnSpec]) -> MemoryOp:
         return self.system.compress_batch([(self, turns)])[0]
 
-    def retrieve(self, query: str, k: int | None = None, *, turn_id: str = "retrieve") -> list[RetrievedFact]:
-        return self.system.retrieve_batch([(self, query)], k, turn_id=turn_id)[0]
+    def retrieve(
+        self, query: str, k: int | None = None, *, turn_id: str = "retrieve", asked_at: str | None = None
+    ) -> list[RetrievedFact]:
+        return self.system.retrieve_batch([(self, query)], k, turn_id=turn_id, asked_at=[asked_at])[0]
 
     def update_memory(self, generation_text: str, turn_id: str) -> list[MemoryOp]:
         return self.system.update_memory_batch([(self, generation_text, turn_id)])[0]
