@@ -14,6 +14,11 @@ class MemoryConfig:
     Registry-backed fields (``embedder``, ``store``, ``extractor``, ``compressor``, ``retrieval``) take a
     registered name or a dotted path ``package.module:attribute``; unknown names fail at construction time with
     the list of valid names (the registries check, not this dataclass).
+
+    The retrieval defaults (hybrid fusion, ``neighbour_turns=1`` budgeted passages, ``speaker_weight=1.0``,
+    ``time_weight=0.05``) measured with ``memrl bench memory``: LoCoMo evidence recall@10 0.852 at 4.9 % of the
+    history's tokens (BM25 over raw turns 0.483), LongMemEval ``_S``-like session recall@10 0.979 at 4.8 % (BM25
+    0.893); docs/benchmarks.md has the commands.
     """
 
     # --- embedding ---
