@@ -6,14 +6,15 @@ retrieved, and its memory is released before the next one, so a LongMemEval ``_s
 haystack per question) never holds more than one haystack's episodes and index (the file's text is read whole).
 Reported, in one run:
 
-* ``recall@K`` (K = 5, 10, 25): mean over questions of the fraction of gold ids found among the source ids of the
-  top-K retrieved items (LoCoMo: dialog ids, categories 1–4 by default; LongMemEval: answer session ids, a
-  retrieved turn ``<session>:<i>`` counts for its session). ``turn_recall@K``: the same over gold *turns*
+* ``recall@K`` (K = 5, 10, 25): mean over questions of the fraction of gold ids found among the source ids of
+  everything retrieved with top_k = K, i.e. K hits with their neighbours, as windows or budgeted passages
+  (LoCoMo: dialog ids, categories 1–4 by default; LongMemEval: answer session ids, a retrieved turn
+  ``<session>:<i>`` counts for its session; the baselines: the first K turns). ``turn_recall@K``: the same over gold *turns*
   (LoCoMo: the evidence dialog ids; LongMemEval: the ``has_answer`` turns, where flagged). Per category / question
   type: ``recall@10_by_category``.
 * ``baseline_dense_recall@K`` / ``baseline_bm25_recall@K`` (and ``..._by_category``): plain MiniLM cosine and
   plain BM25 over the raw turn texts, one item per turn, in the same run.
-* ``context_token_fraction``: tokens of the top-``top_k`` retrieved texts / tokens of the whole history
+* ``context_token_fraction``: tokens of the texts retrieved at ``top_k`` / tokens of the whole history
   (``speaker: text`` per turn), averaged over questions (embedder tokenizer). This keeps recall honest: an item
   that swallowed a whole session would otherwise win.
 * ``ingest_turns_per_s``, ``wall_seconds`` and the persistent embedding cache's hits, misses and hit rate
@@ -77,6 +78,7 @@ class Question:
     gold: tuple[str, ...]  # dialog ids (LoCoMo) or session ids (LongMemEval)
     category: str
     gold_turns: tuple[str, ...] = ()  # evidence turn ids (LongMemEval: has_answer turns, when flagged)
+    asked_at: str | None = None  # the question's date (LongMemEval: question_date), for relative times
 
 
 GoldMapper = Callable[[Sequence[str]], set[str]]
@@ -138,7 +140,11 @@ def _question(dataset: str, ep: BatchInput, categories: set[int]) -> Question | 
     if not gold or meta.get("abstention"):
         return None
     return Question(
-        ep.final_query, gold, str(meta["question_type"]), tuple(meta.get("evidence_turn_ids") or ())
+        ep.final_query,
+        gold,
+        str(meta["question_type"]),
+        tuple(meta.get("evidence_turn_ids") or ()),
+        ep.target.timestamp,
     )
 
 
@@ -187,10 +193,17 @@ class Scores:
         self.by_cat: dict[str, list[float]] = defaultdict(list)
 
     def add(self, ranked: Sequence[Sequence[str]], q: Question, to_gold: GoldMapper) -> None:
+        """``ranked``: the items' source ids, best first; recall@K counts the first K items."""
+        self.add_contexts({k: ranked[:k] for k in KS}, q, to_gold)
+
+    def add_contexts(
+        self, contexts: dict[int, Sequence[Sequence[str]]], q: Question, to_gold: GoldMapper
+    ) -> None:
+        """``contexts[K]``: the source ids of everything retrieved with top_k = K; recall@K counts all of it."""
         for k in KS:
-            self.by_k[f"recall@{k}"].append(recall(ranked, q.gold, k, to_gold))
+            self.by_k[f"recall@{k}"].append(recall(contexts[k], q.gold, len(contexts[k]), to_gold))
             if q.gold_turns:
-                self.by_k[f"turn_recall@{k}"].append(recall(ranked, q.gold_turns, k, set))
+                self.by_k[f"turn_recall@{k}"].append(recall(contexts[k], q.gold_turns, len(contexts[k]), set))
         self.by_cat[q.category].append(self.by_k["recall@10"][-1])
 
     def summary(self) -> dict:
@@ -204,13 +217,17 @@ class Scores:
 def evaluate_conversation(
     system: MemorySystem, conv: Conversation, to_gold: GoldMapper, scores: Scores, fractions: list[float]
 ) -> None:
-    """Retrieve every question of ``conv`` (already ingested) and score it."""
+    """Retrieve every question of ``conv`` (already ingested) at top_k = K for each K and score it; the context
+    share is that of the top_k the config names. With passages (``neighbour_turns`` > 0) the context at K is not
+    a prefix of the context at a larger K, so each K is its own retrieval."""
     mgr = system.manager(conv.key)
     history_tokens = sum(system.embedder.count_tokens([f.text for f in mgr.facts()]))
-    hits_per_q = system.retrieve_batch([(mgr, q.text) for q in conv.questions], max(KS))
-    for q, hits in zip(conv.questions, hits_per_q, strict=True):
-        scores.add([h.source_ids for h in hits], q, to_gold)
-        fractions.append(_context_tokens(system, hits[: system.cfg.top_k]) / max(1, history_tokens))
+    items = [(mgr, q.text) for q in conv.questions]
+    asked_at = [q.asked_at for q in conv.questions]
+    per_k = {k: system.retrieve_batch(items, k, asked_at=asked_at) for k in sorted({*KS, system.cfg.top_k})}
+    for i, q in enumerate(conv.questions):
+        scores.add_contexts({k: [h.source_ids for h in per_k[k][i]] for k in KS}, q, to_gold)
+        fractions.append(_context_tokens(system, per_k[system.cfg.top_k][i]) / max(1, history_tokens))
 
 
 def _context_tokens(system: MemorySystem, hits: Sequence[RetrievedFact]) -> int:

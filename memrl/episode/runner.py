@@ -211,7 +211,10 @@ class EpisodeRunner:
         if use_memory and k > 0:
             marks = [len(st.manager.memory_ops) for st in live]
             hits = self.memory.retrieve_batch(
-                [(st.manager, st.inp.final_query) for st in live], k, turn_id=live[0].inp.target.turn_id
+                [(st.manager, st.inp.final_query) for st in live],
+                k,
+                turn_id=live[0].inp.target.turn_id,
+                asked_at=[st.inp.target.timestamp for st in live],  # "two weeks ago" counts from here
             )
             for st, mark, facts in zip(live, marks, hits, strict=True):
                 st.retrieved = order_facts(facts, self.cfg.fact_order)

@@ -27,15 +27,14 @@ import numpy as np
 from memrl.formats import extract_answer
 from memrl.memory.compress import COMPRESSORS, CompressRequest
 from memrl.memory.config import MemoryConfig
+from memrl.memory.context import named_speakers, select_passages
 from memrl.memory.embedder import Embedder, build_embedder, window_chunks
 from memrl.memory.extract import EXTRACTORS, ExtractionRequest, FactDecision, TextGenerator
-from memrl.memory.retrieval import RETRIEVERS, Query, neighbour_smooth, speaker_rescore, time_rescore
+from memrl.memory.retrieval import RETRIEVERS, Query, time_rescore
 from memrl.memory.store import FACT_STORES, FactRecord, FactStore, FactStoreError, NewFact
 from memrl.types import MemoryOp, MemoryOpType, TurnRole, TurnSpec
 
 logger = logging.getLogger(__name__)
-
-WINDOW_SEPARATOR = " | "  # joins the facts of a neighbour window; never a newline
 
 
 @dataclass(frozen=True)
@@ -67,8 +66,10 @@ class MemoryManager:
     def compress_short_term(self, turns: Sequence[TurnSpec]) -> MemoryOp:
         return self.system.compress_batch([(self, turns)])[0]
 
-    def retrieve(self, query: str, k: int | None = None, *, turn_id: str = "retrieve") -> list[RetrievedFact]:
-        return self.system.retrieve_batch([(self, query)], k, turn_id=turn_id)[0]
+    def retrieve(
+        self, query: str, k: int | None = None, *, turn_id: str = "retrieve", asked_at: str | None = None
+    ) -> list[RetrievedFact]:
+        return self.system.retrieve_batch([(self, query)], k, turn_id=turn_id, asked_at=[asked_at])[0]
 
     def update_memory(self, generation_text: str, turn_id: str) -> list[MemoryOp]:
         return self.system.update_memory_batch([(self, generation_text, turn_id)])[0]
@@ -115,6 +116,7 @@ class MemorySystem:
         self.retriever = RETRIEVERS.get(cfg.retrieval)(cfg)
         self.metrics: Counter[str] = Counter()
         self._managers: dict[str, MemoryManager] = {}
+        self._lengths: dict[str, dict[int, tuple[str, int]]] = {}  # namespace -> fact id -> (text, tokens)
         self._next_summary_id = 1
 
     def manager(self, episode_id: str) -> MemoryManager:
@@ -125,6 +127,7 @@ class MemorySystem:
     def release(self, episode_id: str) -> None:
         """Forget an episode (its facts, summary and log) once its trajectory is built."""
         self._managers.pop(episode_id, None)
+        self._lengths.pop(episode_id, None)
         self.store.drop_namespace(episode_id)
 
     # -- extraction -----------------------------------------------------------------------------------
@@ -249,11 +252,21 @@ class MemorySystem:
 
     # -- retrieval ------------------------------------------------------------------------------------
     def retrieve_batch(
-        self, items: Sequence[tuple[MemoryManager, str]], k: int | None = None, *, turn_id: str = "retrieve"
+        self,
+        items: Sequence[tuple[MemoryManager, str]],
+        k: int | None = None,
+        *,
+        turn_id: str = "retrieve",
+        asked_at: Sequence[str | None] | None = None,
     ) -> list[list[RetrievedFact]]:
-        """Top-k facts per (episode, query); one encode call for all queries. Logs ``MemoryOp(RETRIEVE)``."""
+        """The context for each (episode, query): ``k`` hits (default ``top_k``) with their neighbours, as
+        fixed windows or budgeted passages (:mod:`memrl.memory.context`); one encode call for all queries.
+        ``asked_at``: each query's date (the adapters' timestamp formats), for questions that say "two weeks
+        ago" or "in the past month". Logs ``MemoryOp(RETRIEVE)``."""
         if not items:
             return []
+        if asked_at is not None and len(asked_at) != len(items):
+            raise ValueError(f"retrieve_batch: {len(asked_at)} asked_at dates for {len(items)} queries")
         k = k or self.cfg.top_k
         vecs = self.embedder.encode([q for _, q in items]) if self.retriever.needs_vectors else None
         out = []
@@ -262,10 +275,8 @@ class MemorySystem:
             ranked = self.retriever.rank(self.store, q, max(k, self.cfg.candidate_pool))
             ordered = self.store.records(mgr.episode_id)
             records = {r.fact_id: r for r in ordered}
-            ranked = neighbour_smooth(ranked, ordered, self.cfg.smooth_weight)
-            ranked = speaker_rescore(ranked, records, query, self.cfg.speaker_weight)
-            ranked = time_rescore(ranked, records, query, self.cfg)
-            hits = self._expand(ranked, ordered, k)
+            ranked = time_rescore(ranked, records, query, self.cfg, None if asked_at is None else asked_at[i])
+            hits = self._context(mgr, ranked, ordered, k, query)
             mgr._log(
                 [
                     MemoryOp(
@@ -282,39 +293,38 @@ class MemorySystem:
             out.append(hits)
         return out
 
-    def _expand(
-        self, ranked: list[tuple[int, float]], ordered: Sequence[FactRecord], k: int
-    ) -> list[RetrievedFact]:
-        """The first ``k`` hits as RetrievedFact; with ``neighbour_turns=n`` each hit also carries the n facts
-        before and after it (ingest order) that no better hit already carried — texts joined on ONE line with
-        :data:`WINDOW_SEPARATOR` (prompts and the search tool render one fact per line), ids unioned. No fact
-        is repeated: a hit that a better hit's window already carried contributes only its uncarried
-        neighbours (this extends a relevant stretch), and is skipped when it has none."""
+    def _context(self, mgr: MemoryManager, ranked, ordered, k: int, query: str) -> list[RetrievedFact]:
+        """The ranking → the retrieved items (:mod:`memrl.memory.context`: windows or budgeted passages)."""
         n = self.cfg.neighbour_turns
-        records = {r.fact_id: r for r in ordered}
-        pos = {r.fact_id: i for i, r in enumerate(ordered)}
-        seen: set[int] = set()
-        out = []
-        for fid, score in ranked:
-            if len(out) == k:
-                break
-            rec = records[fid]
-            p = pos[fid]
-            window = [r for r in ordered[max(0, p - n) : p + n + 1] if r.fact_id not in seen]
-            if not window:
-                continue
-            seen.update(r.fact_id for r in window)
-            out.append(
-                RetrievedFact(
-                    fact_id=fid,
-                    text=WINDOW_SEPARATOR.join(r.text for r in window),
-                    speaker=rec.speaker,
-                    timestamp=rec.timestamp,
-                    source_ids=tuple(dict.fromkeys(s for r in window for s in r.source_ids)),
-                    score=float(score),
-                )
+        lengths = self._lengths.setdefault(mgr.episode_id, {})
+
+        def tokens(rec: FactRecord) -> int:
+            # Memoised per fact and text: an UPDATE keeps the id but changes the text.
+            hit = lengths.get(rec.fact_id)
+            if hit is None or hit[0] != rec.text:
+                hit = lengths[rec.fact_id] = (rec.text, self.embedder.count_tokens([rec.text])[0])
+            return hit[1]
+
+        items = select_passages(
+            ranked,
+            ordered,
+            k,
+            n,
+            tokens=tokens,
+            speakers=named_speakers(query, ordered),
+            speaker_weight=self.cfg.speaker_weight,
+        )
+        return [
+            RetrievedFact(
+                fact_id=it.lead.fact_id,
+                text=it.text,
+                speaker=it.lead.speaker,
+                timestamp=it.lead.timestamp,
+                source_ids=it.source_ids,
+                score=it.score,
             )
-        return out
+            for it in items
+        ]
 
     # -- generation → memory --------------------------------------------------------------------------
     def update_memory_batch(self, items: Sequence[tuple[MemoryManager, str, str]]) -> list[list[MemoryOp]]:

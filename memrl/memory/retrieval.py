@@ -8,6 +8,7 @@ calibrating. Optional time-aware scoring adds a bonus to facts dated in a period
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import re
 from collections.abc import Callable, Sequence
@@ -313,12 +314,76 @@ def query_periods(text: str) -> tuple[set[str], set[str]]:
     return years, months
 
 
-def time_rescore(ranked: Ranked, records: dict[int, FactRecord], query: str, cfg: MemoryConfig) -> Ranked:
-    """Add ``time_weight`` × (matches a named year/month) and ``recency_weight`` × (ingest-order percentile,
-    only for recency-style queries) to fused scores. Scores stay "higher = better"."""
+_NUMBERS = ["one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve"]
+_COUNT = {"a": 1, "an": 1, **{w: i for i, w in enumerate(_NUMBERS, start=1)}}
+_UNIT_DAYS = {"day": 1, "week": 7, "month": 30, "year": 365}
+_COUNT_RE = rf"(a|an|{'|'.join(_NUMBERS)}|\d+)"
+_AGO = re.compile(rf"\b{_COUNT_RE}\s+(day|week|month|year)s?\s+ago\b")  # "two weeks ago"
+_SPAN = re.compile(
+    rf"\b(?:last|past|previous)\s+(?:{_COUNT_RE}\s+)?(day|week|month|year)s?\b"
+)  # "past 3 months"
+# Dates as the adapters write them: LongMemEval "2023/05/21 (Sun) 19:50", LoCoMo "1:56 pm on 8 May, 2023".
+_DATE_FORMATS = (
+    (re.compile(r"\d{4}/\d{1,2}/\d{1,2}"), "%Y/%m/%d"),
+    (re.compile(r"\d{1,2} [A-Za-z]+,? \d{4}"), "%d %B %Y"),
+    (re.compile(r"\d{4}-\d{2}-\d{2}"), "%Y-%m-%d"),
+)
+
+
+# In-range facts are worth 1.5x: a boost in proportion to relevance. LongMemEval _S-like build (60 questions, 5
+# with a relative time): session recall@10 0.973 -> 0.979 (the "past three months" trips question finds its third
+# trip). An additive bonus of time_weight (0.05, as for named months) instead lifted every in-range filler
+# session to the top and lost 0.005 ("a month ago": the out-of-range events the question lists as evidence).
+RANGE_BOOST = 0.5
+
+
+def parse_date(stamp: str | None) -> dt.date | None:
+    """The calendar date in a timestamp string, or None when it has none that memrl reads."""
+    for pattern, fmt in _DATE_FORMATS:
+        m = pattern.search(stamp or "")
+        if m:
+            try:
+                return dt.datetime.strptime(m.group(0).replace(",", ""), fmt).date()
+            except ValueError:
+                continue
+    return None
+
+
+def _count(word: str | None) -> int:
+    return 1 if word is None else int(word) if word.isdigit() else _COUNT[word]
+
+
+def relative_period(query: str, asked_at: str | None) -> tuple[dt.date, dt.date] | None:
+    """The date range a question's relative time names, from the date it was asked: "two weeks ago" is the
+    week around 14 days before (a span's quarter on each side, at least two days), "in the past three months"
+    / "last month" the 90 / 30 days before. None when the question names none or its date is unknown."""
+    asked = parse_date(asked_at)
+    if asked is None:
+        return None
+    low = query.lower()
+    m = _AGO.search(low)
+    if m:
+        days = _count(m.group(1)) * _UNIT_DAYS[m.group(2)]
+        slack = dt.timedelta(days=max(2, days // 4))
+        centre = asked - dt.timedelta(days=days)
+        return centre - slack, min(asked, centre + slack)
+    m = _SPAN.search(low)
+    if m:
+        return asked - dt.timedelta(days=_count(m.group(1)) * _UNIT_DAYS[m.group(2)]), asked
+    return None
+
+
+def time_rescore(
+    ranked: Ranked, records: dict[int, FactRecord], query: str, cfg: MemoryConfig, asked_at: str | None = None
+) -> Ranked:
+    """Multiply the fused score of facts dated in the range the query's relative time names from ``asked_at``
+    by ``1 + RANGE_BOOST``; add ``time_weight`` × (dated in the year/month the query names) and
+    ``recency_weight`` × (ingest-order percentile, only for recency-style queries). ``time_weight = 0`` turns
+    the date terms off. Scores stay "higher = better"."""
     if not ranked or (cfg.time_weight == 0 and cfg.recency_weight == 0):
         return ranked
     years, months = query_periods(query)
+    period = relative_period(query, asked_at)
     wants_recent = bool(_RECENCY_WORDS & set(_TOKEN.findall(query.lower())))
     orders = [records[f].order for f, _ in ranked]
     lo, hi = min(orders), max(orders)
@@ -331,38 +396,11 @@ def time_rescore(ranked: Ranked, records: dict[int, FactRecord], query: str, cfg
             hit_year = not years or any(y in stamp for y in years)
             hit_month = not months or any(m in stamp for m in months)
             bonus += cfg.time_weight * float(hit_year and hit_month)
+        if period is not None and cfg.time_weight:
+            day = parse_date(rec.timestamp)
+            if day is not None and period[0] <= day <= period[1]:
+                score *= 1.0 + RANGE_BOOST
         if wants_recent and hi > lo:
             bonus += cfg.recency_weight * (rec.order - lo) / (hi - lo)
         out.append((fid, score + bonus))
-    return sorted(out, key=lambda kv: -kv[1])
-
-
-def speaker_rescore(ranked: Ranked, records: dict[int, FactRecord], query: str, weight: float) -> Ranked:
-    """Add ``weight`` to facts said by a speaker the query names (questions are usually about one person)."""
-    if not ranked or weight == 0:
-        return ranked
-    words = set(_TOKEN.findall(query.lower()))
-    speakers = {r.speaker for r in records.values() if r.speaker and r.speaker.lower() in words}
-    if not speakers:
-        return ranked
-    out = [(f, s + weight * (records[f].speaker in speakers)) for f, s in ranked]
-    return sorted(out, key=lambda kv: -kv[1])
-
-
-def neighbour_smooth(ranked: Ranked, ordered: Sequence[FactRecord], weight: float) -> Ranked:
-    """``score'(i) = score(i) + weight * max(score(i-1), score(i+1))`` over ingest order: a turn inside a
-    relevant stretch of conversation beats an isolated lucky match. Neighbours of candidates join the pool."""
-    if not ranked or weight == 0:
-        return ranked
-    pos = {r.fact_id: i for i, r in enumerate(ordered)}
-    score = dict(ranked)
-    pool = set(score)
-    for fid in list(score):
-        p = pos[fid]
-        pool.update(ordered[j].fact_id for j in (p - 1, p + 1) if 0 <= j < len(ordered))
-    out = []
-    for fid in pool:
-        p = pos[fid]
-        near = [score.get(ordered[j].fact_id, 0.0) for j in (p - 1, p + 1) if 0 <= j < len(ordered)]
-        out.append((fid, score.get(fid, 0.0) + weight * max(near, default=0.0)))
     return sorted(out, key=lambda kv: -kv[1])
