@@ -54,8 +54,8 @@ class TreeConfig:
     ``initial_rollouts_rule`` (:data:`memrl.rollout.expansion.INITIAL_ROLLOUT_RULES`) lets the number of initial
     chains differ per prompt: ``static`` (default) or ``disagreement`` (twice the chains where the first ones
     disagree, fewer forks to keep the same number of leaves).
-    ``expand_root`` lets the root (the bare prompt) be picked like any node; by default only response
-    positions are branch points (the root is used only when a tree has no other candidate).
+    Only response positions are branch points (a fork at the bare prompt would just be another chain); the
+    root is used only when a tree has no other candidate.
     """
 
     initial_rollouts: int = 2
@@ -66,7 +66,6 @@ class TreeConfig:
     initial_rollouts_rule: str = "static"
     segment_tokens: int = 32
     entropy_window: int = 8
-    expand_root: bool = False
     branch_at: str = "segment"
 
     def __post_init__(self) -> None:
@@ -128,7 +127,7 @@ class RolloutConfig:
     ``strategy``: ``chain`` (``n`` independent samples) or ``tree`` (offline tree search), or a dotted path.
     ``n`` leaves are returned per request. ``max_response_tokens`` bounds every leaf's response (model tokens
     plus tool results); ``max_tool_calls`` bounds calls per leaf (a further call terminates the branch).
-    ``stop_on_answer`` ends generation when ``</answer>`` closes. ``tool_parser`` names the tools layer's
+    Generation ends when ``</answer>`` closes (nothing after the answer is scored). ``tool_parser`` names the tools layer's
     call parser. ``seed`` derives the per-request sampling seeds (reproducible runs).
     """
 
@@ -139,7 +138,6 @@ class RolloutConfig:
     top_logprobs: int = 5
     max_response_tokens: int = 256
     max_tool_calls: int = 4
-    stop_on_answer: bool = True
     tool_parser: str = "tag"
     seed: int = 0
     tree: TreeConfig = field(default_factory=TreeConfig)

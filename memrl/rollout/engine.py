@@ -77,7 +77,7 @@ class Engine:
         self.metrics = metrics
         self.hooks = hooks or EngineHooks()
         self.tokenizer = policy.tokenizer
-        self.stop = TOOL_STOP_STRINGS + (ANSWER_STOP_STRINGS if cfg.stop_on_answer else ())
+        self.stop = TOOL_STOP_STRINGS + ANSWER_STOP_STRINGS
 
     # ------------------------------------------------------------------ loop
 

@@ -208,21 +208,20 @@ def _fork(tree: Tree, node: TreeNode, uid: str, spawn_key: str) -> Branch:
 
 def _candidates(tree: Tree, cfg: RolloutConfig) -> list[TreeNode]:
     inner = [n for n in tree.nodes if not n.terminal]
-    if cfg.tree.expand_root or not inner:
+    if not inner:  # only response positions branch; the root when a tree has nothing else
         inner = [tree.root, *inner]
     return inner
 
 
 def _fork_points(tree: Tree, cfg: RolloutConfig) -> list[ForkPoint | TreeNode]:
     """``branch_at=token`` candidates: every model token a branch sampled itself (after its own fork point;
-    the token at the fork point belongs to the parent's candidates). Token 0 of the initial chains (a fresh
-    chain) only with ``expand_root``; the root itself when there is nothing else."""
-    low = 0 if cfg.tree.expand_root else 1
+    the token at the fork point belongs to the parent's candidates). Token 0 of an initial chain is not one
+    (a fork there is a fresh chain); the root itself when there is nothing else."""
     # Points forked before are nodes now: their expansion count discounts them (see the entropy policy).
     expanded = {(n.owner.uid, n.response_len): n.expansions for n in tree.nodes if n.owner is not None}
     points: list[ForkPoint | TreeNode] = []
     for b in tree.branches:
-        first = b.floor + 1 if b.floor > 0 else low
+        first = b.floor + 1 if b.floor > 0 else 1
         for pos, h in b.tree.entropies.items():
             if pos >= first and b.mask[pos] == 1:
                 points.append(ForkPoint(b, pos, h, expanded.get((b.uid, pos), 0)))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 
 @dataclass
@@ -119,7 +118,6 @@ class TrainConfig:
     # Held-out scoring; None = episode.reward. Lets a run train on a shaped reward (e.g. exact match plus partial
     # credit) while eval/em stays the plain metric that em_start / em_final report.
     eval_reward: str | None = None
-    eval_reward_options: dict[str, Any] = field(default_factory=dict)
     checkpoint_every: int = 1
     keep_checkpoints: int = 2
     max_wall_s: float | None = None

@@ -70,9 +70,7 @@ def eval_config(cfg: Config) -> Config:
     rollout = dataclasses.replace(cfg.rollout, strategy="chain", n=1, temperature=0.0)
     episode = cfg.episode
     if cfg.train.eval_reward is not None:
-        episode = dataclasses.replace(
-            episode, reward=cfg.train.eval_reward, reward_options=dict(cfg.train.eval_reward_options)
-        )
+        episode = dataclasses.replace(episode, reward=cfg.train.eval_reward, reward_options={})
     return dataclasses.replace(cfg, rollout=rollout, episode=episode)
 
 
