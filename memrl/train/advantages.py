@@ -97,6 +97,16 @@ def rloo(
     return (scale * (s - mean)).to(scores.dtype)
 
 
+@ADVANTAGES.register("none")
+def no_policy_gradient(
+    scores: torch.Tensor, group_ids: Sequence[str], weights: torch.Tensor, eps: float = 1e-6
+) -> torch.Tensor:
+    """Zero advantages: no policy-gradient term, so only the replay (SFT/RFT) and KL terms train. The ablation
+    that tells what the policy gradient adds over imitation (``memrl train ... train.advantage=none``)."""
+    _check(scores, group_ids, weights)
+    return torch.zeros_like(scores)
+
+
 def sample_weights(step_meta: Sequence[StepMeta], duplicates: str = "drop") -> torch.Tensor:
     """``[B]`` float weights: 0 for leaves flagged ``is_duplicate`` when ``duplicates == "drop"``, else 1."""
     if duplicates not in ("drop", "keep"):

@@ -77,7 +77,8 @@ class TrainConfig:
     ``micro_batch_size`` rows (``padded``) / one prompt group of ≤ ``micro_batch_size`` rows
     (``shared_prefix``: the group's prompt is forwarded once; see :mod:`memrl.train.microbatch`).
 
-    ``advantage`` is a name in :data:`memrl.train.advantages.ADVANTAGES` (``grpo``, ``drgrpo``, ``rloo``) or a
+    ``advantage`` is a name in :data:`memrl.train.advantages.ADVANTAGES` (``grpo``, ``drgrpo``, ``rloo``; ``none``
+    for the imitation-only ablation) or a
     dotted path. ``loss_agg`` is a name in :data:`memrl.train.losses.LOSS_AGGREGATIONS`
     (``token-mean``, ``seq-mean-token-sum``, ``seq-mean-token-mean``). ``kl_coef`` > 0 adds a KL penalty to the
     reference policy (same model with the adapter disabled). ``duplicates`` decides how leaves flagged

@@ -63,6 +63,12 @@ def test_drgrpo_keeps_scale_rloo_leaves_one_out():
     assert torch.allclose(compute_advantages("rloo", scores, g), torch.tensor([1.5, -1.5, 0.0]))
 
 
+def test_none_is_zero_for_every_group():
+    scores = torch.tensor([3.0, 1.0, 2.0, 0.0])
+    adv = compute_advantages("none", scores, ["x", "x", "y", "y"])
+    assert adv.tolist() == [0.0, 0.0, 0.0, 0.0]
+
+
 def test_duplicates_do_not_enter_group_statistics():
     meta = [StepMeta(), StepMeta(), StepMeta(), StepMeta(is_duplicate=True)]
     w = sample_weights(meta)

@@ -40,6 +40,17 @@ def test_one_step_changes_lora_not_base():
     assert metrics["train/entropy"] > 0
 
 
+def test_no_policy_gradient_leaves_the_adapter_to_the_other_terms():
+    """``advantage: none`` (the imitation-only ablation): the fresh batch's rewards move nothing; with the same
+    batch ``grpo`` does (test above), so only the replay and KL terms can train."""
+    model = attach_lora(tiny_llama(), LoraConfig(r=4, alpha=8))
+    before = adapter_state(model)
+    metrics = PolicyUpdater(model, _cfg(advantage="none")).update(_build(make_episodes(), "packed"))
+    after = adapter_state(model)
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert metrics["train/adv_abs_mean"] == 0.0 and metrics["train/grad_norm"] == 0.0
+
+
 @pytest.mark.parametrize("temperature", [1.0, 2.0])
 def test_rollout_logprobs_match_training_forward(temperature):
     """Token-in/token-out: if the rollout log-probs are the model's own (sampled at ``temperature``), the update
