@@ -122,7 +122,7 @@ def bench_episodes(argv: list[str]) -> dict:
         help="a model alias (smollm2-135m) or HF path, or 'random' (random-init tiny Llama, seconds)",
     )
     ap.add_argument("--tools", default="python", help="comma-separated tools ('' = none)")
-    ap.add_argument("overrides", nargs="*", help="config overrides, e.g. policy.prefill=batched")
+    ap.add_argument("overrides", nargs="*", help="config overrides, e.g. rollout.n=8")
     args = ap.parse_args(argv)
 
     from memrl.config import load_config

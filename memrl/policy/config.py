@@ -2,8 +2,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-SHARED_ATTENTION_MODES = ("one", "groups", "off")
-PREFILL_MODES = ("auto", "ragged", "batched")
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
@@ -40,20 +38,6 @@ class PolicyConfig:
     # and requests continue from their longest cached prefix; least recently used leaves go first; 0 = off.
     # A full cache of SmolLM2-135M in float32 holds ~3.0 GB (30 layers x 2 x 3 kv heads x 64 x 4 bytes a token).
     prefix_cache_tokens: int = 65536
-    # Rows continuing from one cached prefix attend to one copy of it (memrl.policy.shared_attention):
-    # "one" = when every row of a decode batch shares one state (tree branches of a node, n samples of a
-    # prompt); "groups" = also several states per batch (exact, but on CPU per-group matmuls measured slower
-    # than fused sdpa over per-row copies); "off" = per-row copies only.
-    shared_prefix_attention: str = "one"
-    # Prompts of different lengths: "ragged" prefills each distinct prompt on its own (no padding, causal
-    # kernel) and then decodes all rows together; "batched" prefills one left-padded batch. On CPU a single
-    # prompt already keeps the matmuls busy, so padding is pure extra work (16 prompts of 330-600 tokens:
-    # 0.38 s batched vs 0.23 s one by one); on an accelerator one padded batch fills the device.
-    # "auto" = on CPU ragged when some row computes at least ragged_min_tokens positions, batched otherwise (short
-    # tails - tool results and fork points after a cached prefix - are cheaper in one padded forward than one
-    # forward per row: 32 continuations of ~10 tokens took 0.057 s batched vs 0.099 s ragged); batched elsewhere.
-    prefill: str = "auto"
-    ragged_min_tokens: int = 64
     # --- openai-compatible http backend ---
     served_model_name: str | None = None  # "model" field sent to the server (default: the model string)
     api_key_env: str = "OPENAI_API_KEY"  # env var read for a bearer token (optional)
@@ -79,15 +63,6 @@ class PolicyConfig:
             raise ValueError(f"policy.top_p={self.top_p}: must be in (0, 1]")
         if self.top_logprobs < 0:
             raise ValueError(f"policy.top_logprobs={self.top_logprobs}: must be >= 0 (0 = none)")
-        if self.shared_prefix_attention not in SHARED_ATTENTION_MODES:
-            raise ValueError(
-                f"policy.shared_prefix_attention={self.shared_prefix_attention!r}; valid: "
-                + ", ".join(SHARED_ATTENTION_MODES)
-            )
-        if self.prefill not in PREFILL_MODES:
-            raise ValueError(f"policy.prefill={self.prefill!r}; valid: " + ", ".join(PREFILL_MODES))
-        if self.ragged_min_tokens < 2:
-            raise ValueError(f"policy.ragged_min_tokens must be >= 2, got {self.ragged_min_tokens}")
         if self.prefix_cache_tokens < 0:
             raise ValueError(f"policy.prefix_cache_tokens={self.prefix_cache_tokens}: must be >= 0 (0 = off)")
         if self.request_timeout_s <= 0:

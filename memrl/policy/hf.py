@@ -53,6 +53,13 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 # is about half a second of SmolLM2-135M prefill on CPU per request; a conversation slice shared by its questions
 # (LoCoMo, recent_history: ~7,500 tokens) is far above it.
 MIN_SHARED_PREFIX = 256
+# On CPU, rows of different lengths are prefilled one by one (no padding, causal kernel) and then decoded together:
+# a single prompt already keeps the matmuls busy, so padding is pure extra work (16 prompts of 330-600 tokens:
+# 0.38 s as one padded batch vs 0.23 s one by one). Short tails (tool results and fork points after a cached
+# prefix) are cheaper in one padded forward than one forward per row (32 continuations of ~10 tokens: 0.057 s
+# batched vs 0.099 s one by one), so one-by-one prefill starts where some row computes this many positions. On an
+# accelerator one padded batch fills the device: always batched there.
+RAGGED_MIN_TOKENS = 64
 
 
 def _needs_padding(rows: Sequence[DecodeRow], min_tail: int = 2) -> bool:
@@ -121,12 +128,11 @@ class HFPolicy:
         self.pad_id = _pad_id(tokenizer)
         self.eos_ids = _eos_ids(model, tokenizer)
         self.max_model_len = min(cfg.max_model_len, _model_max_len(model))
-        mode = cfg.shared_prefix_attention
-        self.shared_attention = mode if mode != "off" and _enable_shared_attention(model) else "off"
+        # Rows that all continue from one cached prefix attend to one copy of it (see _shared_prefix).
+        self.shared_attention = _enable_shared_attention(model)
         self.bool_decode_mask = _attention_implementation(model) in ("sdpa", "memrl_sdpa")
-        self.ragged_prefill = cfg.prefill == "ragged" or (cfg.prefill == "auto" and self.device.type == "cpu")
-        # "auto": short uncached tails go in one padded forward (see PolicyConfig.prefill).
-        self.ragged_min_tokens = cfg.ragged_min_tokens if cfg.prefill == "auto" else 2
+        self.ragged_prefill = self.device.type == "cpu"  # see RAGGED_MIN_TOKENS
+        self.ragged_min_tokens = RAGGED_MIN_TOKENS
         # Model forwards: calls, rows (sum of batch sizes), tokens fed, seconds (host time: exact on CPU, launch
         # time on an asynchronous device). Benchmarks split a speed-up into fewer forwards vs cheaper ones with it.
         self.forward_stats: Counter[str] = Counter()
@@ -271,7 +277,7 @@ class HFPolicy:
     @staticmethod
     def _read_prefixes(rows: Sequence[DecodeRow]) -> None:
         """Each row's cached states (``row.entry``), one copy per distinct prefix: rows continuing from the same
-        cached prefix share it (and so may attend to one copy, see :meth:`_prefix_groups`)."""
+        cached prefix share it (and so may attend to one copy, see :meth:`_shared_prefix`)."""
         seen: dict[tuple[int, int], PrefixStates] = {}
         for row in rows:
             if row.match is not None and row.cached > 0:
@@ -292,11 +298,11 @@ class HFPolicy:
 
     def _prefill(self, rows: list[DecodeRow]) -> DecodeBatch:
         # Rows continuing from one long cached prefix (tree branches of a node) keep the shared-prefix path, where it
-        # is read once per step; otherwise padded prefill is wasted work (see PolicyConfig.prefill).
+        # is read once per step; otherwise padded prefill is wasted work (see RAGGED_MIN_TOKENS).
         if (
             self.ragged_prefill
             and _needs_padding(rows, self.ragged_min_tokens)
-            and not (self._prefix_groups(rows, self.shared_attention) and _prefix_dominates(rows))
+            and not (self._shared_prefix(rows) and _prefix_dominates(rows))
         ):
             logits, mask, pos, cache = self._prefill_ragged(rows)
         else:
@@ -381,9 +387,9 @@ class HFPolicy:
             mask[i, C - row.cached : C] = 1
         pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, C:]
         capacity = C + R + max(r.budget for r in rows)
-        groups = self._prefix_groups(rows, self.shared_attention) if C > 0 else None
-        if groups:
-            cache = shared_prefix_cache(groups, capacity)  # each shared prefix is kept once
+        shared = self._shared_prefix(rows) if C > 0 else None
+        if shared:
+            cache = shared_prefix_cache(*shared, capacity)  # the shared prefix is kept once
         elif C > 0:
             prefixes = [(r.entry, r.cached) for r in rows]
             cache = prefix_filled_cache(self._num_layers(), capacity, prefixes, C)
@@ -434,19 +440,16 @@ class HFPolicy:
         values = [layer.values[0] for layer in cache.layers]
         return logits, PrefixStates(keys=keys, values=values)
 
-    @staticmethod
-    def _prefix_groups(rows: list[DecodeRow], mode: str) -> list[tuple[PrefixStates, int, list[int]]] | None:
-        """Rows grouped by the prefix state they continue from, when ``mode`` allows it: every row continues
-        from a cached prefix and there is sharing (``one``: a single group; ``groups``: at most one group per two
-        rows, since singleton groups only add per-group work to each decode step)."""
-        if mode == "off" or any(r.entry is None or r.cached == 0 for r in rows):
+    def _shared_prefix(self, rows: list[DecodeRow]) -> tuple[PrefixStates, int] | None:
+        """``(entry, length)`` when every row continues from the same cached prefix state (tree branches of a
+        node, the samples of a prompt) and the model attends to one copy of it. Rows continuing from several
+        states take per-row copies: on CPU one attention per state measured slower than fused sdpa over copies."""
+        first = rows[0]
+        if not self.shared_attention or first.entry is None or first.cached == 0:
             return None
-        groups: dict[tuple[int, int], tuple[PrefixStates, int, list[int]]] = {}
-        for i, r in enumerate(rows):
-            groups.setdefault((id(r.entry), r.cached), (r.entry, r.cached, []))[2].append(i)
-        if len(groups) == 1 or (mode == "groups" and 2 * len(groups) <= len(rows)):
-            return list(groups.values())
-        return None
+        if any(r.entry is not first.entry or r.cached != first.cached for r in rows):
+            return None
+        return first.entry, first.cached
 
     def _insert(self, row: DecodeRow, cache, batch_index: int, row_mask: torch.Tensor) -> None:
         """Leave the finished row's states in the radix cache (only the positions it does not hold yet are

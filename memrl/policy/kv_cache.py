@@ -73,11 +73,10 @@ class PreallocatedLayer(DynamicLayer):
 
 
 class SharedPrefixLayer(PreallocatedLayer):
-    """A layer whose rows continue from shared prefixes (groups of rows, one prefix each): the prefix states
-    ``[heads, C_g, head_dim]`` are held once per group (the stored entries' own tensors, no copy) and the
-    buffers hold only each row's own positions.
+    """A layer whose rows all continue from one shared prefix: its states ``[heads, C, head_dim]`` are held once
+    (the stored entry's own tensors, no copy) and the buffers hold only each row's own positions.
 
-    ``keys``/``values`` are the own positions; the sequence length includes the ``width = max C_g`` prefix
+    ``keys``/``values`` are the own positions; the sequence length includes the ``C = prefix.width`` prefix
     positions (masks and positions cover them); :mod:`memrl.policy.shared_attention` attends to both."""
 
     def __init__(self, capacity: int, prefix, layer: int) -> None:
@@ -89,10 +88,9 @@ class SharedPrefixLayer(PreallocatedLayer):
         return self.prefix_length + self.length
 
     def row_states(self, b: int, real: torch.Tensor, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        g = self.prefix.group_of(b)
-        pk, pv = self.prefix.keys[g][self.layer], self.prefix.values[g][self.layer]
-        C, c = self.prefix_length, pk.shape[-2]
-        shown = real[C - c : C].nonzero().squeeze(1)  # the group's prefix sits right-aligned in the width
+        pk, pv = self.prefix.keys[self.layer], self.prefix.values[self.layer]
+        C = self.prefix_length
+        shown = real[:C].nonzero().squeeze(1)
         own = real[C:].nonzero().squeeze(1)
         if start >= len(shown):
             own = own[start - len(shown) :]
@@ -111,22 +109,16 @@ class SharedPrefixCache(DynamicCache):
         self.prefix = prefix
         self.layers = [SharedPrefixLayer(capacity, prefix, li) for li in range(num_layers)]
 
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        super().batch_select_indices(indices)
-        self.prefix.select(indices)
 
-
-def shared_prefix_cache(groups: list[tuple[object, int, list[int]]], capacity: int) -> SharedPrefixCache:
-    """A cache for rows that continue from stored entries: ``groups`` = ``(entry, C_g, rows)``, the rows
-    continuing from the first ``C_g`` positions of ``entry`` (no copies of the prefixes are made)."""
+def shared_prefix_cache(entry, length: int, capacity: int) -> SharedPrefixCache:
+    """A cache for rows that all continue from the first ``length`` positions of the stored ``entry`` (no copy
+    of the prefix is made)."""
     from memrl.policy.shared_attention import SharedPrefix
 
     prefix = SharedPrefix(
-        keys=[[k[:, :c] for k in entry.keys] for entry, c, _ in groups],
-        values=[[v[:, :c] for v in entry.values] for entry, c, _ in groups],
-        rows=[torch.tensor(rows, dtype=torch.long) for _, _, rows in groups],
+        keys=[k[:, :length] for k in entry.keys], values=[v[:, :length] for v in entry.values]
     )
-    return SharedPrefixCache(capacity, prefix, len(groups[0][0].keys))
+    return SharedPrefixCache(capacity, prefix, len(entry.keys))
 
 
 def preallocated_cache(num_layers: int, capacity: int) -> DynamicCache:
@@ -169,21 +161,17 @@ def prefix_filled_cache(
 
 
 def _dense_states(layer: PreallocatedLayer) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every position of ``layer`` as ``[B, heads, T, head_dim]``, ``T`` = the batch's sequence length. A
-    :class:`SharedPrefixLayer` writes each group's prefix into its rows (right-aligned in the reserved width,
-    zeros before it: masked, but finite)."""
+    """Every position of ``layer`` as ``[B, heads, T, head_dim]``, ``T`` = the batch's sequence length (a
+    :class:`SharedPrefixLayer` writes its prefix into every row)."""
     if not isinstance(layer, SharedPrefixLayer):
         return layer.keys, layer.values
-    prefix, width = layer.prefix, layer.prefix_length
     B, H, S, D = layer.keys.shape
-    keys = layer.keys.new_zeros((B, H, width + S, D))
-    values = layer.values.new_zeros((B, H, width + S, layer.values.shape[-1]))
-    for pk, pv, rows in zip(prefix.keys, prefix.values, prefix.rows, strict=True):
-        c = pk[layer.layer].shape[-2]
-        keys[rows, :, width - c : width] = pk[layer.layer][None]
-        values[rows, :, width - c : width] = pv[layer.layer][None]
-    keys[:, :, width:] = layer.keys
-    values[:, :, width:] = layer.values
+    C = layer.prefix_length
+    pk, pv = layer.prefix.keys[layer.layer], layer.prefix.values[layer.layer]
+    keys = layer.keys.new_empty((B, H, C + S, D))
+    values = layer.values.new_empty((B, H, C + S, layer.values.shape[-1]))
+    keys[:, :, :C], values[:, :, :C] = pk[None], pv[None]
+    keys[:, :, C:], values[:, :, C:] = layer.keys, layer.values
     return keys, values
 
 

@@ -24,36 +24,16 @@ IMPLEMENTATION = "memrl_sdpa"
 
 @dataclass
 class SharedPrefix:
-    """Groups of rows, each continuing from one prefix: ``keys[g][l]`` / ``values[g][l]`` are group ``g``'s
-    ``[kv_heads, C_g, head_dim]`` states at layer ``l``; ``rows[g]`` its batch rows (every row is in exactly one
-    group). The batch cache reserves ``width = max C_g`` positions for them (shorter prefixes right-aligned,
-    masked before), followed by the rows' own positions."""
+    """The prefix every row of a batch continues from: ``keys[l]`` / ``values[l]`` are its
+    ``[kv_heads, C, head_dim]`` states at layer ``l``. The batch cache reserves its ``width = C`` positions,
+    followed by the rows' own positions."""
 
-    keys: list[list[torch.Tensor]]
-    values: list[list[torch.Tensor]]
-    rows: list[torch.Tensor]
-    width: int = 0  # fixed for the cache's lifetime, even after the longest group's rows have left
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
 
-    def __post_init__(self) -> None:
-        self.width = self.width or max(int(k[0].shape[-2]) for k in self.keys)
-
-    def group_of(self, row: int) -> int:
-        for g, rows in enumerate(self.rows):
-            if bool((rows == row).any()):
-                return g
-        raise IndexError(f"row {row} is in no shared-prefix group")
-
-    def select(self, indices: torch.Tensor) -> None:
-        """Keep batch rows ``indices`` (in that order), as the cache's ``batch_select_indices`` does."""
-        new_pos = {int(old): new for new, old in enumerate(indices.tolist())}
-        keys, values, rows = [], [], []
-        for k, v, members in zip(self.keys, self.values, self.rows, strict=True):
-            kept = sorted(new_pos[r] for r in members.tolist() if r in new_pos)
-            if kept:
-                keys.append(k)
-                values.append(v)
-                rows.append(torch.tensor(kept, dtype=torch.long))
-        self.keys, self.values, self.rows = keys, values, rows
+    @property
+    def width(self) -> int:
+        return int(self.keys[0].shape[-2])
 
 
 def _partial(scores: torch.Tensor, values: torch.Tensor):
@@ -83,18 +63,11 @@ def shared_prefix_attention(
     own_mask: torch.Tensor | None,
     scaling: float,
 ) -> torch.Tensor:
-    """Attention of ``query [B, H, q, D]`` over each row's group prefix (visible to every query) followed by
-    the rows' own ``keys/values [B, Hkv, S, D]`` under ``own_mask`` (bool ``[B, 1, q, S]``, True = attend;
-    ``None`` = all visible). Returns ``[B, q, H, D]`` (the layout transformers' attention functions return)."""
-    B, H, q, D = query.shape
-    if len(prefix.rows) == 1:  # one group holds every row: no gathering
-        m1, l1, o1 = _prefix_partial(query, prefix.keys[0][layer], prefix.values[0][layer], scaling)
-    else:
-        m1 = query.new_empty(B, H, q, 1)
-        l1 = query.new_empty(B, H, q, 1)
-        o1 = query.new_empty(B, H, q, prefix.values[0][layer].shape[-1])
-        for keys, values, rows in zip(prefix.keys, prefix.values, prefix.rows, strict=True):
-            m1[rows], l1[rows], o1[rows] = _prefix_partial(query[rows], keys[layer], values[layer], scaling)
+    """Attention of ``query [B, H, q, D]`` over the prefix (visible to every query) followed by the rows' own
+    ``keys/values [B, Hkv, S, D]`` under ``own_mask`` (bool ``[B, 1, q, S]``, True = attend; ``None`` = all
+    visible). Returns ``[B, q, H, D]`` (the layout transformers' attention functions return)."""
+    H = query.shape[1]
+    m1, l1, o1 = _prefix_partial(query, prefix.keys[layer], prefix.values[layer], scaling)
     g = H // own_keys.shape[1]
     if g > 1:
         own_keys = own_keys.repeat_interleave(g, dim=1)

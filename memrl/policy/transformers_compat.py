@@ -75,7 +75,7 @@ INTERNALS: tuple[Internal, ...] = (
     ),
     Internal(
         "transformers.cache_utils:Cache.batch_select_indices",
-        "memrl.policy.batching.DecodeBatch.select, SharedPrefixCache",
+        "memrl.policy.batching.DecodeBatch.select",
         ("self", "indices"),
     ),
     Internal(

@@ -10,7 +10,7 @@ import torch
 from memrl.policy import BACKENDS, make_policy
 from memrl.policy.base import GenerationRequest, SamplingParams
 from memrl.policy.config import PolicyConfig
-from memrl.policy.hf import HFPolicy
+from memrl.policy.hf import RAGGED_MIN_TOKENS, HFPolicy
 from memrl.registry import RegistryError
 from memrl.testing import random_tiny_llama
 from memrl.types import FinishReason
@@ -98,11 +98,14 @@ def test_left_padding_does_not_change_results(peaked_policy):
 
 def test_ragged_prefill_equals_one_padded_batch(peaked_policy):
     """Prompts of different lengths, some continuing from cached states (distinct prefixes), n > 1:
-    per-prompt prefill then batched decode gives the tokens and logprobs of one left-padded prefill."""
+    per-prompt prefill then batched decode (CPU) gives the tokens and logprobs of one left-padded prefill (what an
+    accelerator runs)."""
     model, tok = peaked_policy.model, peaked_policy.tokenizer
-    ragged = HFPolicy.from_model(model, tok, PolicyConfig(model="x", seed=0, prefill="ragged"))
-    batched = HFPolicy.from_model(model, tok, PolicyConfig(model="x", seed=0, prefill="batched"))
-    assert ragged.ragged_prefill and not batched.ragged_prefill
+    ragged = HFPolicy.from_model(model, tok, PolicyConfig(model="x", seed=0))
+    batched = HFPolicy.from_model(model, tok, PolicyConfig(model="x", seed=0))
+    assert ragged.ragged_prefill  # CPU
+    ragged.ragged_min_tokens = 2  # every unequal batch one by one, however short its tails
+    batched.ragged_prefill = False
     fed = []
     hook = model.register_forward_pre_hook(
         lambda _m, args, kw: fed.append(tuple(kw["input_ids"].shape)), with_kwargs=True
@@ -130,12 +133,13 @@ def test_ragged_prefill_equals_one_padded_batch(peaked_policy):
     assert len({o.token_ids for o in results[0]}) > 3
 
 
-def test_auto_prefill_pads_short_tails_and_prefills_long_ones_alone(peaked_policy):
-    """``prefill=auto`` on CPU: rows computing fewer than ``ragged_min_tokens`` positions (tool results after a
-    kept state) share one padded forward; longer, unequal prompts are prefilled one by one."""
+def test_cpu_prefill_pads_short_tails_and_prefills_long_ones_alone(peaked_policy):
+    """On CPU, rows computing fewer than ``ragged_min_tokens`` positions (tool results after a kept state) share
+    one padded forward; longer, unequal prompts are prefilled one by one."""
     model, tok = peaked_policy.model, peaked_policy.tokenizer
-    auto = HFPolicy.from_model(model, tok, PolicyConfig(model="x", seed=0, ragged_min_tokens=16))
-    assert auto.ragged_prefill  # CPU
+    auto = HFPolicy.from_model(model, tok, PolicyConfig(model="x", seed=0))
+    assert auto.ragged_prefill and auto.ragged_min_tokens == RAGGED_MIN_TOKENS  # CPU
+    auto.ragged_min_tokens = 16  # the tiny model's prompts are short: the same rule at a smaller threshold
     fed = []
     hook = model.register_forward_pre_hook(
         lambda _m, args, kw: fed.append(tuple(kw["input_ids"].shape)), with_kwargs=True
@@ -312,8 +316,9 @@ def test_forward_stats_count_every_model_forward(peaked_policy):
     """One padded prefill then one decode forward per further token, all rows in each (every row runs to the
     length limit, so none leaves the batch early)."""
     policy = HFPolicy.from_model(
-        peaked_policy.model, peaked_policy.tokenizer, PolicyConfig(model="random-peaked", prefill="batched")
+        peaked_policy.model, peaked_policy.tokenizer, PolicyConfig(model="random-peaked")
     )
+    policy.ragged_prefill = False  # accelerator-style: one padded prefill
     prompts = [enc(policy, p) for p in PROMPTS]
     outs = policy.generate([GenerationRequest(p, greedy(6)) for p in prompts])
     assert all(o.finish_reason is FinishReason.LENGTH for [o] in outs)

@@ -13,100 +13,49 @@ from memrl.policy.shared_attention import SharedPrefix, memrl_sdpa, shared_prefi
 from memrl.testing import random_tiny_llama
 
 
-def _reference(query, groups, ok, ov, own, width, scaling):
-    """sdpa over each row's [left pad | its group's prefix | own positions] layout (the per-row copies)."""
-    B, H, q, D = query.shape
+def _reference(query, pk, pv, ok, ov, own, scaling):
+    """sdpa over each row's [prefix | own positions] layout (per-row copies of the prefix)."""
+    B, H, q, _ = query.shape
     Hkv = ok.shape[1]
-    keys = torch.zeros(B, Hkv, width, D, dtype=query.dtype)
-    values = torch.zeros_like(keys)
-    pre_mask = torch.zeros(B, 1, q, width, dtype=torch.bool)
-    for pk, pv, rows in groups:
-        c = pk.shape[1]
-        for r in rows:
-            keys[r, :, width - c :], values[r, :, width - c :] = pk, pv
-            pre_mask[r, ..., width - c :] = True
-    keys = torch.cat([keys, ok], dim=2).repeat_interleave(H // Hkv, dim=1)
-    values = torch.cat([values, ov], dim=2).repeat_interleave(H // Hkv, dim=1)
-    full = torch.cat([pre_mask, own], dim=-1)
+    keys = torch.cat([pk[None].expand(B, -1, -1, -1), ok], dim=2).repeat_interleave(H // Hkv, dim=1)
+    values = torch.cat([pv[None].expand(B, -1, -1, -1), ov], dim=2).repeat_interleave(H // Hkv, dim=1)
+    full = torch.cat([torch.ones(B, 1, q, pk.shape[1], dtype=torch.bool), own], dim=-1)
     ref = torch.nn.functional.scaled_dot_product_attention(query, keys, values, attn_mask=full, scale=scaling)
     return ref.transpose(1, 2)
 
 
-@pytest.mark.parametrize(
-    ("heads", "kv_heads", "q", "group_rows"),
-    [
-        (3, 3, 1, [[0, 1, 2]]),
-        (4, 2, 1, [[0, 1, 2]]),
-        (4, 2, 3, [[0, 2], [1]]),
-        (2, 1, 5, [[2], [0, 1]]),
-        (3, 3, 1, [[1], [2], [0]]),
-    ],
-)
-def test_equals_sdpa_over_per_row_copies(heads, kv_heads, q, group_rows):
-    g = torch.Generator().manual_seed(heads * 10 + q + len(group_rows))
-    B, S, D = 3, 6, 8
+@pytest.mark.parametrize(("heads", "kv_heads", "q"), [(3, 3, 1), (4, 2, 1), (4, 2, 3), (2, 1, 5)])
+def test_equals_sdpa_over_per_row_copies(heads, kv_heads, q):
+    g = torch.Generator().manual_seed(heads * 10 + q)
+    B, C, S, D = 3, 17, 6, 8
     dt = torch.float64
     query = torch.randn(B, heads, q, D, generator=g, dtype=dt)
-    lengths = [17, 9, 12][: len(group_rows)]  # groups' prefixes differ in length: right-aligned in the width
-    groups = [
-        (
-            torch.randn(kv_heads, c, D, generator=g, dtype=dt),
-            torch.randn(kv_heads, c, D, generator=g, dtype=dt),
-            rows,
-        )
-        for c, rows in zip(lengths, group_rows, strict=True)
-    ]
+    pk, pv = (torch.randn(kv_heads, C, D, generator=g, dtype=dt) for _ in range(2))
     ok, ov = (torch.randn(B, kv_heads, S, D, generator=g, dtype=dt) for _ in range(2))
     # Own positions: row 1 left-padded by 2, row 2 by 4 (holes right after the prefix); causal among the last q.
     own = torch.ones(B, 1, q, S, dtype=torch.bool).tril(S - q)
     own[1, ..., :2] = False
     own[2, ..., :4] = False
-    prefix = SharedPrefix(
-        keys=[[pk] for pk, _, _ in groups],
-        values=[[pv] for _, pv, _ in groups],
-        rows=[torch.tensor(rows) for _, _, rows in groups],
-    )
-    out = shared_prefix_attention(query, ok, ov, prefix, 0, own, D**-0.5)
+    out = shared_prefix_attention(query, ok, ov, SharedPrefix(keys=[pk], values=[pv]), 0, own, D**-0.5)
     assert out.shape == (B, q, heads, D)
-    assert torch.allclose(out, _reference(query, groups, ok, ov, own, max(lengths), D**-0.5), atol=1e-10)
-
-
-def test_select_keeps_groups_in_new_row_order():
-    t = torch.zeros(1, 2, 1)
-    prefix = SharedPrefix(
-        keys=[[t], [t]], values=[[t], [t]], rows=[torch.tensor([0, 3]), torch.tensor([1, 2])]
-    )
-    prefix.select(torch.tensor([1, 3, 0]))  # row 2 left; rows renumbered 1->0, 3->1, 0->2
-    assert [r.tolist() for r in prefix.rows] == [[1, 2], [0]]
-    assert prefix.group_of(0) == 1 and prefix.group_of(2) == 0
-    prefix.select(torch.tensor([2]))
-    assert [r.tolist() for r in prefix.rows] == [[0]] and len(prefix.keys) == 1
-
-
-def test_width_stays_when_the_longest_group_leaves():
-    long, short = torch.zeros(1, 5, 1), torch.zeros(1, 2, 1)
-    prefix = SharedPrefix(
-        keys=[[long], [short]], values=[[long], [short]], rows=[torch.tensor([0]), torch.tensor([1])]
-    )
-    prefix.select(torch.tensor([1]))
-    assert prefix.width == 5  # the cache still reserves 5 positions; the mask is cut there
+    assert torch.allclose(out, _reference(query, pk, pv, ok, ov, own, D**-0.5), atol=1e-10)
 
 
 def test_row_states_from_any_start_read_prefix_then_own_positions():
-    """What a finished row leaves in the radix cache: its real positions from ``start`` on, across the group's
-    shared prefix (right-aligned in the reserved width) and its own positions, equal to the dense layout."""
+    """What a finished row leaves in the radix cache: its real positions from ``start`` on, across the shared
+    prefix and its own positions, equal to the dense layout."""
     from memrl.policy.radix_cache import PrefixStates
 
     g = torch.Generator().manual_seed(0)
-    long, short = (torch.randn(2, c, 3, generator=g) for c in (5, 3))  # [heads, C_g, head_dim]
-    groups = [(PrefixStates([long], [-long]), 5, [0]), (PrefixStates([short], [-short]), 3, [1])]
-    cache = kv_cache.shared_prefix_cache(groups, capacity=5 + 4)
+    prefix = torch.randn(2, 5, 3, generator=g)  # [heads, C, head_dim]
+    cache = kv_cache.shared_prefix_cache(PrefixStates([prefix], [-prefix]), 5, capacity=5 + 4)
     layer = cache.layers[0]
     layer.update(torch.randn(2, 2, 4, 3, generator=g), torch.randn(2, 2, 4, 3, generator=g))
     real = torch.ones(2, 9, dtype=torch.bool)
-    real[1, :2] = False  # row 1's shorter prefix leaves two masked columns
-    real[0, 5] = False  # and a padding hole in row 0's own part
+    real[0, 5] = False  # a padding hole in row 0's own part
+    real[1, 5:7] = False  # row 1 padded by two
     dense_k, dense_v = kv_cache._dense_states(layer)
+    assert torch.equal(dense_k[:, :, :5], prefix[None].expand(2, -1, -1, -1))
     for b in (0, 1):
         full_k = dense_k[b][:, real[b]]
         for start in range(full_k.shape[1] + 1):
@@ -138,13 +87,14 @@ def test_padded_gqa_attention_skips_the_head_copies_and_equals_transformers_sdpa
         memrl_sdpa(module, query, key, value, mask.to(torch.float64), scaling=0.3)
 
 
-def _policy(mode: str) -> HFPolicy:
+def _policy(shared: bool) -> HFPolicy:
     model, tok = random_tiny_llama(
         seed=3, initializer_range=0.3, num_attention_heads=4, num_key_value_heads=2
     )
-    return HFPolicy.from_model(
-        model, tok, PolicyConfig(model="random-peaked", seed=0, shared_prefix_attention=mode)
-    )
+    policy = HFPolicy.from_model(model, tok, PolicyConfig(model="random-peaked", seed=0))
+    assert policy.shared_attention  # the model supports it
+    policy.shared_attention = shared  # False: per-row copies of the prefix, the reference
+    return policy
 
 
 def _enc(policy, text: str) -> tuple[int, ...]:
@@ -152,9 +102,10 @@ def _enc(policy, text: str) -> tuple[int, ...]:
 
 
 def _branches(policy: HFPolicy) -> list:
-    """Two nodes of different lengths; from both, in ONE generate call, branches with suffixes of different
-    lengths (padding holes) and different token budgets (rows leave the batch at different steps), each found in
-    the radix cache; then a continuation of one branch (its own cached state)."""
+    """Branches of one node in ONE generate call, with suffixes of different lengths (padding holes) and
+    different token budgets (rows leave the batch at different steps), each found in the radix cache; then
+    branches of two nodes in one call (two states: per-row copies); then a continuation of one branch (its own
+    cached state)."""
     prompts = [_enc(policy, "Alice: I moved to Lisbon in May. " * 6), _enc(policy, "Bob has 3 cats. " * 5)]
     node_params = SamplingParams(temperature=0.0, max_tokens=8)
     nodes = [o[0] for o in policy.generate([GenerationRequest(p, node_params) for p in prompts])]
@@ -164,8 +115,9 @@ def _branches(policy: HFPolicy) -> list:
         for j, s in enumerate(suffixes):
             params = SamplingParams(temperature=0.0, max_tokens=4 + 3 * j + i, top_logprobs=3)
             reqs.append(GenerationRequest(p + node.token_ids + s, params))
-    outs = [o[0] for o in policy.generate(reqs)]
-    first = outs[5]
+    outs = [o[0] for o in policy.generate(reqs[:4])]  # one node
+    outs += [o[0] for o in policy.generate(reqs)]  # both nodes
+    first = outs[-3]
     cont = reqs[5].prompt_ids + first.token_ids + _enc(policy, " ok")
     [[tail]] = policy.generate([GenerationRequest(cont, SamplingParams(temperature=0.0, max_tokens=8))])
     assert (
@@ -174,22 +126,26 @@ def _branches(policy: HFPolicy) -> list:
     return outs + [tail]
 
 
-def test_branches_of_two_nodes_equal_per_row_copies_and_recompute(monkeypatch):
-    groups = []
+def test_branches_on_one_prefix_equal_per_row_copies_and_recompute(monkeypatch):
+    calls = []
     real = kv_cache.shared_prefix_cache
     monkeypatch.setattr(
-        "memrl.policy.hf.shared_prefix_cache", lambda g, cap: groups.append(len(g)) or real(g, cap)
+        "memrl.policy.hf.shared_prefix_cache",
+        lambda entry, length, cap: calls.append(length) or real(entry, length, cap),
     )
-    shared, copies = _policy("groups"), _policy("off")
-    assert shared.shared_attention == "groups" and copies.shared_attention == "off"
-    a, b = _branches(shared), _branches(copies)
-    assert 2 in groups, "the two-group shared path was not taken"
-    assert len({len(x.token_ids) for x in a}) > 3  # rows did leave the batch at different steps
+    shared, copies = _policy(True), _policy(False)
+    a = _branches(shared)
+    assert len(calls) == 2, "one node's branches and the continuation share their prefix; two nodes do not"
+    calls.clear()
+    b = _branches(copies)
+    assert not calls
+    # The shared rows did leave the batch at different steps.
+    assert len({len(x.token_ids) for x in a[:4]}) > 3
     for x, y in zip(a, b, strict=True):
         assert x.token_ids == y.token_ids and x.cached_tokens == y.cached_tokens > 0
         assert torch.allclose(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-4)
     # And both equal generating from scratch (no prefix state at all).
-    fresh = _policy("one")
+    fresh = _policy(True)
     refs = fresh.generate(
         [
             GenerationRequest(
@@ -199,19 +155,3 @@ def test_branches_of_two_nodes_equal_per_row_copies_and_recompute(monkeypatch):
         ]
     )
     assert [r[0].token_ids for r in refs] == [x.token_ids for x in a]
-
-
-def test_default_mode_shares_only_when_every_row_continues_from_one_state(monkeypatch):
-    groups = []
-    real = kv_cache.shared_prefix_cache
-    monkeypatch.setattr(
-        "memrl.policy.hf.shared_prefix_cache", lambda g, cap: groups.append(len(g)) or real(g, cap)
-    )
-    one = _policy("one")
-    assert one.shared_attention == "one"
-    outs = _branches(one)  # one call with branches of two nodes (per-row copies), one of a single node
-    assert groups == [1]
-    ref = _branches(_policy("off"))
-    assert [o.token_ids for o in outs] == [o.token_ids for o in ref]
-    with pytest.raises(ValueError, match="valid: one, groups, off"):
-        PolicyConfig(shared_prefix_attention="yes")
