@@ -1,24 +1,22 @@
-"""``memrl bench batch``: forward+backward speed of the trainer's micro-batch layouts on GRPO-shaped batches.
+"""``memrl bench batch``: forward+backward speed of the trainer's shared-prefix micro-batches on GRPO-shaped batches.
 
 Builds GRPO groups shaped like ``configs/synthetic_chain.yaml`` (``--groups`` prompts of ``--prompt-min`` to
 ``--prompt-max`` tokens, ``--group-size`` responses of up to ``--response-max`` tokens each, every response of a
-group after the same prompt) through :class:`~memrl.data.batch.TrajectoryBatchBuilder`, then runs the trainer's
-own path over it for each ``train.layout``: :func:`~memrl.train.microbatch.unpack` →
-:func:`~memrl.train.microbatch.split_micro_batches` → :func:`~memrl.train.microbatch.forward_logits` →
-:func:`~memrl.train.microbatch.token_logprobs`, then backward of the summed response NLL, on a random-init model
-of SmolLM2-135M's shape (``--layers`` fewer for a quick run) with the trainer's LoRA adapter attached.
+group after the same prompt) through :class:`~memrl.data.batch.TrajectoryBatchBuilder`, then runs, on a
+random-init model of SmolLM2-135M's shape (``--layers`` fewer for a quick run) with the trainer's LoRA adapter
+attached, forward (:func:`~memrl.train.microbatch.forward_logits` → :func:`~memrl.train.microbatch.token_logprobs`)
+and backward of the summed response NLL over two micro-batchings of the same records:
 
-* ``shared_prefix``: each group's prompt once, its cache repeated for the group's responses;
-* ``packed``: ``[1, N]`` rows of ≤ ``micro_batch_tokens`` tokens, position ids restarting per sequence
-  (block-diagonal causal attention);
-* ``padded``: ``micro_batch_size`` right-padded rows per forward.
+* ``shared_prefix``: the trainer's own (:func:`~memrl.train.microbatch.split_micro_batches`): each group's prompt
+  once, its cache repeated for the group's ≤ ``micro_batch_size`` responses;
+* ``padded``: the reference without prefix sharing: ``micro_batch_size`` consecutive sequences per forward as
+  right-padded rows (:func:`~memrl.train.microbatch.collate`).
 
-The layouts run alternating in one process; each reports its best time. ``speedup`` is the padded layout's wall
-time over each layout's (``speedup_base`` names the reference when ``--layouts`` leaves padded out);
-``cpu_speedup`` is the same with the process's CPU time, which a loaded machine disturbs less (use
-``--threads 1`` there: idle OpenMP threads spin). ``loss_rel_diff`` is the largest relative difference of a
-layout's summed loss from the reference's (the same tokens through the same model: float noise).
-``forwarded_tokens`` counts what each layout feeds the model (padding included, a shared prompt once).
+The two run alternating in one process; each reports its best time. ``speedup`` is the padded reference's wall
+time over each path's; ``cpu_speedup`` is the same with the process's CPU time, which a loaded machine disturbs
+less (use ``--threads 1`` there: idle OpenMP threads spin). ``loss_rel_diff`` is the relative difference of the
+two summed losses (the same tokens through the same model: float noise). ``forwarded_tokens`` counts what each
+path feeds the model (padding included, a shared prompt once).
 """
 
 from __future__ import annotations
@@ -32,10 +30,17 @@ import torch
 from memrl.bench import BENCHES, auto_threads
 from memrl.data.batch import TrajectoryBatchBuilder
 from memrl.train.config import LoraConfig, TrainConfig
-from memrl.train.microbatch import MicroBatch, forward_logits, split_micro_batches, token_logprobs, unpack
+from memrl.train.microbatch import (
+    MicroBatch,
+    SeqRecord,
+    collate,
+    forward_logits,
+    split_micro_batches,
+    token_logprobs,
+    unpack,
+)
 from memrl.types import EpisodeStatus, EpisodeTrajectory, PackedBatch, StepTrajectory, TurnRole
 
-LAYOUTS = ("shared_prefix", "packed", "padded")
 # SmolLM2-135M: the model the shipped training configs train.
 SMOLLM2_135M = {
     "vocab_size": 49152,
@@ -60,15 +65,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
         "--hidden", type=int, default=SMOLLM2_135M["hidden_size"], help="model width (heads scale)"
     )
     p.add_argument("--micro-batch-size", type=int, default=train.micro_batch_size)
-    p.add_argument("--micro-batch-tokens", type=int, default=train.micro_batch_tokens)
-    p.add_argument("--layouts", default=",".join(LAYOUTS), help="comma-separated train.layout values")
-    p.add_argument("--repeats", type=int, default=2, help="timed passes per layout (best is reported)")
+    p.add_argument("--repeats", type=int, default=2, help="timed passes per path (best is reported)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = auto: 1 when oversubscribed)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
-    unknown = sorted(set(args.layouts.split(",")) - set(LAYOUTS))
-    if unknown:
-        p.error(f"--layouts: unknown {unknown}; choose from {', '.join(LAYOUTS)}")
+    if args.micro_batch_size < 1:
+        p.error(f"--micro-batch-size: need >= 1, got {args.micro_batch_size}")
     if not 1 <= args.prompt_min <= args.prompt_max:
         p.error(f"--prompt-min/--prompt-max: need 1 <= min <= max, got {args.prompt_min}/{args.prompt_max}")
     return args
@@ -139,6 +141,12 @@ def _forward_backward(model: torch.nn.Module, micro: list[MicroBatch]) -> tuple[
     return time.perf_counter() - t0, time.process_time() - c0, total
 
 
+def padded_reference(records: list[SeqRecord], max_rows: int) -> list[MicroBatch]:
+    """What the trainer would forward without prefix sharing: ``max_rows`` consecutive whole sequences per
+    micro-batch, right-padded."""
+    return [collate(records[i : i + max_rows]) for i in range(0, len(records), max_rows)]
+
+
 def _forwarded(micro: list[MicroBatch]) -> int:
     return sum(mb.num_tokens + (mb.prefix_ids.numel() if mb.prefix_ids is not None else 0) for mb in micro)
 
@@ -147,38 +155,36 @@ def _forwarded(micro: list[MicroBatch]) -> int:
 def bench_batch(argv: list[str]) -> dict:
     args = _parse(argv)
     torch.set_num_threads(args.threads or auto_threads())
-    layouts = args.layouts.split(",")
     batch: PackedBatch = TrajectoryBatchBuilder().build(make_episodes(args))
     records = unpack(batch, torch.zeros(batch.num_steps), torch.ones(batch.num_steps))
     micro = {
-        layout: split_micro_batches(records, layout, args.micro_batch_tokens, args.micro_batch_size)
-        for layout in layouts
+        "shared_prefix": split_micro_batches(records, args.micro_batch_size),
+        "padded": padded_reference(records, args.micro_batch_size),
     }
     model = _model(args)
-    for layout in layouts:  # warm-up: one micro-batch each
-        _forward_backward(model, micro[layout][:1])
-    times: dict[str, list[float]] = {layout: [] for layout in layouts}
-    cpu: dict[str, list[float]] = {layout: [] for layout in layouts}
+    for mbs in micro.values():  # warm-up: one micro-batch each
+        _forward_backward(model, mbs[:1])
+    times: dict[str, list[float]] = {path: [] for path in micro}
+    cpu: dict[str, list[float]] = {path: [] for path in micro}
     losses: dict[str, float] = {}
     for _ in range(args.repeats):
-        for layout in layouts:
-            wall, cpu_s, losses[layout] = _forward_backward(model, micro[layout])
-            times[layout].append(wall)
-            cpu[layout].append(cpu_s)
-    best = {layout: min(v) for layout, v in times.items()}
-    best_cpu = {layout: min(v) for layout, v in cpu.items()}
+        for path, mbs in micro.items():
+            wall, cpu_s, losses[path] = _forward_backward(model, mbs)
+            times[path].append(wall)
+            cpu[path].append(cpu_s)
+    best = {path: min(v) for path, v in times.items()}
+    best_cpu = {path: min(v) for path, v in cpu.items()}
     real = int((batch.prompt_lengths + batch.response_lengths).sum())
-    base = "padded" if "padded" in best else layouts[0]
+    ref = losses["padded"]
     return {
-        "speedup_base": base,
-        "speedup": {layout: best[base] / t for layout, t in best.items()},
-        "cpu_speedup": {layout: best_cpu[base] / t for layout, t in best_cpu.items()},
-        "tokens_per_s": {layout: real / t for layout, t in best.items()},
-        "loss_rel_diff": max(abs(v - losses[base]) / max(abs(losses[base]), 1e-12) for v in losses.values()),
+        "speedup": {path: best["padded"] / t for path, t in best.items()},
+        "cpu_speedup": {path: best_cpu["padded"] / t for path, t in best_cpu.items()},
+        "tokens_per_s": {path: real / t for path, t in best.items()},
+        "loss_rel_diff": abs(losses["shared_prefix"] - ref) / max(abs(ref), 1e-12),
         "losses": losses,
         "real_tokens": real,
-        "forwarded_tokens": {layout: _forwarded(mbs) for layout, mbs in micro.items()},
-        "micro_batches": {layout: len(mbs) for layout, mbs in micro.items()},
+        "forwarded_tokens": {path: _forwarded(mbs) for path, mbs in micro.items()},
+        "micro_batches": {path: len(mbs) for path, mbs in micro.items()},
         "num_sequences": batch.num_steps,
         "seconds": times,
         "cpu_seconds": cpu,

@@ -18,7 +18,7 @@ Layouts (a registry, :data:`LAYOUTS`):
 
 A batch is the trainer's input and the export format for verl (:func:`memrl.data.dataproto.to_dataproto`). The
 trainer reads it back row by row (:func:`row_tensors`, via :func:`memrl.train.microbatch.unpack`) and lays the
-rows out in ``train.layout`` itself, so the batch layout does not change what or how fast it trains.
+rows out as shared-prefix micro-batches itself, so the batch layout does not change what or how fast it trains.
 
     >>> batch = TrajectoryBatchBuilder(BatchConfig(layout="packed")).build(episodes)
     >>> [s.step_id for s in unpack(batch)] == batch.step_ids

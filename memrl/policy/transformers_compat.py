@@ -3,7 +3,7 @@
 The HF backend goes below transformers' public API in three places (written up in ``docs/internals.md``,
 "transformers internals"): its KV caches subclass ``DynamicLayer`` and replace a ``DynamicCache``'s layers
 (:mod:`memrl.policy.kv_cache`), it registers its own attention function and mask function
-(:mod:`memrl.policy.shared_attention`), and training relies on the cache and packed-mask hooks
+(:mod:`memrl.policy.shared_attention`), and training repeats a prompt's cache for its group's responses
 (:mod:`memrl.train.microbatch`). These are the reason for the upper bound on transformers in pyproject.toml.
 
 :func:`check` returns one message per mismatch, each naming the internal and the memrl code that uses it::
@@ -80,7 +80,7 @@ INTERNALS: tuple[Internal, ...] = (
     ),
     Internal(
         "transformers.cache_utils:Cache.batch_repeat_interleave",
-        "memrl.train.microbatch (shared_prefix layout)",
+        "memrl.train.microbatch (a shared prompt's cache)",
         ("self", "repeats"),
     ),
     # Attention: memrl_sdpa is registered as an attention implementation and falls back to transformers' sdpa.
@@ -104,12 +104,6 @@ INTERNALS: tuple[Internal, ...] = (
         "transformers:PreTrainedModel.set_attn_implementation",
         "memrl.policy.hf (switch sdpa → memrl_sdpa)",
         ("self", "attn_implementation"),
-    ),
-    # Training: packed rows get a block-diagonal mask from restarting position ids.
-    Internal(
-        "transformers.masking_utils:find_packed_sequence_indices",
-        "memrl.train.microbatch (packed layout)",
-        ("position_ids",),
     ),
 )
 

@@ -73,9 +73,8 @@ class TrainConfig:
 
     One training step = ``data.prompts_per_batch`` prompts × ``data.n_samples_per_prompt`` episodes →
     one batch → ``ppo_epochs`` passes of optimizer updates over ``ppo_mini_batches`` mini-batches, each
-    accumulated over micro-batches of at most ``micro_batch_tokens`` tokens (``layout: packed``) /
-    ``micro_batch_size`` rows (``padded``) / one prompt group of ≤ ``micro_batch_size`` rows
-    (``shared_prefix``: the group's prompt is forwarded once; see :mod:`memrl.train.microbatch`).
+    accumulated over micro-batches of one prompt group of ≤ ``micro_batch_size`` rows each (the group's prompt
+    is forwarded once; see :mod:`memrl.train.microbatch`).
 
     ``advantage`` is a name in :data:`memrl.train.advantages.ADVANTAGES` (``grpo``, ``drgrpo``, ``rloo``; ``none``
     for the imitation-only ablation) or a
@@ -106,8 +105,6 @@ class TrainConfig:
     ppo_epochs: int = 1
     ppo_mini_batches: int = 1
     micro_batch_size: int = 8
-    micro_batch_tokens: int = 4096
-    layout: str = "packed"
     lora: LoraConfig = field(default_factory=LoraConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     eval_every: int = 5
@@ -145,12 +142,7 @@ class TrainConfig:
             raise ValueError(f"train.tree_local_weight must be >= 0 (0 = off), got {self.tree_local_weight}")
         if self.duplicates not in ("drop", "keep"):
             raise ValueError(f"train.duplicates must be 'drop' or 'keep', got {self.duplicates!r}")
-        if self.layout not in ("packed", "padded", "shared_prefix"):
-            raise ValueError(
-                f"train.layout must be 'packed', 'padded' or 'shared_prefix', got {self.layout!r}"
-                " (shared_prefix runs each group's common prompt once: the fastest on CPU)"
-            )
-        for name in ("ppo_epochs", "ppo_mini_batches", "micro_batch_size", "micro_batch_tokens"):
+        for name in ("ppo_epochs", "ppo_mini_batches", "micro_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")
         if self.eval_every < 0 or self.checkpoint_every < 0:

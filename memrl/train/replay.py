@@ -173,7 +173,7 @@ def replay_loss(model: torch.nn.Module, sample: ReplaySample, cfg: TrainConfig) 
     agg = LOSS_AGGREGATIONS.get("seq-mean-token-mean")
 
     def split(recs: Sequence[SeqRecord]) -> list[MicroBatch]:
-        return split_micro_batches(recs, cfg.layout, cfg.micro_batch_tokens, cfg.micro_batch_size)
+        return split_micro_batches(recs, cfg.micro_batch_size)
 
     # The normaliser counts every row, so skipping the forward of coefficient-0 rows leaves the loss unchanged.
     total = max(sum(agg.count(mb.loss_mask, mb.seq_index) for mb in split(records)), 1.0)

@@ -128,18 +128,20 @@ class PolicyUpdater:
         return [list(records[i : i + size]) for i in range(0, len(records), size)]
 
     def _micro(self, records: Sequence[SeqRecord]) -> list[MicroBatch]:
-        return split_micro_batches(
-            records, self.cfg.layout, self.cfg.micro_batch_tokens, self.cfg.micro_batch_size
-        )
+        return split_micro_batches(records, self.cfg.micro_batch_size)
 
     @torch.no_grad()
     def _recompute_old_logp(self, records: list[SeqRecord]) -> None:
         self.model.eval()
+        by_row = {r.index: r for r in records}
         for mb in self._micro(records):
             logp = token_logprobs(self._logits(mb), mb.input_ids)
             for k, row in enumerate(mb.rows):
-                rec = next(r for r in records if r.index == row)
-                rec.old_logp = logp[mb.seq_index == k].clone()
+                rec = by_row[row]
+                # A micro-batch covers a sequence's tail only (its shared prompt minus the last token ran once
+                # before it); the prompt part keeps its zeros.
+                covered = logp[mb.seq_index == k]
+                rec.old_logp = torch.cat([rec.old_logp[: len(rec.ids) - len(covered)], covered])
         self.model.train()
 
     def _optimizer_step(self, records: list[SeqRecord], on_policy: bool, replay) -> dict[str, float]:

@@ -43,11 +43,11 @@ def test_a_new_required_parameter_is_reported(monkeypatch):
 
 
 def test_a_missing_internal_is_reported(monkeypatch):
-    import transformers.masking_utils as masking
+    from transformers.cache_utils import Cache
 
-    monkeypatch.delattr(masking, "find_packed_sequence_indices")
+    monkeypatch.delattr(Cache, "batch_repeat_interleave")
     (msg,) = compat.check()
-    assert "masking_utils.find_packed_sequence_indices" in msg and "is missing" in msg
+    assert "cache_utils.Cache.batch_repeat_interleave" in msg and "is missing" in msg
     assert "memrl.train.microbatch" in msg
 
 

@@ -16,7 +16,7 @@ from memrl.testing.models import byte_tokenizer
 from memrl.train.config import LoraConfig, ReplayConfig, TrainConfig
 from memrl.train.demonstrations import GoldDemonstrations
 from memrl.train.lora import attach_lora, trainable_parameters
-from memrl.train.microbatch import forward_logits, split_micro_batches, token_logprobs, unpack
+from memrl.train.microbatch import collate, forward_logits, token_logprobs, unpack
 from memrl.train.replay import ReplayBuffer, replay_loss
 from memrl.types import EpisodeTrajectory, episode_from_dict, to_dict
 from tests.train.train_fixtures import make_episodes, tiny_llama
@@ -82,9 +82,7 @@ def test_sample_places_each_demonstration_after_its_group_and_sft_trains_only_th
         k = ids.index(demo.episode_id)
         assert sample.batch.group_ids[k - 1] == demo.group_id
     model = attach_lora(tiny_llama(), LoraConfig(r=4, alpha=8))
-    sft = TrainConfig(
-        layout="shared_prefix", replay=ReplayConfig(batch_size=8, sft_weight=1.0, min_reward=1.0)
-    )
+    sft = TrainConfig(replay=ReplayConfig(batch_size=8, sft_weight=1.0, min_reward=1.0))
     _, m = replay_loss(model, sample, sft)
     assert m["replay/sft_rows"] == 2 and m["replay/demo_rows"] == 2 and m["replay/demo_token_logp"] < 0
     # RFT never trains on a demonstration (it has no reward of its own)
@@ -106,7 +104,6 @@ def test_sft_on_demonstrations_raises_the_answer_logprob():
     torch.manual_seed(0)
     model = attach_lora(tiny_llama(), LoraConfig(r=8, alpha=16))
     cfg = TrainConfig(
-        layout="shared_prefix",
         replay=ReplayConfig(batch_size=8, sft_weight=1.0, min_reward=1.0, demonstrations="gold"),
     )
     buf = ReplayBuffer(100, BUILD, seed=0, demonstrate=GoldDemonstrations(byte_tokenizer(), 1.0))
@@ -145,7 +142,7 @@ def test_none_keeps_replay_as_it_was():
     coef = 1.0 * is_best + 0.5 * rewards
     ref = 0.0
     with torch.no_grad():
-        for mb in split_micro_batches(unpack(sample.batch, coef, torch.ones(8)), "padded", 1, 1):
+        for mb in (collate([rec]) for rec in unpack(sample.batch, coef, torch.ones(8))):  # each row alone
             logp = token_logprobs(forward_logits(model, mb), mb.input_ids)
             ref += float((-mb.adv * logp * mb.loss_mask).sum() / mb.loss_mask.sum())
     assert loss.item() == pytest.approx(ref / 8, rel=1e-5)

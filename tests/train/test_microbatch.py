@@ -1,4 +1,5 @@
-"""The trainer's one path from a batch to training tensors: every ``train.layout`` against the ground truth."""
+"""The trainer's one path from a batch to training tensors (shared-prefix micro-batches) against the ground truth
+(each sequence run alone) and the padded reference without prefix sharing."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 from memrl.data.batch import TrajectoryBatchBuilder
 from memrl.data.config import BatchConfig
 from memrl.train.microbatch import (
+    collate,
     collate_shared,
     forward_logits,
     split_micro_batches,
@@ -19,11 +21,38 @@ from memrl.train.microbatch import (
 from memrl.types import EpisodeStatus, EpisodeTrajectory, StepTrajectory
 from tests.train.train_fixtures import VOCAB, make_episodes, tiny_llama
 
-TRAIN_LAYOUTS = ("shared_prefix", "packed", "padded")
+PATHS = ("shared_prefix", "padded")
+MAX_ROWS = 3
+
+
+def _micro(records, path: str):
+    """The trainer's micro-batches, or the padded reference: ``MAX_ROWS`` consecutive whole sequences each."""
+    if path == "shared_prefix":
+        return split_micro_batches(records, max_rows=MAX_ROWS)
+    return [collate(records[i : i + MAX_ROWS]) for i in range(0, len(records), MAX_ROWS)]
+
+
+def _step(step_id: str, prompt: list[int], response: list[int]) -> StepTrajectory:
+    mask = [1] * len(response)
+    return StepTrajectory(
+        step_id=step_id,
+        prompt_ids=prompt,
+        response_ids=response,
+        response_mask=mask,
+        logprobs=[-0.1] * len(response),
+        turn_id=step_id,
+    )
+
+
+def _episode(episode_id: str, group_id: str, *steps: StepTrajectory) -> EpisodeTrajectory:
+    return EpisodeTrajectory(
+        episode_id=episode_id, group_id=group_id, steps=steps, reward=1.0, status=EpisodeStatus.COMPLETED
+    )
 
 
 def ragged_episodes() -> list[EpisodeTrajectory]:
-    """One-token prompts, empty responses, masked tool tokens, and GRPO groups that share their prompt."""
+    """One-token prompts (alone and shared by a group), empty responses, masked tool tokens, and GRPO groups that
+    share their prompt."""
     rng = random.Random(0)
     steps = []
     for i in range(9):
@@ -39,10 +68,14 @@ def ragged_episodes() -> list[EpisodeTrajectory]:
                 turn_id=f"t{i}",
             )
         )
-    ragged = EpisodeTrajectory(
-        episode_id="e", group_id="g", steps=tuple(steps), reward=1.0, status=EpisodeStatus.COMPLETED
-    )
-    return [ragged, *make_episodes(n_groups=2, n_per_group=4, shared_prompt=True)]
+    # Groups of one whose prompt is a single token (nothing to share), one of them with no response at all.
+    steps += [_step("one", [5], [6, 7, 8]), _step("bare", [4], [])]
+    one_token_group = [_episode(f"o{k}", "o", _step(f"o{k}", [9], [10 + k] * (k + 1))) for k in range(3)]
+    return [
+        _episode("e", "g", *steps),
+        *one_token_group,
+        *make_episodes(n_groups=2, n_per_group=4, shared_prompt=True),
+    ]
 
 
 def _alone(model, batch) -> dict[int, torch.Tensor]:
@@ -54,12 +87,12 @@ def _alone(model, batch) -> dict[int, torch.Tensor]:
     return out
 
 
-def _per_row(model, batch, layout: str) -> dict[int, torch.Tensor]:
-    """Response-token log-probs of each row through the trainer's micro-batches (small budgets: many of them)."""
-    # A sequence advantage of 1 marks exactly the response tokens in every layout (loss_mask misses masked ones).
+def _per_row(model, batch, path: str) -> dict[int, torch.Tensor]:
+    """Response-token log-probs of each row through ``path``'s micro-batches (small ones: many of them)."""
+    # A sequence advantage of 1 marks exactly the response tokens on both paths (loss_mask misses masked ones).
     records = unpack(batch, torch.ones(batch.num_steps), torch.ones(batch.num_steps))
     out = {}
-    for mb in split_micro_batches(records, layout, max_tokens=40, max_rows=3):
+    for mb in _micro(records, path):
         logp = token_logprobs(forward_logits(model, mb), mb.input_ids)
         for k, row in enumerate(mb.rows):
             out[row] = logp[(mb.seq_index == k) & (mb.adv != 0)]
@@ -67,38 +100,51 @@ def _per_row(model, batch, layout: str) -> dict[int, torch.Tensor]:
 
 
 @pytest.mark.parametrize("batch_layout", ["padded", "packed"])
-def test_every_train_layout_equals_each_sequence_run_alone(batch_layout):
+def test_shared_prefix_and_padded_reference_equal_each_sequence_run_alone(batch_layout):
     model = tiny_llama().eval()
     batch = TrajectoryBatchBuilder(BatchConfig(layout=batch_layout)).build(ragged_episodes())
     with torch.no_grad():
         truth = _alone(model, batch)
-        for layout in TRAIN_LAYOUTS:
-            got = _per_row(model, batch, layout)
-            assert sorted(got) == list(range(batch.num_steps)), layout
+        for path in PATHS:
+            got = _per_row(model, batch, path)
+            assert sorted(got) == list(range(batch.num_steps)), path
             for row, expected in truth.items():
-                assert got[row].shape == expected.shape, (layout, row)
-                assert torch.allclose(got[row], expected, atol=1e-5), (layout, row)
+                assert got[row].shape == expected.shape, (path, row)
+                assert torch.allclose(got[row], expected, atol=1e-5), (path, row)
     assert sum(t.numel() for t in truth.values()) == int(batch.response_lengths.sum())
 
 
-def test_every_train_layout_gives_the_same_gradient():
+def test_shared_prefix_gives_the_padded_reference_gradient():
     batch = TrajectoryBatchBuilder().build(ragged_episodes())
     grads = {}
-    for layout in TRAIN_LAYOUTS:
+    for path in PATHS:
         model = tiny_llama()
         records = unpack(batch, torch.ones(batch.num_steps), torch.ones(batch.num_steps))
-        for mb in split_micro_batches(records, layout, max_tokens=40, max_rows=3):
+        for mb in _micro(records, path):
             (-(token_logprobs(forward_logits(model, mb), mb.input_ids) * mb.loss_mask).sum()).backward()
-        grads[layout] = torch.cat([p.grad.flatten() for p in model.parameters()])
-    assert torch.isfinite(grads["packed"]).all() and grads["packed"].abs().sum() > 0
-    for layout in ("shared_prefix", "padded"):
-        assert torch.allclose(grads[layout], grads["packed"], atol=1e-5, rtol=1e-4), layout
+        grads[path] = torch.cat([p.grad.flatten() for p in model.parameters()])
+    assert torch.isfinite(grads["padded"]).all() and grads["padded"].abs().sum() > 0
+    assert torch.allclose(grads["shared_prefix"], grads["padded"], atol=1e-5, rtol=1e-4)
+
+
+def test_one_token_prompts_and_groups_of_one_get_micro_batches_of_their_own():
+    batch = TrajectoryBatchBuilder().build(ragged_episodes())
+    records = unpack(batch, torch.ones(batch.num_steps), torch.ones(batch.num_steps))
+    micro = split_micro_batches(records, max_rows=MAX_ROWS)
+    by_step = {batch.step_ids[mb.rows[0]]: mb for mb in micro}
+    # The ragged episode's 11 steps all have other prompts than their neighbours: 11 groups of one.
+    assert [len(mb.rows) for mb in micro[:11]] == [1] * 11
+    assert by_step["one"].prefix_ids.shape == (1, 0) and by_step["one"].input_ids.tolist() == [[5, 6, 7, 8]]
+    assert by_step["bare"].prefix_ids.shape == (1, 0) and by_step["bare"].input_ids.tolist() == [[4]]
+    group = by_step["o0"]  # three rows after the same one-token prompt: one micro-batch, nothing to share
+    assert [batch.step_ids[r] for r in group.rows] == ["o0", "o1", "o2"] and group.prefix_ids.shape == (1, 0)
+    assert group.input_ids.tolist() == [[9, 10, 0, 0], [9, 11, 11, 0], [9, 12, 12, 12]]
 
 
 def test_shared_prefix_micro_batches_are_one_prompt_group_of_at_most_max_rows():
     batch = TrajectoryBatchBuilder().build(make_episodes(n_groups=2, n_per_group=4, shared_prompt=True))
     records = unpack(batch, torch.zeros(batch.num_steps), torch.ones(batch.num_steps))
-    micro = split_micro_batches(records, "shared_prefix", max_tokens=10_000, max_rows=3)
+    micro = split_micro_batches(records, max_rows=3)
     assert [mb.rows for mb in micro] == [[0, 1, 2], [3], [4, 5, 6], [7]]
     for mb in micro:
         prompt_len = records[mb.rows[0]].prompt_len

@@ -10,13 +10,20 @@ from memrl.data.batch import TrajectoryBatchBuilder
 from memrl.data.config import BatchConfig
 from memrl.train.config import LoraConfig, TrainConfig
 from memrl.train.lora import adapter_state, attach_lora
-from memrl.train.microbatch import forward_logits, split_micro_batches, token_logprobs, unpack
+from memrl.train.microbatch import collate, token_logprobs, unpack
 from memrl.train.updater import PolicyUpdater
 from tests.train.train_fixtures import make_episodes, tiny_llama
 
 
 def _build(episodes, layout):
     return TrajectoryBatchBuilder(BatchConfig(layout=layout)).build(episodes)
+
+
+def _packed_logprobs(model, recs, temperature: float = 1.0) -> torch.Tensor:
+    """Each sequence's log-probs, run alone, laid end to end as a packed batch's ``[1, T]`` row."""
+    with torch.no_grad():
+        parts = [token_logprobs(model(input_ids=r.ids[None]).logits / temperature, r.ids[None]) for r in recs]
+    return torch.cat(parts, dim=1)
 
 
 def _cfg(**kw):
@@ -59,9 +66,7 @@ def test_rollout_logprobs_match_training_forward(temperature):
     eps = make_episodes(n_groups=1, n_per_group=3)
     batch = _build(eps, "packed")
     recs = unpack(batch, torch.zeros(batch.num_steps), torch.ones(batch.num_steps))
-    mb = split_micro_batches(recs, "packed", 10_000, 100)[0]
-    with torch.no_grad():
-        lp = token_logprobs(forward_logits(model, mb) / temperature, mb.input_ids)
+    lp = _packed_logprobs(model, recs, temperature)
     cu = batch.cu_seqlens
     batch.old_log_probs = (lp * (batch.response_mask > 0)).float()
     assert cu[-1] == lp.shape[1]
@@ -100,9 +105,7 @@ def test_rollback_spliced_tokens_use_log_probs_under_the_final_context():
     recs = unpack(batch, torch.zeros(batch.num_steps), torch.ones(batch.num_steps))
     assert all(torch.isnan(r.old_logp[r.prompt_len : r.prompt_len + 2]).all() for r in recs)
     assert not any(torch.isnan(r.old_logp[r.prompt_len + 2 :]).any() for r in recs)
-    mb = split_micro_batches(recs, "packed", 10_000, 100)[0]
-    with torch.no_grad():
-        lp = token_logprobs(forward_logits(model, mb), mb.input_ids)
+    lp = _packed_logprobs(model, recs)
     batch.old_log_probs = (lp * (batch.response_mask > 0)).float()
     cu = batch.cu_seqlens.tolist()
     for i in range(batch.num_steps):
@@ -120,11 +123,25 @@ def test_rollback_spliced_tokens_use_log_probs_under_the_final_context():
     assert all(r.loss_mask[r.prompt_len : r.prompt_len + 2].sum() > 0 for r in recs)
 
 
+def test_recomputed_old_logprobs_are_those_of_each_sequence_run_alone():
+    """Several updates per batch recompute the behaviour log-probs through shared-prefix micro-batches, which
+    cover only each sequence's tail: they must land on the sequence's own response tokens."""
+    model = attach_lora(tiny_llama(), LoraConfig(r=4, alpha=8))
+    batch = _build(make_episodes(shared_prompt=True), "packed")
+    recs = unpack(batch, torch.zeros(batch.num_steps), torch.ones(batch.num_steps))
+    PolicyUpdater(model, _cfg(ppo_epochs=2, micro_batch_size=3))._recompute_old_logp(recs)
+    alone, cu = _packed_logprobs(model.eval(), recs)[0], batch.cu_seqlens.tolist()
+    for i, rec in enumerate(recs):
+        pl = rec.prompt_len
+        assert rec.old_logp.shape == rec.ids.shape and not rec.old_logp[:pl].any()  # prompt: no log-prob
+        assert torch.allclose(rec.old_logp[pl:], alone[cu[i] + pl : cu[i + 1]], atol=1e-5), i
+
+
 @pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"])
 def test_micro_batch_accumulation_equals_one_big_batch(agg):
     eps = make_episodes(shared_prompt=True)
     grads = []
-    for max_tokens, layout in ((10_000, "packed"), (30, "packed"), (0, "shared_prefix")):
+    for micro_batch_size in (None, 3, 1):  # None: every row in one padded micro-batch, no prefix sharing
         model = attach_lora(tiny_llama(), LoraConfig(r=4, alpha=8))
         torch.manual_seed(1)
         for name, p in model.named_parameters():  # non-zero B so the gradient of A is non-trivial
@@ -134,19 +151,20 @@ def test_micro_batch_accumulation_equals_one_big_batch(agg):
             model,
             _cfg(
                 loss_agg=agg,
-                micro_batch_tokens=max(1, max_tokens),
-                layout=layout,
-                micro_batch_size=3,
+                micro_batch_size=micro_batch_size or 8,
                 max_grad_norm=1e9,
             ),
         )
+        if micro_batch_size is None:
+            upd._micro = lambda records: [collate(records)]
         upd.optimizer.step = lambda: None  # inspect the accumulated gradient, do not apply it
         upd.optimizer.zero_grad = lambda set_to_none=True: None
         upd.update(_build(eps, "packed"))
         grads.append(torch.cat([p.grad.flatten() for p in upd.params]))
     assert grads[0].abs().sum() > 0
+    # 2 groups of 4 in chunks of 3 and of 1: gradients accumulate, and flow through the shared prompt's cache
     assert torch.allclose(grads[0], grads[1], atol=1e-6, rtol=1e-4)
-    assert torch.allclose(grads[0], grads[2], atol=1e-6, rtol=1e-4)  # gradients flow through the shared cache
+    assert torch.allclose(grads[0], grads[2], atol=1e-6, rtol=1e-4)
 
 
 def test_kl_reference_is_adapter_disabled_and_zero_at_start():
