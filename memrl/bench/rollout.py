@@ -6,9 +6,8 @@ arm in one run, each seed interleaved so machine noise hits every arm alike:
 
 - ``chain``: ``n`` independent samples (each prompt computed once: its samples share one request, so only a
   tree's shared *response* prefixes count as savings);
-- ``tree``: tree search with entropy expansion (fork where the model was uncertain) at ``--branch-at``;
-- ``tree_random``: the same tree shape with random expansion (fork anywhere);
-- with ``--alt-branch-at``: the entropy tree at the other granularity.
+- ``tree``: tree search with entropy expansion (fork at the segment node where the model was uncertain);
+- ``tree_random``: the same tree shape with random expansion (fork at any segment node).
 
 Reported per arm: forwarded tokens (prefill + decode, as the backend reports them), generated (decoded) tokens
 and wall time per leaf; the leaves' answers scored strict (``<answer>`` tag equals the gold) and lenient (gold in
@@ -88,7 +87,7 @@ def _measure(policy, work: Workload, cfg: RolloutConfig) -> dict:
     }
 
 
-def _tree_cfg(args, branch_at: str, expansion_policy: str) -> TreeConfig:
+def _tree_cfg(args, expansion_policy: str) -> TreeConfig:
     return TreeConfig(
         initial_rollouts=args.initial_rollouts,
         expansion_iterations=args.expansion_iterations,
@@ -96,7 +95,6 @@ def _tree_cfg(args, branch_at: str, expansion_policy: str) -> TreeConfig:
         beam_size=args.beam_size,
         segment_tokens=args.segment_tokens,
         expansion_policy=expansion_policy,
-        branch_at=branch_at,
     )
 
 
@@ -152,8 +150,8 @@ def _describe(cfg: RolloutConfig) -> dict:
 
 
 def _arm_configs(args, seed: int) -> dict[str, RolloutConfig]:
-    """``chain`` (n independent samples), ``tree`` (entropy expansion at ``--branch-at``), ``tree_random``
-    (random expansion, same shape) and, with ``--alt-branch-at``, ``tree_<other granularity>`` (entropy)."""
+    """``chain`` (n independent samples), ``tree`` (entropy expansion) and ``tree_random`` (random expansion,
+    same shape)."""
     common = dict(
         n=args.leaves,
         max_response_tokens=args.max_tokens,
@@ -162,14 +160,11 @@ def _arm_configs(args, seed: int) -> dict[str, RolloutConfig]:
         seed=seed,
         max_tool_calls=2,
     )
-    arms = {"tree": (args.branch_at, "entropy"), "tree_random": (args.branch_at, "random")}
-    if args.alt_branch_at:
-        other = "segment" if args.branch_at == "token" else "token"
-        arms[f"tree_{other}"] = (other, "entropy")
-    cfgs = {"chain": RolloutConfig(strategy="chain", **common)}
-    for name, (at, how) in arms.items():
-        cfgs[name] = RolloutConfig(strategy="tree", tree=_tree_cfg(args, at, how), **common)
-    return cfgs
+    return {
+        "chain": RolloutConfig(strategy="chain", **common),
+        "tree": RolloutConfig(strategy="tree", tree=_tree_cfg(args, "entropy"), **common),
+        "tree_random": RolloutConfig(strategy="tree", tree=_tree_cfg(args, "random"), **common),
+    }
 
 
 def _measure_seeds(policy, work: Workload, args) -> dict[str, list[dict]]:
@@ -344,17 +339,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--segment-tokens", type=int, default=16)
     p.add_argument(
         "--temperature", type=float, default=1.0, help="sampling temperature of every arm (the same for all)"
-    )
-    p.add_argument(
-        "--branch-at",
-        default="token",
-        choices=["token", "segment"],
-        help="tree granularity of the entropy and random tree arms",
-    )
-    p.add_argument(
-        "--alt-branch-at",
-        action="store_true",
-        help="also run the entropy tree at the other granularity (arm tree_token or tree_segment)",
     )
     p.add_argument(
         "--workload", default="synthetic", choices=WORKLOADS, help="see memrl.bench.rollout_workloads"

@@ -23,22 +23,17 @@ class TreeConfig:
     ``beam_size`` continuations. Leaves per tree =
     ``initial_rollouts + expansion_iterations * nodes_per_expansion * (beam_size - 1)``.
 
-    ``branch_at`` says where a tree may branch:
-
-    - ``segment`` (default): nodes sit between generation segments of at most
-      ``segment_tokens`` model tokens (and after tool results); ``entropy`` ranks a node by the mean entropy of
-      the first ``entropy_window`` tokens generated after it. A fork regenerates from a segment boundary.
-      Branches still generate to their stop in one call: the segment nodes are laid out once a branch has
-      finished, and a fork continues from the owner's final state cropped to the node (one generate call and
-      one kept KV state per branch, instead of one per segment).
-    - ``token`` (as TreeRL's EPTree): any model token of a finished branch. Branches generate to their
-      stop in one call; a fork at token ``t`` keeps tokens ``< t`` and samples token ``t`` afresh, continuing
-      from the parent's cached state (the backend crops it to the fork point). ``entropy`` ranks a point by the
-      normalised top-k entropy of the distribution token ``t`` was drawn from: a fork lands exactly where the
-      model hesitated. Measured in ``memrl bench rollout`` (same run, 32 prompts, 16 leaves, mean of 4 seeds): fewer
-      tokens than ``segment`` on the random-init model (0.47 vs 0.52 per leaf of chain) and on the embedded
-      model's LoCoMo-style prompt (0.78 vs 0.83), but more on its own task (0.85 vs 0.83), hence not the
-      default.
+    Nodes sit between generation segments of at most ``segment_tokens`` model tokens (and after tool results);
+    ``entropy`` ranks a node by the mean entropy of the first ``entropy_window`` tokens generated after it.
+    Branches generate to their stop in one call: the segment nodes are laid out once a branch has finished, and a
+    fork continues from the owner's final state cropped to the node (one generate call and one kept KV state per
+    branch, instead of one per segment). Segment nodes are the only branch points: the shipped training config
+    (``configs/synthetic_tree.yaml``) and the learning results (README, docs/experiments.md) use them, and on the
+    embedded tiny model's own task (the synthetic memory task trained on) forks at any sampled token
+    (TreeRL-style, removed) used more tokens per leaf (0.85 vs 0.83 of a chain, ``memrl bench rollout``, 32
+    prompts, 16 leaves, mean of 4 sampling seeds). Token forks were cheaper on the random-init model (0.47 vs
+    0.52), the tiny model's LoCoMo-style prompt (0.78 vs 0.83) and SmolLM2 at 8 prompts (0.67 vs 0.72); see
+    docs/experiments.md.
 
     Each tree starts its next round as soon as its own branches have all ended, and the new forks join the rows
     still decoding (one generation stream, :mod:`memrl.policy.stream`), so no tree waits for another tree's
@@ -66,7 +61,6 @@ class TreeConfig:
     initial_rollouts_rule: str = "static"
     segment_tokens: int = 32
     entropy_window: int = 8
-    branch_at: str = "segment"
 
     def __post_init__(self) -> None:
         if self.initial_rollouts_rule != "static" and self.expansion_iterations == 0:
@@ -74,8 +68,6 @@ class TreeConfig:
                 f"rollout.tree.initial_rollouts_rule={self.initial_rollouts_rule!r} takes its extra chains from the "
                 "tree's expansion rounds: it needs expansion_iterations >= 1"
             )
-        if self.branch_at not in ("token", "segment"):
-            raise ValueError(f"rollout.tree.branch_at must be 'token' or 'segment', got {self.branch_at!r}")
         checks = (
             ("initial_rollouts", self.initial_rollouts, 1),
             ("expansion_iterations", self.expansion_iterations, 0),

@@ -86,9 +86,9 @@ def surprisal_entropies(logprobs: Sequence[float], vocab_size: int) -> list[floa
     Entropy is the expected surprisal, ``H = E_{x~p}[-log p(x)]``, so the sampled token's surprisal is a
     one-sample estimate of the entropy of the distribution it was drawn from, and ``log V`` (``V`` = vocabulary
     size) is the largest that entropy can be. Noisier than :func:`token_entropies` (a likely token can be drawn
-    from a flat distribution) but unbiased, so window means and token forks still rank where the model was
-    unsure; values are on a different scale from the top-k ones (``log V``, not ``log k``), which is harmless
-    because expansion compares nodes of one tree, and one backend gives all of them."""
+    from a flat distribution) but unbiased, so window means still rank where the model was unsure; values are
+    on a different scale from the top-k ones (``log V``, not ``log k``), which is harmless because expansion
+    compares nodes of one tree, and one backend gives all of them."""
     scale = math.log(max(vocab_size, 2))
     return [min(1.0, max(0.0, -lp) / scale) for lp in logprobs]
 
@@ -125,7 +125,7 @@ def entropy_expansion(candidates: Sequence[Any], k: int, rng: random.Random) -> 
     expanded (``entropy / (1 + expansions)``) so one uncertain spot does not take every branch; ties random."""
     keyed = [(node.entropy / (1 + node.expansions), rng.random(), node) for node in candidates]
     order = lambda x: (-x[0], x[1])  # noqa: E731
-    if len(keyed) >= k:  # token forks rank every sampled token: a partial sort, same k as sorted()[:k]
+    if len(keyed) >= k:  # a partial sort: the same k as sorted()[:k]
         return [node for _, _, node in heapq.nsmallest(k, keyed, key=order)]
     ranked = [node for _, _, node in sorted(keyed, key=order)]
     return _fill(ranked[:k], ranked, k)

@@ -8,11 +8,9 @@ expansion policy and forks ``beam_size - 1`` new branches from each, which conti
 starts its next round as soon as its own branches have ended (no tree waits for another tree's slowest branch);
 a tree's choices depend only on its own branches and its own random stream.
 
-Where a tree may branch is ``cfg.tree.branch_at``. ``segment``: a node is a point between two generation segments
-of a branch (a segment is at most ``segment_tokens`` model tokens, or ends at a tool call). Branches run to their
-stop in one call and their segment nodes are laid out afterwards (:func:`_lay_segment_nodes`). ``token``: branches run to their stop in one call and every model token they sampled is a
-candidate fork point (its entropy is that of the distribution it was drawn from); a chosen point becomes a node by
-splitting its branch's segment there. A fork sends the owner's tokens up to the fork point; the backend continues
+A node is a point between two generation segments of a branch (a segment is at most ``segment_tokens`` model
+tokens, or ends at a tool call). Branches run to their stop in one call and their segment nodes are laid out
+afterwards (:func:`_lay_segment_nodes`). A fork sends the owner's tokens up to the node; the backend continues
 from the owner's cached state cropped there (one token is recomputed, to get the logits there).
 """
 
@@ -88,21 +86,10 @@ class _Link:
     tree: Tree
     node: TreeNode  # the node the branch's current segment started from
     depth: int
-    # Token forks and lazily laid segment nodes: normalised entropy of each model token this branch sampled itself,
-    # by response position.
+    # Normalised entropy of each model token this branch sampled itself, by response position: the window
+    # entropies of the segment nodes laid out once it has finished.
     entropies: dict[int, float] = field(default_factory=dict)
     laid: bool = False  # lazy segment nodes laid out (see _lay_segment_nodes)
-
-
-@dataclass(eq=False)
-class ForkPoint:
-    """A candidate branch point at model token ``pos`` of ``branch`` (``branch_at=token``): what expansion
-    policies rank (``entropy``, ``expansions``) before it is made a :class:`TreeNode`."""
-
-    branch: Branch
-    pos: int
-    entropy: float
-    expansions: int
 
 
 class TreeHooks(EngineHooks):
@@ -111,10 +98,6 @@ class TreeHooks(EngineHooks):
     def __init__(self, cfg: RolloutConfig, engine_ref: list[Engine]) -> None:
         self.cfg = cfg
         self._engine = engine_ref
-        self.by_token = cfg.tree.branch_at == "token"
-        # Segment nodes are laid out after their branch has run to its stop in one call (see _lay_segment_nodes),
-        # instead of one generate call per segment.
-        self.lazy_segments = not self.by_token
 
     @functools.cached_property
     def vocab_size(self) -> int:
@@ -125,17 +108,12 @@ class TreeHooks(EngineHooks):
         link: _Link = branch.tree
         if not out.token_ids:
             return
-        window = self.cfg.tree.entropy_window
-        every = self.by_token or self.lazy_segments
-        tops, lps = out.top_logprobs, out.logprobs
-        hs = output_entropies(
-            tops if every else tops[:window], lps if every else lps[:window], self.vocab_size
-        )
-        head = hs[:window]
+        # Every token's entropy: the segment nodes inside this output are laid out from them later.
+        hs = output_entropies(out.top_logprobs, out.logprobs, self.vocab_size)
+        head = hs[: self.cfg.tree.entropy_window]
         link.node.entropy_sum += sum(head) / len(head)
         link.node.entropy_n += 1
-        if every:
-            link.entropies.update(enumerate(hs, start))
+        link.entropies.update(enumerate(hs, start))
 
     def on_boundary(self, branch: Branch) -> None:
         link: _Link = branch.tree
@@ -206,45 +184,29 @@ def _fork(tree: Tree, node: TreeNode, uid: str, spawn_key: str) -> Branch:
     return b
 
 
-def _candidates(tree: Tree, cfg: RolloutConfig) -> list[TreeNode]:
+def _candidates(tree: Tree) -> list[TreeNode]:
     inner = [n for n in tree.nodes if not n.terminal]
     if not inner:  # only response positions branch; the root when a tree has nothing else
         inner = [tree.root, *inner]
     return inner
 
 
-def _fork_points(tree: Tree, cfg: RolloutConfig) -> list[ForkPoint | TreeNode]:
-    """``branch_at=token`` candidates: every model token a branch sampled itself (after its own fork point;
-    the token at the fork point belongs to the parent's candidates). Token 0 of an initial chain is not one
-    (a fork there is a fresh chain); the root itself when there is nothing else."""
-    # Points forked before are nodes now: their expansion count discounts them (see the entropy policy).
-    expanded = {(n.owner.uid, n.response_len): n.expansions for n in tree.nodes if n.owner is not None}
-    points: list[ForkPoint | TreeNode] = []
-    for b in tree.branches:
-        first = b.floor + 1 if b.floor > 0 else 1
-        for pos, h in b.tree.entropies.items():
-            if pos >= first and b.mask[pos] == 1:
-                points.append(ForkPoint(b, pos, h, expanded.get((b.uid, pos), 0)))
-    return points or [tree.root]
-
-
-def _node_at(tree: Tree, point: ForkPoint, *, tag: str = "t") -> TreeNode:
-    """The node at ``point``: an existing node of its branch there, or a new one splitting the segment that
-    spans it."""
-    b, pos = point.branch, point.pos
+def _node_at(tree: Tree, b: Branch, pos: int, entropy: float) -> TreeNode:
+    """The node at response position ``pos`` of ``b``: an existing node of its branch there, or a new one
+    splitting the segment that spans it."""
     link: _Link = b.tree
     child, node = None, link.node
     while node.response_len > pos:  # up the branch's own nodes (its fork point lies below pos)
         child, node = node, node.parent
     if node.response_len < pos:
         new = TreeNode(
-            uid=f"{b.uid}/{tag}{pos}",
+            uid=f"{b.uid}/s{pos}",
             parent=node,
             owner=b,
             response_len=pos,
             turn_start=_turn_start(b, pos),
             branch_depth=link.depth,
-            entropy_sum=point.entropy,
+            entropy_sum=entropy,
             entropy_n=1,
         )
         if child is None:  # in the branch's last segment: its leaf will hang below the new node
@@ -290,25 +252,23 @@ def _lay_segment_nodes(tree: Tree, cfg: RolloutConfig) -> None:
         for pos in _segment_points(b, seg):
             own = [link.entropies[q] for q in range(pos, pos + min(window, seg)) if q in link.entropies]
             entropy = sum(own) / len(own) if own else 0.0
-            _node_at(tree, ForkPoint(b, pos, entropy, 0), tag="s")
+            _node_at(tree, b, pos, entropy)
 
 
-def _expand_tree(engine: Engine, hooks: TreeHooks, tree: Tree, cfg: RolloutConfig) -> list[Branch]:
+def _expand_tree(engine: Engine, tree: Tree, cfg: RolloutConfig) -> list[Branch]:
     """Round ``tree.rounds`` of ``tree``: pick nodes with the expansion policy, fork ``beam_size - 1`` branches
     from each."""
     policy = EXPANSION_POLICIES.get(cfg.tree.expansion_policy)
     it = tree.rounds
     tree.rounds += 1
-    if hooks.lazy_segments:
-        _lay_segment_nodes(tree, cfg)
-    candidates = _fork_points(tree, cfg) if hooks.by_token else _candidates(tree, cfg)
+    _lay_segment_nodes(tree, cfg)
+    candidates = _candidates(tree)
     # Extra initial chains (initial_rollouts_rule) came out of this budget: fork only what is left of it.
     left = cfg.tree.leaves_per_tree() - len(tree.branches)
     per_node = cfg.tree.beam_size - 1
     nodes = min(cfg.tree.nodes_per_expansion, -(-left // per_node))
     fresh: list[Branch] = []
-    for picked in policy(candidates, nodes, tree.rng) if nodes > 0 else []:
-        node = _node_at(tree, picked) if isinstance(picked, ForkPoint) else picked
+    for node in policy(candidates, nodes, tree.rng) if nodes > 0 else []:
         node.expansions += 1
         key = f"{node.uid}/x{it}.{node.expansions}"
         for _ in range(min(per_node, left - len(fresh))):
@@ -372,17 +332,16 @@ def tree_rollout(
         ]
         trees.append(tree)
     # Phase 3: expansion rounds, each tree on its own as soon as its branches have ended.
-    _grow_per_tree(engine, hooks, trees, cfg)
+    _grow_per_tree(engine, trees, cfg)
     # Phase 4: exactly n leaves per tree.
-    if hooks.lazy_segments:
-        for t in trees:
-            _lay_segment_nodes(t, cfg)
+    for t in trees:
+        _lay_segment_nodes(t, cfg)
     leaves = [_sample_leaves(t, hooks, cfg.n, rng) for t in trees]
     _tree_metrics(metrics, trees, leaves, cfg)
     return RolloutResult(leaves=leaves, metrics=metrics.summary())
 
 
-def _grow_per_tree(engine: Engine, hooks: TreeHooks, trees: list[Tree], cfg: RolloutConfig) -> None:
+def _grow_per_tree(engine: Engine, trees: list[Tree], cfg: RolloutConfig) -> None:
     """One generation stream for every branch of every tree; a tree starts its next round as soon as its own
     branches have all ended, and the new branches join the rows still decoding, so no tree waits for the slowest
     branch of another."""
@@ -401,7 +360,7 @@ def _grow_per_tree(engine: Engine, hooks: TreeHooks, trees: list[Tree], cfg: Rol
                     fresh += extra
                     continue
             if tree.rounds < cfg.tree.expansion_iterations and len(tree.branches) < budget:
-                fresh += _expand_tree(engine, hooks, tree, cfg)
+                fresh += _expand_tree(engine, tree, cfg)
         return fresh
 
     engine.run_streaming([b for t in trees for b in t.branches], refill)

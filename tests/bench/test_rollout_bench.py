@@ -26,8 +26,8 @@ def _args(*argv: str):
 def test_three_arms_report_cost_and_answer_quality_in_one_run():
     from memrl.bench.rollout import _tree_vs_chain
 
-    out = _tree_vs_chain(_args("--alt-branch-at"))
-    arms = ("chain", "tree", "tree_random", "tree_segment")
+    out = _tree_vs_chain(_args())
+    arms = ("chain", "tree", "tree_random")
     assert all(out[a]["leaves"] == 12 for a in arms)
     assert out["config"]["arms"]["tree_random"]["expansion_policy"] == "random"
     assert out["config"]["arms"]["tree"]["expansion_policy"] == "entropy"
@@ -35,10 +35,10 @@ def test_three_arms_report_cost_and_answer_quality_in_one_run():
     # forwards and decodes fewer tokens per leaf than 6 independent chains (whose prompt is computed once too).
     assert out["chain"]["mean_response_tokens"] == out["tree"]["mean_response_tokens"] == 24
     assert 0 < out["token_ratio"] < 1 and 0 < out["decode_token_ratio"] < 1
-    assert 0 < out["tree_random_token_ratio"] < 1 and 0 < out["tree_segment_token_ratio"] < 1
+    assert 0 < out["tree_random_token_ratio"] < 1
     # Equal leaf lengths: per response token is the same ratio as per leaf.
     assert out["wall_ratio_per_response_token"] == pytest.approx(out["wall_ratio"])
-    assert out["prefix_hit_rate"] > 0 and out["config"]["arms"]["tree"]["branch_at"] == "token"
+    assert out["prefix_hit_rate"] > 0 and out["config"]["arms"]["tree"]["segment_tokens"] == 8
     assert out["tree"]["stream_waits"] > 0 and out["tree"]["generate_calls"] == 0  # the tree ran on a stream
     for arm in arms:  # a random model never writes the answer tag; the scores are computed, not assumed
         q = out[arm]

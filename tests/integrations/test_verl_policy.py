@@ -131,27 +131,28 @@ def test_finish_reasons_and_errors(loop):
 
 
 def test_entropy_forks_over_verl_servers_land_where_the_sampled_token_was_unlikely(loop):
-    """verl's servers return only the sampled token's log-prob: token forks rank its surprisal instead."""
+    """verl's servers return only the sampled token's log-prob: nodes are ranked by its surprisal instead."""
     tok = ByT5Tokenizer()
-    hot = 7
+    hot = range(8, 12)  # the 4 tokens after the node at response position 8 were unlikely samples
 
     def script(ctx):
         start = len(ctx.text.split("A:", 1)[1])
         text = "abcdefghijklmnop"[start:] or "z"
         return ScriptedTurn(
-            text=text, logprobs=tuple(-3.0 if start + i == hot else -0.02 for i in range(len(text) + 1))
+            text=text, logprobs=tuple(-3.0 if start + i in hot else -0.02 for i in range(len(text) + 1))
         )
 
     server = PolicyServerClient(ScriptedPolicy(tok, script))
     adapter = VerlServerPolicy(server, tok, loop)
     tree = TreeConfig(
-        initial_rollouts=1, expansion_iterations=1, beam_size=3, expansion_policy="entropy", branch_at="token"
+        initial_rollouts=1, expansion_iterations=1, beam_size=3, expansion_policy="entropy", segment_tokens=4
     )
     cfg = RolloutConfig(strategy="tree", n=3, tree=tree, max_response_tokens=32)
     prompt = tuple(tok.encode("Q: letters?\nA:", add_special_tokens=False))
     [leaves] = run_rollout([RolloutRequest(prompt, "ep")], adapter, None, cfg).leaves
     forks = [s for s in leaves if s.meta.branch_depth == 1]
-    assert len(forks) == 2 and all(s.meta.tree_path[1].pos == hot for s in forks)
+    # [root, 4, 8, ...]: both forks leave the initial chain at its node 8
+    assert len(forks) == 2 and all([p.pos for p in s.meta.tree_path[:3]] == [0, 4, 8] for s in forks)
     assert all("top_logprobs" not in params for _, params in server.calls)  # only the sampled log-prob asked
 
 

@@ -32,7 +32,6 @@ def test_overrides_reach_the_nested_configs():
     [
         (lambda: TreeConfig(beam_size=1), "beam_size must be >= 2"),
         (lambda: TreeConfig(segment_tokens=0), "segment_tokens"),
-        (lambda: TreeConfig(branch_at="node"), "'token' or 'segment', got 'node'"),
         (lambda: RollbackConfig(enable_tool_rollback=True, rollback_on_errors=[]), "nothing would"),
         (lambda: RollbackConfig(feedback_template="fix it"), "{error}"),
         (lambda: RolloutConfig(n=0), "rollout.n"),

@@ -162,7 +162,7 @@ def test_response_budget_bounds_tool_results(tok):
     assert len(step.response_ids) == 30 and step.meta.finish == "length"
 
 
-@pytest.mark.parametrize("strategy", ["chain", "tree", "tree-token"])
+@pytest.mark.parametrize("strategy", ["chain", "tree"])
 def test_rollback_inside_trees_and_chains(tok, strategy):
     from memrl.rollout import TreeConfig
 
@@ -170,13 +170,11 @@ def test_rollback_inside_trees_and_chains(tok, strategy):
     tree = TreeConfig(
         initial_rollouts=2,
         expansion_iterations=1,
-        # Segment forks: expand every node, so some forks certainly sit mid-turn (see the reattach check).
-        nodes_per_expansion=40 if strategy == "tree" else 2,
+        # Expand every node, so some forks certainly sit mid-turn (see the reattach check).
+        nodes_per_expansion=40,
         beam_size=2,
         segment_tokens=7,
-        branch_at="token" if strategy == "tree-token" else "segment",
     )
-    strategy = strategy.removesuffix("-token")
     result, _, _ = _run(tok, fixing_script(calls=2), n=4, rollback=rb, strategy=strategy, tree=tree)
     for step in result.leaves[0]:
         text = tok.decode(step.response_ids)
@@ -187,7 +185,7 @@ def test_rollback_inside_trees_and_chains(tok, strategy):
         for r in step.meta.rollbacks:
             span = tok.decode(step.response_ids[r.position : r.position + r.repaired_tokens])
             assert re.fullmatch(r"<python>print\(\d\)</python>", span), span
-    if strategy == "tree" and tree.branch_at == "segment":
+    if strategy == "tree":
         # Some forks sat mid-turn: their rollback reached below the fork and re-attached them higher up.
         assert result.metrics.get("rollout/tree/rollback_reattached", 0) > 0
 

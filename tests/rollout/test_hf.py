@@ -16,17 +16,9 @@ def requests(tiny_hf_policy):
     ]
 
 
-@pytest.mark.parametrize("branch_at", ["segment", "token"])
-def test_tree_on_hf_reuses_prefixes_and_its_logprobs_match_a_full_forward(
-    tiny_hf_policy, requests, branch_at
-):
+def test_tree_on_hf_reuses_prefixes_and_its_logprobs_match_a_full_forward(tiny_hf_policy, requests):
     tree = TreeConfig(
-        initial_rollouts=2,
-        expansion_iterations=2,
-        nodes_per_expansion=1,
-        beam_size=3,
-        segment_tokens=6,
-        branch_at=branch_at,
+        initial_rollouts=2, expansion_iterations=2, nodes_per_expansion=1, beam_size=3, segment_tokens=6
     )
     cfg = RolloutConfig(strategy="tree", n=6, tree=tree, max_response_tokens=20, top_logprobs=5, seed=1)
     result = run_rollout(requests, tiny_hf_policy, None, cfg)
@@ -35,8 +27,8 @@ def test_tree_on_hf_reuses_prefixes_and_its_logprobs_match_a_full_forward(
     assert m["rollout/cached_tokens"] > 0 and m["rollout/prefix_hit_rate"] > 0.5
     steps = [s for leaves in result.leaves for s in leaves]
     assert all(set(s.response_mask) == {1} for s in steps)
-    # Logprobs were gathered segment by segment from reused (for token forks: cropped) KV caches; a
-    # from-scratch forward must agree.
+    # Logprobs were gathered from reused KV caches, cropped to the fork nodes; a from-scratch forward must
+    # agree.
     scored = tiny_hf_policy.logprobs([(s.prompt_ids, s.response_ids) for s in steps])
     for s, ref in zip(steps, scored, strict=True):
         assert s.logprobs == pytest.approx(ref, abs=1e-4)

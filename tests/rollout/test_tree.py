@@ -17,7 +17,6 @@ def _cfg(n, init, iters, nodes, beam, seg=6, **kw):
         beam_size=beam,
         segment_tokens=seg,
         expansion_policy=kw.pop("policy", "random"),
-        branch_at=kw.pop("branch_at", "segment"),
     )
     return RolloutConfig(strategy="tree", n=n, tree=tree, max_response_tokens=kw.pop("max_tokens", 200), **kw)
 
@@ -26,14 +25,13 @@ def _requests(tok, k):
     return [RolloutRequest(encode(tok, f"#{i} {PROMPT}"), f"ep{i}") for i in range(k)]
 
 
-@pytest.mark.parametrize("branch_at", ["segment", "token"])
 @pytest.mark.parametrize(
     "shape",
     [(4, 2, 1, 1, 3), (16, 4, 3, 2, 3), (6, 1, 1, 1, 2), (5, 2, 2, 2, 2), (3, 1, 0, 1, 2)],
 )
-def test_tree_shape_and_leaf_count(tok, shape, branch_at):
+def test_tree_shape_and_leaf_count(tok, shape):
     n, init, iters, nodes, beam = shape
-    cfg = _cfg(n, init, iters, nodes, beam, branch_at=branch_at)
+    cfg = _cfg(n, init, iters, nodes, beam)
     pol = ScriptedPolicy(tok, random_script(min_tokens=20, max_tokens=40))
     result = run_rollout(_requests(tok, 3), pol, None, cfg)
     built = init + iters * nodes * (beam - 1)
@@ -139,35 +137,6 @@ def test_unknown_expansion_policy_lists_choices(tok):
         run_rollout(_requests(tok, 1), pol, None, cfg)
 
 
-def test_token_forks_branch_at_the_most_uncertain_token_and_reuse_the_parent_state(tok):
-    hot = 9  # response token 9 is the only uncertain one
-
-    def script(ctx):
-        start = len(ctx.text.split("A:", 1)[1])
-        text = "abcdefghijklmnopqrstuvwx"[start:] or "z"
-        tops = tuple(_flat() if start + i == hot else _peaked() for i in range(len(text) + 1))
-        return ScriptedTurn(text=text, logprobs=(math.log(0.96),) * (len(text) + 1), top_logprobs=tops)
-
-    cfg = _cfg(3, 1, 1, 1, 3, policy="entropy", branch_at="token")
-    pol = ScriptedPolicy(tok, script)
-    [req] = _requests(tok, 1)
-    [leaves] = run_rollout([req], pol, None, cfg).leaves
-    chain = next(s for s in leaves if s.meta.branch_depth == 0)
-    forks = [s for s in leaves if s.meta.branch_depth == 1]
-    assert len(forks) == 2
-    for s in forks:
-        # The parent's segment was split at token 9: [root, node@9] is shared, then the fork's own leaf.
-        assert s.meta.node_path[:1] == chain.meta.node_path[:1] and s.meta.node_path[1] in (1, 2)
-        assert [p.pos for p in s.meta.tree_path] == [0, hot, len(s.response_ids)]
-        assert s.response_ids[:hot] == chain.response_ids[:hot]
-    assert [p.pos for p in chain.meta.tree_path] == [0, hot, len(chain.response_ids)]
-    # Branches run to their stop in one call (no segments): one call for the chain, one for both forks,
-    # which share one request (n=2) served from the chain's cached state up to the fork point.
-    assert pol.stats.generate_calls == 2 and pol.stats.batch_sizes == [1, 1]
-    assert pol.stats.prefill_tokens == len(req.prompt_ids) + 1  # the fork recomputes its last token
-    assert pol.stats.decode_tokens == len(chain.response_ids) + 2 * (len(chain.response_ids) - hot)
-
-
 def _sampled_only_script(hot: range, length: int = 24):
     """Writes ``length`` tokens with only sampled log-probs (top-k is never given): likely tokens everywhere
     except at response positions ``hot``, where the sampled token was unlikely."""
@@ -181,18 +150,6 @@ def _sampled_only_script(hot: range, length: int = 24):
     return script
 
 
-def test_without_top_k_token_forks_land_at_the_low_logprob_token(tok):
-    hot = 9
-    cfg = _cfg(3, 1, 1, 1, 3, policy="entropy", branch_at="token", top_logprobs=0)
-    pol = ScriptedPolicy(tok, _sampled_only_script(range(hot, hot + 1)))
-    [leaves] = run_rollout(_requests(tok, 1), pol, None, cfg).leaves
-    forks = [s for s in leaves if s.meta.branch_depth == 1]
-    assert len(forks) == 2
-    for s in forks:
-        assert [p.pos for p in s.meta.tree_path] == [0, hot, len(s.response_ids)]
-        assert s.meta.tree_path[1].entropy > 0  # measured, not the 0 of "no signal"
-
-
 def test_without_top_k_segment_forks_land_after_the_low_logprob_window(tok):
     seg, hot = 4, 12  # tokens 12..15 follow the node at response position 12 and were unlikely samples
     for trial in range(3):  # with no signal, ties would break at random: the pick must not depend on it
@@ -204,7 +161,7 @@ def test_without_top_k_segment_forks_land_after_the_low_logprob_window(tok):
         assert len(forks) == 2 and all([p.pos for p in s.meta.tree_path[:4]] == [0, 4, 8, hot] for s in forks)
 
 
-def test_token_forks_never_branch_inside_tool_output(tok):
+def test_segment_nodes_never_sit_inside_tool_output_and_restart_after_it(tok):
     from tests.rollout.rollout_fixtures import TableTools
 
     def script(ctx):
@@ -213,17 +170,18 @@ def test_token_forks_never_branch_inside_tool_output(tok):
             return "<python>print(12345678)</python>"[len(resp) :]
         return "<answer>12345678</answer>"[len(resp) - resp.rfind("</result>") - len("</result>") :]
 
-    cfg = _cfg(12, 1, 4, 2, 2, branch_at="token")
+    cfg = _cfg(12, 1, 4, 2, 2, seg=6)
     [leaves] = run_rollout(_requests(tok, 1), ScriptedPolicy(tok, script), TableTools(), cfg).leaves
     assert len({s.meta.node_path for s in leaves}) == 9  # 1 chain + 4 rounds x 2 forks
-    fork_points = {
-        (s.meta.extra["branch_uid"], node.pos, s.response_mask[node.pos])
-        for s in leaves
-        for node in s.meta.tree_path[1:-1]
-        if node.uid.split("/")[-1].startswith("t")  # made at a fork point (not at a tool boundary)
-    }
-    assert len({p for _, p, _ in fork_points}) >= 3
-    assert {m for _, _, m in fork_points} == {1}  # the result tokens (mask 0) are never resampled
+    chain = next(s for s in leaves if s.meta.branch_depth == 0)
+    result = [i for i, m in enumerate(chain.response_mask) if m == 0]
+    after = result[-1] + 1  # the answer turn starts here
+    # Every 6 model tokens of each turn, and at the answer turn's start: the tool result ends a segment.
+    call_nodes, answer_nodes = list(range(6, result[0], 6)), list(range(after, len(chain.response_ids), 6))
+    assert [p.pos for p in chain.meta.tree_path[1:-1]] == call_nodes + answer_nodes
+    nodes = {(p.uid, p.pos, s.response_mask[p.pos]) for s in leaves for p in s.meta.tree_path[1:-1]}
+    assert len({pos for _, pos, _ in nodes}) >= 3
+    assert {m for _, _, m in nodes} == {1}  # the result tokens (mask 0) are never resampled
 
 
 def test_disagreeing_prompts_get_more_initial_chains_and_still_exactly_n_leaves(tok):

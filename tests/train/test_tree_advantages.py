@@ -59,7 +59,7 @@ def test_real_tree_leaves_share_credit_exactly_on_their_shared_prefix():
     tok_bytes = ByT5Tokenizer()
 
     tree = TreeConfig(initial_rollouts=2, expansion_iterations=2, nodes_per_expansion=1, beam_size=4,
-                      segment_tokens=6, expansion_policy="random", branch_at="token")  # fmt: skip
+                      segment_tokens=6, expansion_policy="random")  # fmt: skip
     cfg = RolloutConfig(strategy="tree", n=8, tree=tree, max_response_tokens=60)
     prompt = list(tok_bytes.encode("Question: what did Caroline research?", add_special_tokens=False))
     pol = ScriptedPolicy(tok_bytes, random_script(min_tokens=20, max_tokens=40))
