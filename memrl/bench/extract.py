@@ -312,8 +312,13 @@ def run_extractor(
 
 
 def _policy_generator(cfg: MemoryConfig) -> tuple[TextGenerator, CountingClient]:
+    import torch
+
+    from memrl.bench import auto_threads
     from memrl.memory.llm import policy_text_generator
     from memrl.policy import PolicyConfig, make_policy
+
+    torch.set_num_threads(auto_threads())  # on a busy machine one thread decodes faster than two that wait
 
     # The embedded default policy (SmolLM2-135M-Instruct), built as `memrl run` builds it.
     client = CountingClient(make_policy(PolicyConfig()))
