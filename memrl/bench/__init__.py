@@ -14,7 +14,7 @@ from memrl.registry import Registry
 
 BenchFn = Callable[[list[str]], dict]
 
-BENCH_MODULES = ("batch", "memory", "policy", "sandbox", "rollout", "episodes")
+BENCH_MODULES = ("batch", "memory", "policy", "sandbox", "rollout", "episodes", "extract")
 
 
 def _populate() -> None:

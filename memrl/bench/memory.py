@@ -253,9 +253,15 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, MemoryConfig]:
     p.add_argument("--no-baselines", action="store_true", help="skip the raw-turn baselines")
     p.add_argument("overrides", nargs="*", help="MemoryConfig key=value overrides")
     args = p.parse_args(argv)
+    return args, MemoryConfig(**memory_overrides(p, args.overrides))
+
+
+def memory_overrides(p: argparse.ArgumentParser, items: Sequence[str]) -> dict:
+    """``key=value`` MemoryConfig overrides → constructor kwargs, typed like the field's default; a bad item
+    is a usage error naming the valid keys."""
     fields = {f.name: f for f in dataclasses.fields(MemoryConfig)}
     kwargs = {}
-    for item in args.overrides:
+    for item in items:
         key, sep, value = item.partition("=")
         if not sep or key not in fields:
             p.error(f"override {item!r}: expected key=value with key in {sorted(fields)}")
@@ -263,7 +269,7 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, MemoryConfig]:
         kwargs[key] = type(default)(value) if default is not None and not isinstance(default, bool) else value
         if isinstance(default, bool):
             kwargs[key] = value.lower() in ("1", "true", "yes")
-    return args, MemoryConfig(**kwargs)
+    return kwargs
 
 
 def _cache_delta(before: dict, after: dict) -> dict:

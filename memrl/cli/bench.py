@@ -8,7 +8,7 @@ from pathlib import Path
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="run a benchmark and print JSON (memrl bench NAME --help)")
-    p.add_argument("name", help="benchmark name: batch, memory, policy, sandbox, rollout, episodes")
+    p.add_argument("name", help="benchmark name: batch, memory, policy, sandbox, rollout, episodes, extract")
     p.add_argument("--json", action="store_true", help="print JSON only (the default output is JSON too)")
     p.add_argument("--out", help="also write the JSON result to this file")
     p.set_defaults(func=run, accepts_extra=True)

@@ -63,14 +63,20 @@ class CachingEmbedder:
         return window_chunks(self.inner, texts)  # chunks are cached here like any other text
 
 
-def build_memory(cfg: Config, *, cache_embeddings: bool = True) -> Any:
+def build_memory(cfg: Config, *, cache_embeddings: bool = True, policy: Any = None) -> Any:
+    """The batch's MemorySystem. ``policy``: what ``memory.extractor=llm`` / ``memory.compressor=llm`` ask
+    (greedy, ``memory.llm_max_tokens``); without one those settings fail with a message saying so."""
     from memrl.memory import MemorySystem
     from memrl.memory.embedder import build_embedder
+    from memrl.memory.llm import policy_text_generator
 
     embedder = build_embedder(cfg.memory)
     if cache_embeddings:
         embedder = CachingEmbedder(embedder)
-    return MemorySystem(cfg.memory, embedder=embedder)
+    generate_text = (
+        None if policy is None else policy_text_generator(policy, max_tokens=cfg.memory.llm_max_tokens)
+    )
+    return MemorySystem(cfg.memory, embedder=embedder, generate_text=generate_text)
 
 
 def build_tools(cfg: Config) -> tuple[Any, list[str]]:
@@ -102,7 +108,7 @@ def build_runner(
     return EpisodeRunner(
         episode_cfg,
         policy=policy,
-        memory=build_memory(cfg, cache_embeddings=cache_embeddings),
+        memory=build_memory(cfg, cache_embeddings=cache_embeddings, policy=policy),
         rollout_cfg=rollout_config_for(cfg),
         reward=reward,
         tools=tools,

@@ -148,7 +148,7 @@ def _rule(cfg: MemoryConfig, generate_text: TextGenerator | None = None) -> Fact
 # LLM extractor (mem0 / Memory-R1 decisions). Existing facts are shown with small local ids (0..m-1) so the
 # model never has to copy store ids; ids it invents are rejected as NOOPs with a reason.
 
-_JSON_BLOCK = re.compile(r"(\[.*\]|\{.*\})", re.DOTALL)
+_JSON_START = re.compile(r"[\[{]")
 
 
 class LlmOutputError(ValueError):
@@ -158,15 +158,7 @@ class LlmOutputError(ValueError):
 def parse_decisions(reply: str, neighbours: Sequence[FactRecord], speaker: str) -> list[FactDecision]:
     """Parse ``[{"op": "ADD"|"UPDATE"|"DELETE"|"NOOP", "id": <local id>, "text": ...}, ...]`` (also accepts
     ``{"operations": [...]}`` / ``{"memory": [...]}`` and ``event`` instead of ``op``). Raises LlmOutputError."""
-    match = _JSON_BLOCK.search(reply or "")
-    if not match:
-        raise LlmOutputError(f"no JSON found in reply {reply[:120]!r}")
-    try:
-        data = json.loads(match.group(1))
-    except json.JSONDecodeError as exc:
-        raise LlmOutputError(
-            f"invalid JSON ({exc.msg} at char {exc.pos}) in {match.group(1)[:120]!r}"
-        ) from exc
+    data = _first_json(reply or "")
     if isinstance(data, dict):
         data = data.get("operations", data.get("memory", [data]))
     if not isinstance(data, list):
@@ -175,6 +167,20 @@ def parse_decisions(reply: str, neighbours: Sequence[FactRecord], speaker: str) 
     for i, item in enumerate(data):
         decisions.append(_parse_item(i, item, neighbours, speaker))
     return decisions or [FactDecision(MemoryOpType.NOOP, reason="llm returned an empty operation list")]
+
+
+def _first_json(reply: str) -> object:
+    """The JSON value that starts at the reply's first ``[`` or ``{``; text after it is ignored, since small
+    models go on writing after a complete list (SmolLM2-135M: ``[{"op": "NOOP"}]`` then the prompt again)."""
+    match = _JSON_START.search(reply)
+    if not match:
+        raise LlmOutputError(f"no JSON found in reply {reply[:120]!r}")
+    try:
+        return json.JSONDecoder().raw_decode(reply, match.start())[0]
+    except json.JSONDecodeError as exc:
+        raise LlmOutputError(
+            f"invalid JSON ({exc.msg} at char {exc.pos}) in {reply[match.start() :][:120]!r}"
+        ) from exc
 
 
 def _parse_item(i: int, item: object, neighbours: Sequence[FactRecord], speaker: str) -> FactDecision:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 
 import pytest
@@ -90,3 +91,26 @@ def test_copies_of_one_prompt_all_run_as_one_group(setup):
     assert [t.status for t in trajs].count(EpisodeStatus.FAILED) == 0 and len(trajs) == 8
     assert len({t.episode_id for t in trajs}) == 8
     assert [t.group_id for t in trajs] == [g[0].group_id for g in groups for _ in range(4)]
+
+
+def test_llm_extractor_asks_the_runners_policy(setup):
+    cfg, inputs, _ = setup
+
+    def script(ctx):
+        if "long-term memory of a conversation" not in ctx.text:  # the target turn
+            return "<answer>unknown</answer>"
+        message = re.findall(r"^(?:New message|Message) \[[^\]]*\] [^:]*: (.*)$", ctx.text, re.M)[-1]
+        return json.dumps([{"op": "NOOP"}] if "?" in message else [{"op": "ADD", "text": message}])
+
+    llm_cfg = dataclasses.replace(
+        cfg,
+        memory=dataclasses.replace(cfg.memory, extractor="llm"),
+        episode=dataclasses.replace(cfg.episode, ingest_chunk_turns=1),
+    )
+    traj = build_runner(llm_cfg, policy=ScriptedPolicy(ByT5Tokenizer(), script)).run_batch(inputs[:1])[0]
+    assert traj.status is EpisodeStatus.COMPLETED
+    history = [s for s in traj.steps if s.turn_role is TurnRole.HISTORY]
+    ops = [op.op for s in history for op in s.meta.memory_ops]
+    questions = sum("?" in t.text for t in inputs[0].history)
+    assert ops.count(MemoryOpType.ADD) == len(inputs[0].history) - questions
+    assert ops.count(MemoryOpType.NOOP) == questions

@@ -61,11 +61,19 @@ def test_parse_decisions_maps_local_ids_to_fact_ids():
     assert wrapped[0].op is MemoryOpType.NOOP and wrapped[0].reason == "chit-chat"
 
 
+def test_parse_decisions_reads_the_first_json_value_and_ignores_what_follows():
+    # SmolLM2-135M writes a complete list, then repeats the prompt (with more brackets) until max_tokens.
+    reply = '[{"op": "NOOP"}]\n\nThe market was busy.\n\nOperations:\n- ADD ... [{"op": "ADD", "text": "Ann'
+    assert [d.op for d in parse_decisions(reply, NEIGHBOURS, "Ann")] == [MemoryOpType.NOOP]
+    first = parse_decisions('ok: {"op": "DELETE", "id": 1} and [1, 2]', NEIGHBOURS, "Ann")
+    assert [(d.op, d.fact_id) for d in first] == [(MemoryOpType.DELETE, 42)]
+
+
 @pytest.mark.parametrize(
     "reply,match",
     [
         ("I think Ann moved.", "no JSON"),
-        ('[{"op": "ADD", "text": "x"', "no JSON"),
+        ('[{"op": "ADD", "text": "x"', "invalid JSON"),  # cut off by max_tokens
         ('[{"op": "ADD" "text": "x"}]', "invalid JSON"),
         ('[{"op": "MERGE", "text": "x"}]', "not ADD/UPDATE/DELETE/NOOP"),
         ('[{"op": "UPDATE", "id": 7, "text": "x"}]', "not one of the shown ids"),

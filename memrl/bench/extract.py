@@ -1,0 +1,377 @@
+"""``memrl bench extract``: how right the fact extractors' ADD / UPDATE / DELETE / NOOP decisions are.
+
+The synthetic task (:mod:`memrl.adapters.synthetic`) states attributes of persons among chit-chat, and changes some
+of them in a later session, so every history turn has a known right decision
+(:func:`~memrl.adapters.synthetic.parse_statement` reads its templated turns):
+
+* the first statement of a (person, attribute) → ``ADD``;
+* a later statement with another value (the "now" turns) → ``UPDATE`` of the fact that holds the earlier value:
+  the right op **and** the right target fact (a fact naming the person and the stale value);
+* anything else (chit-chat, a repeated value) → ``NOOP``. An ADD for chit-chat is a false ADD (reported
+  separately as ``chitchat_add_rate``: noise in the store rather than a lost fact);
+* the task has no retractions, so every ``DELETE`` is wrong (``delete_ops``).
+
+Each extractor ingests the same episodes the way the product does (real MiniLM embedder, real FAISS store,
+``MemorySystem.extract_facts_batch``), one history turn of every episode per call, so a turn is decided against
+the memory the turns before it left (one call decides all its turns against the memory at its start). The
+``llm`` extractor asks the embedded policy (``PolicyConfig()``: SmolLM2-135M-Instruct, greedy) through
+:func:`~memrl.memory.llm.policy_text_generator`. Reported per extractor: the turn-level confusion of expected vs
+decided op (a turn's op is its UPDATE, else DELETE, else ADD, else NOOP), per-op precision and recall, UPDATE
+target accuracy, malformed replies (the extractor turns them into NOOPs) by reason, an end-state check for every
+changed (person, attribute) — the active facts hold the latest value and no longer the stale one — also for the
+update questions alone, wall seconds and (llm) prompt / completion tokens per turn, and a few raw replies.
+
+Options: ``--episodes N`` (test split), ``--extractor rule|llm|both`` (both: side by side in one JSON),
+``--seed``, and ``key=value`` MemoryConfig overrides (``llm_max_tokens=64 llm_neighbours=3``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from tqdm import tqdm
+
+from memrl.adapters.synthetic import parse_statement
+from memrl.bench import BENCHES
+from memrl.bench.memory import memory_overrides
+from memrl.memory.config import MemoryConfig
+from memrl.memory.embedder import Embedder, build_embedder
+from memrl.memory.extract import TextGenerator
+from memrl.memory.manager import MemorySystem
+from memrl.types import BatchInput, MemoryOp, MemoryOpType, TurnSpec
+
+logger = logging.getLogger(__name__)
+
+ADD, UPDATE, DELETE, NOOP = MemoryOpType.ADD, MemoryOpType.UPDATE, MemoryOpType.DELETE, MemoryOpType.NOOP
+OPS = (ADD, UPDATE, DELETE, NOOP)
+EXTRACTOR_CHOICES = ("rule", "llm", "both")
+MALFORMED_PREFIX = "malformed llm output"  # the reason LlmExtractor gives the NOOP of a reply it cannot parse
+# Reason fragments of memrl.memory.extract.LlmOutputError → a short label for the breakdown.
+_MALFORMED_KINDS = (
+    ("no JSON found", "no_json"),
+    ("invalid JSON", "invalid_json"),
+    ("is not one of the shown ids", "bad_id"),
+    ("is not ADD/UPDATE/DELETE/NOOP", "bad_op"),
+    ("without text", "missing_text"),
+    ("expected an object", "not_an_object"),
+    ("expected a list", "not_a_list"),
+)
+# A number alone does not say which attribute a fact is about ("Mia has 3 pets" vs "Mia has 3 siblings").
+_NUMERIC_KEYWORDS = {
+    "age": r"years?|old|age",
+    "siblings": r"siblings?|brothers?|sisters?",
+    "pets": r"pets?",
+    "savings": r"savings?|saved|dollars?",
+}
+EXAMPLES_PER_OP = 2
+
+
+@dataclass(frozen=True)
+class Expected:
+    """The right decision for one history turn. ``stale``: the value an UPDATE replaces."""
+
+    op: MemoryOpType
+    person: str = ""
+    attr: str = ""
+    value: str = ""
+    stale: str = ""
+
+
+def expected_decisions(history: Sequence[TurnSpec]) -> list[Expected]:
+    """The right decision for each turn of one episode's history, in order."""
+    latest: dict[tuple[str, str], str] = {}
+    out = []
+    for turn in history:
+        parsed = parse_statement(turn.text)
+        if parsed is None:
+            out.append(Expected(NOOP))
+            continue
+        person, attr, value, _ = parsed
+        prev = latest.get((person, attr))
+        latest[(person, attr)] = value
+        op = ADD if prev is None else (UPDATE if prev != value else NOOP)
+        out.append(Expected(op, person, attr, value, prev or ""))
+    return out
+
+
+def holds(text: str, person: str, attr: str, value: str) -> bool:
+    """Does a fact text state ``person``'s ``attr`` = ``value``? (Both as words; numbers also need a word of
+    the attribute.) Model-written facts are paraphrases, so this is a word test, not a template match."""
+    words = set(re.findall(r"[a-z0-9]+", text.lower()))
+    if person.lower() not in words or value.lower() not in words:
+        return False
+    keyword = _NUMERIC_KEYWORDS.get(attr)
+    return keyword is None or re.search(rf"\b({keyword})\b", text.lower()) is not None
+
+
+def turn_op(ops: Sequence[MemoryOp]) -> MemoryOpType:
+    """One op per turn for the confusion matrix: UPDATE, else DELETE, else ADD, else NOOP."""
+    kinds = {o.op for o in ops}
+    return next((op for op in (UPDATE, DELETE, ADD) if op in kinds), NOOP)
+
+
+def malformed_kind(reason: str) -> str:
+    return next((label for fragment, label in _MALFORMED_KINDS if fragment in reason), "other")
+
+
+def _ratio(num: int, den: int) -> float | None:
+    return round(num / den, 4) if den else None
+
+
+@dataclass
+class ExtractScores:
+    """Turn-level counts for one extractor; :meth:`summary` turns them into the bench's JSON."""
+
+    confusion: dict[MemoryOpType, Counter] = field(default_factory=lambda: {op: Counter() for op in OPS})
+    update_right_target: int = 0
+    delete_ops: int = 0
+    chitchat_turns: int = 0
+    chitchat_adds: int = 0
+    multi_op_turns: int = 0
+    malformed: Counter = field(default_factory=Counter)
+    end_state: Counter = field(default_factory=Counter)
+    examples: list[dict] = field(default_factory=list)
+
+    def add_turn(
+        self,
+        turn: TurnSpec,
+        truth: Expected,
+        ops: Sequence[MemoryOp],
+        before: dict[int, str],
+        reply: str = "",
+    ) -> None:
+        """Score one turn's ops; ``before``: the episode's active facts (id → text) when the turn was decided."""
+        got = turn_op(ops)
+        self.confusion[truth.op][got] += 1
+        self.delete_ops += sum(o.op is DELETE for o in ops)
+        self.multi_op_turns += len([o for o in ops if o.op is not NOOP]) > 1
+        if truth.op is UPDATE and any(
+            o.op is UPDATE and holds(before.get(o.fact_ids[0], ""), truth.person, truth.attr, truth.stale)
+            for o in ops
+        ):
+            self.update_right_target += 1
+        if not truth.person:
+            self.chitchat_turns += 1
+            self.chitchat_adds += got is ADD
+        for o in ops:
+            if o.op is NOOP and o.text.startswith(MALFORMED_PREFIX):
+                self.malformed[malformed_kind(o.text)] += 1
+        if reply and sum(e["expected"] == truth.op.value for e in self.examples) < EXAMPLES_PER_OP:
+            self.examples.append(
+                {"turn": turn.text, "expected": truth.op.value, "decided": got.value, "reply": reply[:300]}
+            )
+
+    def add_end_state(
+        self, truths: Sequence[Expected], facts: Sequence[str], question_key: tuple | None
+    ) -> None:
+        """For every (person, attribute) that changed: does ``facts`` (the active fact texts at the end) hold
+        the latest value, and none of the earlier ones?"""
+        values: dict[tuple[str, str], list[str]] = {}
+        for t in truths:
+            if t.person and t.op is not NOOP:
+                values.setdefault((t.person, t.attr), []).append(t.value)
+        for key, seen in values.items():
+            if len(seen) < 2:
+                continue
+            latest = any(holds(f, *key, seen[-1]) for f in facts)
+            stale_gone = not any(holds(f, *key, v) for f in facts for v in seen[:-1])
+            for prefix in ("", "question_") if key == question_key else ("",):
+                self.end_state[f"{prefix}keys"] += 1
+                self.end_state[f"{prefix}latest_present"] += latest
+                self.end_state[f"{prefix}stale_gone"] += stale_gone
+                self.end_state[f"{prefix}correct"] += latest and stale_gone
+
+    def summary(self) -> dict:
+        turns = sum(sum(c.values()) for c in self.confusion.values())
+        decided = Counter()
+        for row in self.confusion.values():
+            decided.update(row)
+        expected = {op: sum(self.confusion[op].values()) for op in OPS}
+        hits = {op: self.confusion[op][op] for op in OPS}
+        end = self.end_state
+        return {
+            "turns": turns,
+            "expected": {op.value: expected[op] for op in OPS if expected[op]},
+            "confusion": {
+                e.value: {d.value: self.confusion[e][d] for d in OPS if self.confusion[e][d]}
+                for e in OPS
+                if expected[e]
+            },
+            "precision": {op.value: _ratio(hits[op], decided[op]) for op in OPS},
+            "recall": {op.value: _ratio(hits[op], expected[op]) for op in OPS},
+            "accuracy": _ratio(sum(hits.values()) - hits[UPDATE] + self.update_right_target, turns),
+            "update_target_accuracy": _ratio(self.update_right_target, hits[UPDATE]),
+            "update_recall_right_target": _ratio(self.update_right_target, expected[UPDATE]),
+            "delete_ops": self.delete_ops,
+            "chitchat_add_rate": _ratio(self.chitchat_adds, self.chitchat_turns),
+            "multi_op_turns": self.multi_op_turns,
+            "malformed_replies": sum(self.malformed.values()),
+            "malformed_rate": _ratio(sum(self.malformed.values()), turns),
+            "malformed_by_reason": dict(self.malformed),
+            "end_state": {
+                "changed_keys": end["keys"],
+                "latest_present": _ratio(end["latest_present"], end["keys"]),
+                "stale_gone": _ratio(end["stale_gone"], end["keys"]),
+                "correct": _ratio(end["correct"], end["keys"]),
+                "update_questions": end["question_keys"],
+                "update_questions_correct": _ratio(end["question_correct"], end["question_keys"]),
+            },
+            "examples": self.examples,
+        }
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Running an extractor over the episodes
+
+
+class CountingClient:
+    """A PolicyClient wrapper that counts prompt and completion tokens (what ``policy_text_generator`` uses)."""
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+        self.tokenizer = inner.tokenizer
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+
+    def generate(self, requests):
+        outputs = self.inner.generate(requests)
+        self.prompt_tokens += sum(len(r.prompt_ids) for r in requests)
+        self.completion_tokens += sum(len(outs[0].token_ids) for outs in outputs)
+        return outputs
+
+
+class _Recorder:
+    """Keeps the replies of the latest ``generate_text`` call (one per turn of the extraction call)."""
+
+    def __init__(self, generate_text: TextGenerator) -> None:
+        self.generate_text = generate_text
+        self.last: list[str] = []
+
+    def __call__(self, prompts: list[str]) -> list[str]:
+        self.last = self.generate_text(prompts)
+        return self.last
+
+
+def question_key(ep: BatchInput) -> tuple[str, str] | None:
+    """(person, attribute) an ``update`` question asks about (its evidence turn is the latest statement)."""
+    if ep.metadata.get("question_type") != "update":
+        return None
+    turns = {t.turn_id: t for t in ep.history}
+    parsed = parse_statement(turns[ep.metadata["evidence_turn_ids"][0]].text)
+    return None if parsed is None else parsed[:2]
+
+
+def run_extractor(
+    episodes: Sequence[BatchInput],
+    cfg: MemoryConfig,
+    *,
+    embedder: Embedder,
+    generate_text: TextGenerator | None = None,
+    desc: str = "",
+) -> dict:
+    """Ingest ``episodes`` with ``cfg.extractor`` and score every history turn's decisions (see the module doc).
+    ``desc``: show a progress bar with this label."""
+    recorder = _Recorder(generate_text) if generate_text is not None else None
+    system = MemorySystem(cfg, embedder=embedder, generate_text=recorder)
+    mgrs = [system.manager(ep.episode_id) for ep in episodes]
+    truths = [expected_decisions(ep.history) for ep in episodes]
+    scores = ExtractScores()
+    steps = max((len(ep.history) for ep in episodes), default=0)
+    seconds = 0.0
+    for i in tqdm(range(steps), desc=desc, unit="turn", file=sys.stderr, disable=not desc, mininterval=2.0):
+        live = [j for j, ep in enumerate(episodes) if i < len(ep.history)]
+        before = [{f.fact_id: f.text for f in mgrs[j].facts()} for j in live]
+        if recorder is not None:
+            recorder.last = []
+        t0 = time.perf_counter()
+        # One turn per episode per call: an update has to see the fact its earlier statement left.
+        results = system.extract_facts_batch([(mgrs[j], episodes[j].history[i]) for j in live])
+        seconds += time.perf_counter() - t0
+        replies = recorder.last if recorder is not None and recorder.last else [""] * len(live)
+        for j, ops, facts, reply in zip(live, results, before, replies, strict=True):
+            scores.add_turn(episodes[j].history[i], truths[j][i], ops, facts, reply)
+    for ep, mgr, truth in zip(episodes, mgrs, truths, strict=True):
+        scores.add_end_state(truth, [f.text for f in mgr.facts()], question_key(ep))
+    turns = sum(len(ep.history) for ep in episodes)
+    result = scores.summary()
+    result.update(
+        facts_per_episode=round(sum(len(m.facts()) for m in mgrs) / max(1, len(mgrs)), 2),
+        wall_seconds=round(seconds, 3),
+        seconds_per_turn=round(seconds / max(1, turns), 4),
+    )
+    for ep in episodes:
+        system.release(ep.episode_id)
+    return result
+
+
+def _policy_generator(cfg: MemoryConfig) -> tuple[TextGenerator, CountingClient]:
+    import torch
+
+    from memrl.bench import auto_threads
+    from memrl.memory.llm import policy_text_generator
+    from memrl.policy import PolicyConfig, make_policy
+
+    torch.set_num_threads(auto_threads())  # on a busy machine one thread decodes faster than two that wait
+
+    # The embedded default policy (SmolLM2-135M-Instruct), built as `memrl run` builds it.
+    client = CountingClient(make_policy(PolicyConfig()))
+    return policy_text_generator(client, max_tokens=cfg.llm_max_tokens), client
+
+
+@BENCHES.register("extract")
+def bench_extract(argv: list[str]) -> dict:
+    p = argparse.ArgumentParser(prog="memrl bench extract", description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--episodes", type=int, default=8, help="synthetic test-split episodes (18 history turns each)"
+    )
+    p.add_argument("--extractor", choices=EXTRACTOR_CHOICES, default="both")
+    p.add_argument("--seed", type=int, default=0, help="the synthetic adapter's data seed")
+    p.add_argument("overrides", nargs="*", help="MemoryConfig key=value overrides (llm_max_tokens=64)")
+    args = p.parse_args(argv)
+    overrides = memory_overrides(p, args.overrides)
+    if "extractor" in overrides:
+        p.error("name the extractor with --extractor rule|llm|both, not extractor=...")
+    if args.episodes < 1:
+        p.error(f"--episodes must be >= 1, got {args.episodes}")
+    from memrl.data.adapters import run_adapter
+
+    episodes, _ = run_adapter(
+        "synthetic", None, split="test", options={"num_episodes": args.episodes, "seed": args.seed}
+    )
+    names = ("rule", "llm") if args.extractor == "both" else (args.extractor,)
+    embedder = build_embedder(MemoryConfig(**overrides))
+    result: dict = {
+        "episodes": len(episodes),
+        "history_turns": sum(len(ep.history) for ep in episodes),
+        "seed": args.seed,
+        "overrides": overrides,
+    }
+    for name in names:
+        cfg = MemoryConfig(**{**overrides, "extractor": name})
+        generate_text, client = _policy_generator(cfg) if name == "llm" else (None, None)
+        t0 = time.perf_counter()
+        # The bench counts malformed replies itself; one warning per reply would bury the progress bar.
+        extract_log = logging.getLogger("memrl.memory.extract")
+        level = extract_log.level
+        extract_log.setLevel(logging.ERROR)
+        try:
+            scores = run_extractor(
+                episodes, cfg, embedder=embedder, generate_text=generate_text, desc=f"bench extract ({name})"
+            )
+        finally:
+            extract_log.setLevel(level)
+        if client is not None:
+            turns = result["history_turns"]
+            scores["model"] = "smollm2-135m (greedy)"
+            scores["prompt_tokens_per_turn"] = round(client.prompt_tokens / turns, 1)
+            scores["completion_tokens_per_turn"] = round(client.completion_tokens / turns, 1)
+        scores["total_seconds"] = round(time.perf_counter() - t0, 3)  # with model loading
+        result[name] = scores
+    return result

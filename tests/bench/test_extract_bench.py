@@ -1,0 +1,129 @@
+"""``memrl bench extract``: the scorer on real synthetic episodes, real MiniLM and FAISS; scripted replies stand in
+for the policy (the bench itself runs SmolLM2; a slow test runs it on one episode)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+import pytest
+
+from memrl.adapters.synthetic import make_episode, parse_statement
+from memrl.bench import BENCHES
+from memrl.bench.extract import expected_decisions, holds, run_extractor
+from memrl.memory.config import MemoryConfig
+from memrl.memory.embedder import build_embedder
+from memrl.types import MemoryOpType
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Episode 1 of the test split asks an update question; with episode 0 (lookup) there are distractor updates too.
+EPISODES = [make_episode(0, "test", i) for i in range(2)]
+_MEMORY_LINE = re.compile(r"^(\d+)\. \[[^\]]*\] (.*)$", re.MULTILINE)
+_MESSAGE = re.compile(r"^(?:New message|Message) \[[^\]]*\] [^:]*: (.*)$", re.MULTILINE)
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    return build_embedder(MemoryConfig())
+
+
+def scripted(update_op: str):
+    """Replies as a perfect extractor would, except that a changed value gets ``update_op`` ("UPDATE" or
+    "DELETE") on the shown memory that holds the person's old value of that attribute."""
+
+    def reply(prompt: str) -> str:
+        parsed = parse_statement(_MESSAGE.search(prompt).group(1))
+        if parsed is None:
+            return '[{"op": "NOOP"}]'
+        person, attr, value, _ = parsed
+        text = _MESSAGE.search(prompt).group(1)
+        for local, fact in _MEMORY_LINE.findall(prompt):
+            # The shown memory about this person and attribute: the parsed statement of its text.
+            old = parse_statement(fact)
+            if old is not None and old[:2] == (person, attr) and old[2] != value:
+                op = {"op": update_op, "id": int(local), "text": text}
+                return json.dumps([op] if update_op == "UPDATE" else [op, {"op": "ADD", "text": text}])
+        return json.dumps([{"op": "ADD", "text": text}])
+
+    return lambda prompts: [reply(p) for p in prompts]
+
+
+def test_expected_decisions_follow_the_values():
+    truths = expected_decisions(EPISODES[1].history)
+    updates = [t for t in truths if t.op is MemoryOpType.UPDATE]
+    assert updates and all(t.stale and t.stale != t.value for t in updates)
+    statements = [t for t in truths if t.person]
+    assert {t.op for t in statements} <= {MemoryOpType.ADD, MemoryOpType.UPDATE}
+    chitchat = [h for h, t in zip(EPISODES[1].history, truths, strict=True) if t.op is MemoryOpType.NOOP]
+    assert chitchat and all(parse_statement(h.text) is None for h in chitchat)
+
+
+def test_holds_needs_the_attribute_word_for_numbers():
+    assert holds("Ann: Mia has 3 siblings.", "Mia", "siblings", "3")
+    assert not holds("Mia has 3 pets.", "Mia", "siblings", "3")
+    assert holds("Mia lives in Oslo now", "Mia", "city", "Oslo")
+    assert not holds("Omar lives in Oslo.", "Mia", "city", "Oslo")
+
+
+def test_rule_extractor_adds_every_statement_and_never_updates(embedder):
+    result = run_extractor(EPISODES, MemoryConfig(extractor="rule"), embedder=embedder)
+    assert result["turns"] == 36
+    assert result["recall"]["ADD"] == 1.0
+    assert result["recall"]["UPDATE"] == 0.0 and result["update_recall_right_target"] == 0.0
+    assert result["chitchat_add_rate"] == 1.0  # every chit-chat turn becomes a fact
+    assert result["confusion"]["UPDATE"] == {"ADD": result["expected"]["UPDATE"]}
+    end = result["end_state"]
+    assert end["update_questions"] == 1 and end["latest_present"] == 1.0 and end["stale_gone"] == 0.0
+    assert result["delete_ops"] == 0 and result["malformed_replies"] == 0
+
+
+def test_a_right_update_scores_full_target_accuracy(embedder):
+    result = run_extractor(
+        EPISODES, MemoryConfig(extractor="llm"), embedder=embedder, generate_text=scripted("UPDATE")
+    )
+    assert result["update_target_accuracy"] == 1.0 and result["update_recall_right_target"] == 1.0
+    assert result["accuracy"] == 1.0 and result["chitchat_add_rate"] == 0.0
+    assert result["end_state"]["correct"] == 1.0 and result["end_state"]["update_questions_correct"] == 1.0
+    assert result["delete_ops"] == 0
+    assert len(result["examples"]) == 6  # two raw replies per expected op
+
+
+def test_a_delete_instead_of_an_update_is_a_wrong_delete(embedder):
+    result = run_extractor(
+        EPISODES, MemoryConfig(extractor="llm"), embedder=embedder, generate_text=scripted("DELETE")
+    )
+    n_updates = result["expected"]["UPDATE"]
+    assert result["delete_ops"] == n_updates
+    assert result["confusion"]["UPDATE"] == {"DELETE": n_updates}
+    assert result["precision"]["DELETE"] == 0.0 and result["update_target_accuracy"] is None
+    # Deleting the stale fact and adding the new one leaves the right end state, by the wrong op.
+    assert result["end_state"]["correct"] == 1.0
+
+
+def test_malformed_replies_are_counted_by_reason(embedder):
+    replies = iter(["Sure! Here is the memory.", '[{"op": "UPDATE", "id": 7, "text": "x"}]'] * 100)
+    result = run_extractor(
+        EPISODES[:1],
+        MemoryConfig(extractor="llm"),
+        embedder=embedder,
+        generate_text=lambda prompts: [next(replies) for _ in prompts],
+    )
+    assert result["malformed_replies"] == 18 and result["malformed_rate"] == 1.0
+    assert result["malformed_by_reason"] == {"no_json": 9, "bad_id": 9}
+    assert result["confusion"]["ADD"] == {"NOOP": result["expected"]["ADD"]}
+
+
+def test_bench_runs_the_rule_extractor_from_argv():
+    result = BENCHES.get("extract")(["--episodes", "2", "--extractor", "rule"])
+    assert result["episodes"] == 2 and "llm" not in result
+    assert result["rule"]["recall"]["ADD"] == 1.0 and result["rule"]["seconds_per_turn"] > 0
+    with pytest.raises(SystemExit):
+        BENCHES.get("extract")(["--episodes", "0"])
+
+
+@pytest.mark.slow
+def test_bench_with_smollm2_reports_tokens_per_turn():
+    result = BENCHES.get("extract")(["--episodes", "1", "--extractor", "llm"])["llm"]
+    assert result["turns"] == 18 and result["completion_tokens_per_turn"] > 0
+    assert 0.0 <= result["malformed_rate"] <= 1.0
