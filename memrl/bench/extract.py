@@ -43,7 +43,7 @@ from memrl.bench import BENCHES
 from memrl.bench.memory import memory_overrides
 from memrl.memory.config import MemoryConfig
 from memrl.memory.embedder import Embedder, build_embedder
-from memrl.memory.extract import TextGenerator
+from memrl.memory.extract import MALFORMED_REASON, TextGenerator
 from memrl.memory.manager import MemorySystem
 from memrl.types import BatchInput, MemoryOp, MemoryOpType, TurnSpec
 
@@ -52,7 +52,6 @@ logger = logging.getLogger(__name__)
 ADD, UPDATE, DELETE, NOOP = MemoryOpType.ADD, MemoryOpType.UPDATE, MemoryOpType.DELETE, MemoryOpType.NOOP
 OPS = (ADD, UPDATE, DELETE, NOOP)
 EXTRACTOR_CHOICES = ("rule", "llm", "both")
-MALFORMED_PREFIX = "malformed llm output"  # the reason LlmExtractor gives the NOOP of a reply it cannot parse
 # Reason fragments of memrl.memory.extract.LlmOutputError → a short label for the breakdown.
 _MALFORMED_KINDS = (
     ("no JSON found", "no_json"),
@@ -161,7 +160,7 @@ class ExtractScores:
             self.chitchat_turns += 1
             self.chitchat_adds += got is ADD
         for o in ops:
-            if o.op is NOOP and o.text.startswith(MALFORMED_PREFIX):
+            if o.op is NOOP and o.text.startswith(MALFORMED_REASON):
                 self.malformed[malformed_kind(o.text)] += 1
         if reply and sum(e["expected"] == truth.op.value for e in self.examples) < EXAMPLES_PER_OP:
             self.examples.append(
@@ -311,7 +310,7 @@ def run_extractor(
     return result
 
 
-def _policy_generator(cfg: MemoryConfig) -> tuple[TextGenerator, CountingClient]:
+def _policy_generator(cfg: MemoryConfig) -> tuple[TextGenerator, CountingClient, str]:
     import torch
 
     from memrl.bench import auto_threads
@@ -321,8 +320,9 @@ def _policy_generator(cfg: MemoryConfig) -> tuple[TextGenerator, CountingClient]
     torch.set_num_threads(auto_threads())  # on a busy machine one thread decodes faster than two that wait
 
     # The embedded default policy (SmolLM2-135M-Instruct), built as `memrl run` builds it.
-    client = CountingClient(make_policy(PolicyConfig()))
-    return policy_text_generator(client, max_tokens=cfg.llm_max_tokens), client
+    policy_cfg = PolicyConfig()
+    client = CountingClient(make_policy(policy_cfg))
+    return policy_text_generator(client, max_tokens=cfg.llm_max_tokens), client, policy_cfg.model
 
 
 @BENCHES.register("extract")
@@ -355,7 +355,7 @@ def bench_extract(argv: list[str]) -> dict:
     }
     for name in names:
         cfg = MemoryConfig(**{**overrides, "extractor": name})
-        generate_text, client = _policy_generator(cfg) if name == "llm" else (None, None)
+        generate_text, client, model = _policy_generator(cfg) if name == "llm" else (None, None, "")
         t0 = time.perf_counter()
         # The bench counts malformed replies itself; one warning per reply would bury the progress bar.
         extract_log = logging.getLogger("memrl.memory.extract")
@@ -369,7 +369,7 @@ def bench_extract(argv: list[str]) -> dict:
             extract_log.setLevel(level)
         if client is not None:
             turns = result["history_turns"]
-            scores["model"] = "smollm2-135m (greedy)"
+            scores["model"] = f"{model} (greedy)"
             scores["prompt_tokens_per_turn"] = round(client.prompt_tokens / turns, 1)
             scores["completion_tokens_per_turn"] = round(client.completion_tokens / turns, 1)
         scores["total_seconds"] = round(time.perf_counter() - t0, 3)  # with model loading

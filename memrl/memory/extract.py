@@ -149,6 +149,7 @@ def _rule(cfg: MemoryConfig, generate_text: TextGenerator | None = None) -> Fact
 # model never has to copy store ids; ids it invents are rejected as NOOPs with a reason.
 
 _JSON_START = re.compile(r"[\[{]")
+MALFORMED_REASON = "malformed llm output"  # the NOOP reason of a reply that cannot be parsed
 
 
 class LlmOutputError(ValueError):
@@ -243,7 +244,7 @@ class LlmExtractor:
                 out.append(parse_decisions(reply, req.neighbours, req.turn.speaker))
             except LlmOutputError as exc:
                 logger.warning("llm extractor, turn %s: malformed reply → NOOP (%s)", req.turn.turn_id, exc)
-                out.append([FactDecision(MemoryOpType.NOOP, reason=f"malformed llm output: {exc}")])
+                out.append([FactDecision(MemoryOpType.NOOP, reason=f"{MALFORMED_REASON}: {exc}")])
         return out
 
 
