@@ -79,6 +79,7 @@ class Question:
     category: str
     gold_turns: tuple[str, ...] = ()  # evidence turn ids (LongMemEval: has_answer turns, when flagged)
     asked_at: str | None = None  # the question's date (LongMemEval: question_date), for relative times
+    asked_by: str | None = None  # the question's speaker (the target turn's), whom "I"/"my" refers to
 
 
 GoldMapper = Callable[[Sequence[str]], set[str]]
@@ -135,7 +136,7 @@ def _question(dataset: str, ep: BatchInput, categories: set[int]) -> Question | 
         if int(meta["category"]) not in categories or not meta.get("evidence_turn_ids"):
             return None
         ids = tuple(meta["evidence_turn_ids"])
-        return Question(ep.final_query, ids, str(meta["category"]), ids)
+        return Question(ep.final_query, ids, str(meta["category"]), ids, asked_by=ep.target.speaker)
     gold = tuple(meta.get("answer_session_ids") or ())
     if not gold or meta.get("abstention"):
         return None
@@ -145,6 +146,7 @@ def _question(dataset: str, ep: BatchInput, categories: set[int]) -> Question | 
         str(meta["question_type"]),
         tuple(meta.get("evidence_turn_ids") or ()),
         ep.target.timestamp,
+        ep.target.speaker,
     )
 
 
@@ -224,7 +226,11 @@ def evaluate_conversation(
     history_tokens = sum(system.embedder.count_tokens([f.text for f in mgr.facts()]))
     items = [(mgr, q.text) for q in conv.questions]
     asked_at = [q.asked_at for q in conv.questions]
-    per_k = {k: system.retrieve_batch(items, k, asked_at=asked_at) for k in sorted({*KS, system.cfg.top_k})}
+    asked_by = [q.asked_by for q in conv.questions]
+    per_k = {
+        k: system.retrieve_batch(items, k, asked_at=asked_at, asked_by=asked_by)
+        for k in sorted({*KS, system.cfg.top_k})
+    }
     for i, q in enumerate(conv.questions):
         scores.add_contexts({k: [h.source_ids for h in per_k[k][i]] for k in KS}, q, to_gold)
         fractions.append(_context_tokens(system, per_k[system.cfg.top_k][i]) / max(1, history_tokens))

@@ -215,6 +215,7 @@ class EpisodeRunner:
                 k,
                 turn_id=live[0].inp.target.turn_id,
                 asked_at=[st.inp.target.timestamp for st in live],  # "two weeks ago" counts from here
+                asked_by=[st.inp.target.speaker for st in live],  # whose facts "I"/"my" questions are about
             )
             for st, mark, facts in zip(live, marks, hits, strict=True):
                 st.retrieved = order_facts(facts, self.cfg.fact_order)

@@ -8,8 +8,8 @@ built from the conversation around the hits:
 2. **Value.** A fact is worth its own fused score plus :data:`SPREAD` ``** d`` times the score of every
    candidate ``d ≤ 2n`` facts away (ingest order): evidence sits next to what matches the question (the
    question a turn answers, the same speaker's next turn), and a stretch that several hits point at is worth
-   more than an isolated lucky match. Facts said by a speaker the question names are worth ``1 +
-   speaker_weight`` times as much.
+   more than an isolated lucky match. Facts said by a speaker the question is about (one it names, or its
+   asker when it says "I", :func:`question_speakers`) are worth ``1 + speaker_weight`` times as much.
 3. **Selection.** Facts are taken by value while the budget allows; adjacent ones form one passage (texts
    joined on one line), passages are returned best first.
 
@@ -76,6 +76,24 @@ def named_speakers(query: str, ordered: Sequence[FactRecord]) -> set[str]:
     """Speakers of the namespace whose (one-word, case-insensitive) name the query contains."""
     words = set(_WORD.findall(query.lower()))
     return {r.speaker for r in ordered if r.speaker and r.speaker.lower() in words}
+
+
+_FIRST_PERSON = frozenset(["i", "me", "my", "mine", "myself"])
+_SECOND_PERSON = frozenset(["you", "your", "yours", "yourself"])
+
+
+def question_speakers(query: str, ordered: Sequence[FactRecord], asked_by: str | None = None) -> set[str]:
+    """The speakers a question is about: those it names, and its asker ``asked_by`` when it speaks in the first
+    person ("How many plants did I buy?") without addressing the other side ("What did you recommend?"). A
+    question about oneself is answered by what one said: on LongMemEval (the user asks about their own
+    sessions) this prior lifts session recall@10 0.965 -> 0.983 and multi-session 0.935 -> 0.976, where
+    the assistant's long topical replies otherwise take the budget (docs/experiments.md)."""
+    speakers = named_speakers(query, ordered)
+    words = set(_WORD.findall(query.lower()))
+    if asked_by and words & _FIRST_PERSON and not words & _SECOND_PERSON:
+        if any(r.speaker == asked_by for r in ordered):
+            speakers.add(asked_by)
+    return speakers
 
 
 def select_passages(

@@ -27,7 +27,7 @@ import numpy as np
 from memrl.formats import extract_answer
 from memrl.memory.compress import COMPRESSORS, CompressRequest
 from memrl.memory.config import MemoryConfig
-from memrl.memory.context import named_speakers, select_passages
+from memrl.memory.context import question_speakers, select_passages
 from memrl.memory.embedder import Embedder, build_embedder, window_chunks
 from memrl.memory.extract import EXTRACTORS, ExtractionRequest, FactDecision, TextGenerator
 from memrl.memory.retrieval import RETRIEVERS, Query, time_rescore
@@ -67,9 +67,17 @@ class MemoryManager:
         return self.system.compress_batch([(self, turns)])[0]
 
     def retrieve(
-        self, query: str, k: int | None = None, *, turn_id: str = "retrieve", asked_at: str | None = None
+        self,
+        query: str,
+        k: int | None = None,
+        *,
+        turn_id: str = "retrieve",
+        asked_at: str | None = None,
+        asked_by: str | None = None,
     ) -> list[RetrievedFact]:
-        return self.system.retrieve_batch([(self, query)], k, turn_id=turn_id, asked_at=[asked_at])[0]
+        return self.system.retrieve_batch(
+            [(self, query)], k, turn_id=turn_id, asked_at=[asked_at], asked_by=[asked_by]
+        )[0]
 
     def update_memory(self, generation_text: str, turn_id: str) -> list[MemoryOp]:
         return self.system.update_memory_batch([(self, generation_text, turn_id)])[0]
@@ -258,15 +266,18 @@ class MemorySystem:
         *,
         turn_id: str = "retrieve",
         asked_at: Sequence[str | None] | None = None,
+        asked_by: Sequence[str | None] | None = None,
     ) -> list[list[RetrievedFact]]:
         """The context for each (episode, query): ``k`` hits (default ``top_k``) with their neighbours, as
         fixed windows or budgeted passages (:mod:`memrl.memory.context`); one encode call for all queries.
         ``asked_at``: each query's date (the adapters' timestamp formats), for questions that say "two weeks
-        ago" or "in the past month". Logs ``MemoryOp(RETRIEVE)``."""
+        ago" or "in the past month". ``asked_by``: each query's speaker, whose own facts a first-person question
+        is about (:func:`~memrl.memory.context.question_speakers`). Logs ``MemoryOp(RETRIEVE)``."""
         if not items:
             return []
-        if asked_at is not None and len(asked_at) != len(items):
-            raise ValueError(f"retrieve_batch: {len(asked_at)} asked_at dates for {len(items)} queries")
+        for name, given in (("asked_at dates", asked_at), ("asked_by speakers", asked_by)):
+            if given is not None and len(given) != len(items):
+                raise ValueError(f"retrieve_batch: {len(given)} {name} for {len(items)} queries")
         k = k or self.cfg.top_k
         vecs = self.embedder.encode([q for _, q in items]) if self.retriever.needs_vectors else None
         out = []
@@ -276,7 +287,8 @@ class MemorySystem:
             ordered = self.store.records(mgr.episode_id)
             records = {r.fact_id: r for r in ordered}
             ranked = time_rescore(ranked, records, query, self.cfg, None if asked_at is None else asked_at[i])
-            hits = self._context(mgr, ranked, ordered, k, query)
+            speakers = question_speakers(query, ordered, None if asked_by is None else asked_by[i])
+            hits = self._context(mgr, ranked, ordered, k, speakers)
             mgr._log(
                 [
                     MemoryOp(
@@ -293,7 +305,7 @@ class MemorySystem:
             out.append(hits)
         return out
 
-    def _context(self, mgr: MemoryManager, ranked, ordered, k: int, query: str) -> list[RetrievedFact]:
+    def _context(self, mgr: MemoryManager, ranked, ordered, k: int, speakers: set[str]) -> list[RetrievedFact]:
         """The ranking → the retrieved items (:mod:`memrl.memory.context`: windows or budgeted passages)."""
         n = self.cfg.neighbour_turns
         lengths = self._lengths.setdefault(mgr.episode_id, {})
@@ -311,7 +323,7 @@ class MemorySystem:
             k,
             n,
             tokens=tokens,
-            speakers=named_speakers(query, ordered),
+            speakers=speakers,
             speaker_weight=self.cfg.speaker_weight,
         )
         return [

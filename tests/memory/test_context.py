@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from memrl.memory.context import SPREAD, fixed_windows, named_speakers, select_passages
+from memrl.memory.context import SPREAD, fixed_windows, named_speakers, question_speakers, select_passages
 from memrl.memory.store import FactRecord
 
 # Ten turns of one conversation; lengths in tokens are the number of words.
@@ -75,3 +75,14 @@ def test_a_named_speaker_takes_the_budget_from_the_other_speaker():
     assert ids(plain) == [["D1:5", "D1:6", "D1:7"]]
     ann = select_passages([(7, 1.0)], ORDERED, 1, 1, tokens=ten, speakers={"Ann"}, speaker_weight=1.5)
     assert ids(ann) == [["D1:6"], ["D1:4"], ["D1:8"]]
+
+
+def test_a_first_person_question_is_about_its_asker():
+    assert question_speakers("What trail did I hike?", ORDERED, asked_by="Ann") == {"Ann"}
+    assert question_speakers("Did Bob like my cat?", ORDERED, asked_by="Ann") == {"Ann", "Bob"}
+    # Addressing the other side ("you") is a question about what they said; no "I" means no asker prior.
+    assert question_speakers("What did you tell me about Pixel?", ORDERED, asked_by="Ann") == set()
+    assert question_speakers("Where is the Haute Route?", ORDERED, asked_by="Ann") == set()
+    # An asker who never speaks in this history (LoCoMo's "User" asking about Ann and Bob) adds nothing.
+    assert question_speakers("What did I ask?", ORDERED, asked_by="User") == set()
+    assert question_speakers("What did I ask?", ORDERED) == set()

@@ -153,3 +153,46 @@ def test_a_dated_question_retrieves_the_session_in_its_range_over_a_better_worde
     assert dated[0].source_ids == ("new:0",)
     with pytest.raises(ValueError, match="asked_at"):
         s.retrieve_batch([(s.manager("ep"), question)], asked_at=[])
+
+
+ASSISTANT_CHAT = [
+    ("user", "Can you give me some tips for first-time cat owners?"),
+    (
+        "assistant",
+        "Sure! New cats need a quiet room, a litter box, scratching posts and a vet visit in the first weeks; "
+        "cats adopted from a shelter often hide for a few days before they explore.",
+    ),
+    ("user", "Thanks! I adopted two cats from the shelter last week."),
+    (
+        "assistant",
+        "Adopting cats from a shelter is wonderful! Give your adopted cats time, feed them at the same hours "
+        "every day and let them come to you; most adopted cats settle in within a month.",
+    ),
+    ("user", "My landlord allows pets, luckily."),
+    ("assistant", "That is great news; landlords often ask for a pet deposit, so check your lease."),
+    ("user", "What should I cook for dinner tonight?"),
+    ("assistant", "A quick pasta with tomatoes, garlic and basil takes twenty minutes."),
+]
+
+
+def test_a_question_about_oneself_spends_the_budget_on_what_the_asker_said(minilm):
+    s = MemorySystem(MemoryConfig(top_k=1, neighbour_turns=1), embedder=minilm)
+    turns = [TurnSpec("history", t, f"s1:{i}", sp) for i, (sp, t) in enumerate(ASSISTANT_CHAT)]
+    s.extract_facts_batch([(s.manager("ep"), t) for t in turns])
+    mgr = s.manager("ep")
+
+    def sources(question: str, asked_by: str | None) -> list[str]:
+        return [i for hit in mgr.retrieve(question, asked_by=asked_by) for i in hit.source_ids]
+
+    # The assistant's topical reply is the best match; its window spends the budget on it.
+    assert "s1:3" in sources("How many cats did I adopt?", None)
+    # Asked by the user about themself, the user's own turns are worth twice as much: the budget goes to the
+    # user's statement and other user turns, not to the long reply.
+    mine = sources("How many cats did I adopt?", "user")
+    assert mine[0] == "s1:2" and "s1:3" not in mine and "s1:1" not in mine
+    # A question to the assistant ("you") gets no prior.
+    assert sources("What did you tell me about adopted cats?", "user") == sources(
+        "What did you tell me about adopted cats?", None
+    )
+    with pytest.raises(ValueError, match="asked_by"):
+        s.retrieve_batch([(mgr, "How many cats did I adopt?")], asked_by=[])
