@@ -90,9 +90,9 @@ def question_speakers(query: str, ordered: Sequence[FactRecord], asked_by: str |
     the assistant's long topical replies otherwise take the budget (docs/experiments.md)."""
     speakers = named_speakers(query, ordered)
     words = set(_WORD.findall(query.lower()))
-    if asked_by and words & _FIRST_PERSON and not words & _SECOND_PERSON:
-        if any(r.speaker == asked_by for r in ordered):
-            speakers.add(asked_by)
+    about_self = bool(words & _FIRST_PERSON) and not words & _SECOND_PERSON
+    if asked_by and about_self and any(r.speaker == asked_by for r in ordered):
+        speakers.add(asked_by)
     return speakers
 
 

@@ -305,7 +305,9 @@ class MemorySystem:
             out.append(hits)
         return out
 
-    def _context(self, mgr: MemoryManager, ranked, ordered, k: int, speakers: set[str]) -> list[RetrievedFact]:
+    def _context(
+        self, mgr: MemoryManager, ranked, ordered, k: int, speakers: set[str]
+    ) -> list[RetrievedFact]:
         """The ranking → the retrieved items (:mod:`memrl.memory.context`: windows or budgeted passages)."""
         n = self.cfg.neighbour_turns
         lengths = self._lengths.setdefault(mgr.episode_id, {})
