@@ -190,9 +190,8 @@ def test_a_question_about_oneself_spends_the_budget_on_what_the_asker_said(minil
     # user's statement and other user turns, not to the long reply.
     mine = sources("How many cats did I adopt?", "user")
     assert mine[0] == "s1:2" and "s1:3" not in mine and "s1:1" not in mine
-    # A question to the assistant ("you") gets no prior.
-    assert sources("What did you tell me about adopted cats?", "user") == sources(
-        "What did you tell me about adopted cats?", None
-    )
+    # A question that does not speak in the first person gets no prior.
+    impersonal = sources("How many cats were adopted?", None)
+    assert "s1:3" in impersonal and sources("How many cats were adopted?", "user") == impersonal
     with pytest.raises(ValueError, match="asked_by"):
         s.retrieve_batch([(mgr, "How many cats did I adopt?")], asked_by=[])
