@@ -16,7 +16,7 @@ built from the conversation around the hits:
 Measured (``memrl bench memory``, the same context share as fixed ±1 windows, ~5 % of the history's tokens):
 LoCoMo evidence recall@10 0.796 → 0.852 (0.825 without the speaker prior); LongMemEval ``_S``-like session
 recall@10 (56 questions) 0.949 → 0.979 with the relative-date ranges of :mod:`memrl.memory.retrieval`, 0.987
-with the asker prior (188 questions: 0.983); see docs/benchmarks.md.
+with the asker prior (188 questions: 0.988); see docs/benchmarks.md.
 """
 
 from __future__ import annotations
