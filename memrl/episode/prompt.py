@@ -6,9 +6,9 @@ first), ``summary`` and ``tools``; messages ``[system, user=question]``; ids fro
 ``tokenizer.apply_chat_template(..., add_generation_prompt=True)``. A tokenizer without a chat template gets
 :data:`memrl.templates.PLAIN_CHAT_FORMAT`.
 
-The budget is never met by silent truncation: facts are cut lowest score first (ties: oldest first) and the cut
-ids are returned; if the prompt still does not fit, the summary is dropped; if even that does not fit,
-:class:`PromptTooLongError` is raised.
+The budget is never met by silent truncation: a summary that does not fit even without facts is dropped first;
+then facts are cut lowest score first (ties: oldest first) and the cut ids are returned; if the prompt still does
+not fit, the summary is dropped; if even that does not fit, :class:`PromptTooLongError` is raised.
 
 >>> builder = PromptBuilder(EpisodeConfig(), tokenizer)
 >>> built = builder.build("Where does Ann live?", facts=[{"id": 3, "text": "Ann lives in Oslo", ...}])
@@ -139,6 +139,11 @@ class PromptBuilder:
         cut_order = sorted(range(len(kept)), key=lambda i: (kept[i].score, i))
         cut: list[int] = []
         ids, system, messages = self._encode(question, kept, summary, tools)
+        summary_cut = False
+        if len(ids) > budget and summary and len(self._encode(question, (), summary, tools)[0]) > budget:
+            # A summary that does not fit even alone goes first: cutting facts for it would empty the memory.
+            summary, summary_cut = "", True
+            ids, system, messages = self._encode(question, kept, summary, tools)
         while len(ids) > budget and len(cut) < len(cut_order):
             # Drop several facts at once when far over budget (each re-render costs a tokenisation), then
             # re-check; the estimate uses the rendered length of the facts still in.
@@ -151,7 +156,6 @@ class PromptBuilder:
             )
         cut_set = set(cut)
         remaining = [f for i, f in enumerate(kept) if i not in cut_set]
-        summary_cut = False
         if len(ids) > budget and summary:
             summary_cut = True
             ids, system, messages = self._encode(question, remaining, "", tools)

@@ -40,6 +40,10 @@ from memrl.types import BatchInput, EpisodeStatus, EpisodeTrajectory
 
 logger = logging.getLogger(__name__)
 
+# Share of the prompt's free tokens kept back from the passages for the markup of each fact line ("- [date] ",
+# ~10-15 tokens on ~10-15 lines of a ~1,500-token room); the prompt builder still cuts whatever does not fit.
+ROOM_MARGIN = 0.15
+
 
 def _infra_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that mean broken machinery: never blamed on one episode."""
@@ -216,6 +220,8 @@ class EpisodeRunner:
                 turn_id=live[0].inp.target.turn_id,
                 asked_at=[st.inp.target.timestamp for st in live],  # "two weeks ago" counts from here
                 asked_by=[st.inp.target.speaker for st in live],  # whose facts "I"/"my" questions are about
+                room=None if self.recent is not None else [self._memory_room(st) for st in live],
+                count_tokens=self._prompt_tokens,
             )
             for st, mark, facts in zip(live, marks, hits, strict=True):
                 st.retrieved = order_facts(facts, self.cfg.fact_order)
@@ -237,6 +243,21 @@ class EpisodeRunner:
             if recent is not None:
                 st.metrics.update(recent.coverage(st.prompt.included_fact_ids))
             st.advance(Phase.GENERATING)
+
+    def _prompt_tokens(self, text: str) -> int:
+        return len(self.prompts.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _memory_room(self, st: EpisodeState) -> int:
+        """Policy tokens the retrieved passages may take: the prompt budget less the prompt without them, less
+        :data:`ROOM_MARGIN` for each fact line's markup. Without it a passage longer than what is left (a whole
+        LongMemEval session joined from its turns) is chosen and then cut from the prompt whole: on the
+        LongMemEval oracle 74 % of prompts held no memory at all."""
+        summary = st.manager.summary if self.cfg.use_summary else ""
+        try:  # (a summary that does not fit is dropped here as it will be from the real prompt)
+            base = len(self.prompts.build(st.inp.final_query, (), summary, self.tool_names).ids)
+        except PromptTooLongError:
+            return 0  # the prompt fails without memory too; building it reports why
+        return max(0, int((self.cfg.prompt_token_budget - base) * (1.0 - ROOM_MARGIN)))
 
     def _generate(self, states: list[EpisodeState]) -> None:
         self._guarded(Phase.GENERATING, states, self._generate_live)

@@ -105,12 +105,16 @@ def select_passages(
     tokens: Callable[[FactRecord], int],
     speakers: set[str] = frozenset(),
     speaker_weight: float = 0.0,
+    max_tokens: int | None = None,
 ) -> list[ContextItem]:
-    """Passages worth the most under the budget of ``fixed_windows(ranked, ordered, k, n)`` (module docstring).
-    ``tokens`` gives a fact's length in the unit of the budget."""
+    """Passages worth the most under the budget of ``fixed_windows(ranked, ordered, k, n)`` (module docstring),
+    or ``max_tokens`` when that is smaller (the room a prompt has left). ``tokens`` gives a fact's length in
+    the unit of the budget."""
     if n == 0 or not ranked:
         return fixed_windows(ranked, ordered, k, n)
     budget = sum(tokens(f) for item in fixed_windows(ranked, ordered, k, n) for f in item.facts)
+    if max_tokens is not None:
+        budget = min(budget, max_tokens)
     pos = {r.fact_id: i for i, r in enumerate(ordered)}
     value: dict[int, float] = {}
     for fid, score in ranked:

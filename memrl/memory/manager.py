@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -124,7 +124,8 @@ class MemorySystem:
         self.retriever = RETRIEVERS.get(cfg.retrieval)(cfg)
         self.metrics: Counter[str] = Counter()
         self._managers: dict[str, MemoryManager] = {}
-        self._lengths: dict[str, dict[int, tuple[str, int]]] = {}  # namespace -> fact id -> (text, tokens)
+        # namespace -> (token unit, fact id) -> (text, tokens)
+        self._lengths: dict[str, dict[tuple[str, int], tuple[str, int]]] = {}
         self._next_summary_id = 1
 
     def manager(self, episode_id: str) -> MemoryManager:
@@ -267,15 +268,20 @@ class MemorySystem:
         turn_id: str = "retrieve",
         asked_at: Sequence[str | None] | None = None,
         asked_by: Sequence[str | None] | None = None,
+        room: Sequence[int | None] | None = None,
+        count_tokens: Callable[[str], int] | None = None,
     ) -> list[list[RetrievedFact]]:
         """The context for each (episode, query): ``k`` hits (default ``top_k``) with their neighbours, as
         fixed windows or budgeted passages (:mod:`memrl.memory.context`); one encode call for all queries.
         ``asked_at``: each query's date (the adapters' timestamp formats), for questions that say "two weeks
         ago" or "in the past month". ``asked_by``: each query's speaker, whose own facts a first-person question
-        is about (:func:`~memrl.memory.context.question_speakers`). Logs ``MemoryOp(RETRIEVE)``."""
+        is about (:func:`~memrl.memory.context.question_speakers`). ``room``: each query's token budget for the
+        passages (what its prompt has left), counted by ``count_tokens`` (the policy's tokenizer; default the
+        embedder's), so that a passage is never chosen only to be cut from the prompt whole. Logs
+        ``MemoryOp(RETRIEVE)``."""
         if not items:
             return []
-        for name, given in (("asked_at dates", asked_at), ("asked_by speakers", asked_by)):
+        for name, given in (("asked_at dates", asked_at), ("asked_by speakers", asked_by), ("rooms", room)):
             if given is not None and len(given) != len(items):
                 raise ValueError(f"retrieve_batch: {len(given)} {name} for {len(items)} queries")
         k = k or self.cfg.top_k
@@ -288,7 +294,8 @@ class MemorySystem:
             records = {r.fact_id: r for r in ordered}
             ranked = time_rescore(ranked, records, query, self.cfg, None if asked_at is None else asked_at[i])
             speakers = question_speakers(query, ordered, None if asked_by is None else asked_by[i])
-            hits = self._context(mgr, ranked, ordered, k, speakers)
+            fit = None if room is None else room[i]
+            hits = self._context(mgr, ranked, ordered, k, speakers, fit, count_tokens)
             mgr._log(
                 [
                     MemoryOp(
@@ -306,17 +313,26 @@ class MemorySystem:
         return out
 
     def _context(
-        self, mgr: MemoryManager, ranked, ordered, k: int, speakers: set[str]
+        self,
+        mgr: MemoryManager,
+        ranked,
+        ordered,
+        k: int,
+        speakers: set[str],
+        room: int | None = None,
+        count_tokens: Callable[[str], int] | None = None,
     ) -> list[RetrievedFact]:
         """The ranking → the retrieved items (:mod:`memrl.memory.context`: windows or budgeted passages)."""
         n = self.cfg.neighbour_turns
         lengths = self._lengths.setdefault(mgr.episode_id, {})
+        unit = "embedder" if count_tokens is None else "prompt"
+        count = count_tokens or (lambda text: self.embedder.count_tokens([text])[0])
 
         def tokens(rec: FactRecord) -> int:
-            # Memoised per fact and text: an UPDATE keeps the id but changes the text.
-            hit = lengths.get(rec.fact_id)
+            # Memoised per fact, unit and text: an UPDATE keeps the id but changes the text.
+            hit = lengths.get((unit, rec.fact_id))
             if hit is None or hit[0] != rec.text:
-                hit = lengths[rec.fact_id] = (rec.text, self.embedder.count_tokens([rec.text])[0])
+                hit = lengths[(unit, rec.fact_id)] = (rec.text, count(rec.text))
             return hit[1]
 
         items = select_passages(
@@ -327,6 +343,7 @@ class MemorySystem:
             tokens=tokens,
             speakers=speakers,
             speaker_weight=self.cfg.speaker_weight,
+            max_tokens=room,
         )
         return [
             RetrievedFact(

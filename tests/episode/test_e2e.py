@@ -200,3 +200,32 @@ def test_prompt_budget_cuts_are_recorded(policy_and_cfg, tmp_path):
     assert set(target.meta.cut_fact_ids) | set(target.meta.included_fact_ids) == set(
         target.meta.retrieved_ids
     )
+
+
+def test_passages_fit_the_room_the_prompt_leaves(policy_and_cfg, tmp_path):
+    # One long session: adjacent hits join into one passage longer than the whole prompt budget. The memory
+    # chooses its passages within the room the prompt leaves (in the policy's tokens), so facts reach the prompt
+    # instead of the one oversized passage being cut whole.
+    from memrl.types import TurnSpec
+
+    policy, _, _ = policy_and_cfg
+    budget = 700
+    cfg = _cfg(
+        policy_and_cfg[1].policy.model, tmp_path, f"episode.prompt_token_budget={budget}", "rollout.n=1"
+    )
+    filler = "We talked about the weather, the garden and the neighbours for a while. " * 3
+    turns = [
+        TurnSpec(
+            "history", f"{filler}My cat is called Miso number {i}.", f"s1:{i}", ("user", "assistant")[i % 2]
+        )
+        for i in range(12)
+    ]
+    question = "What is my cat called?"
+    episode = BatchInput("long", "long", (*turns, TurnSpec("target", question, "Q", "user")), question)
+    runner = build_runner(cfg, policy=policy)
+    (traj,) = runner.run_batch([episode])
+    meta = traj.steps[-1].meta
+    assert meta.retrieved_ids and meta.included_fact_ids
+    assert len(traj.steps[-1].prompt_ids) <= budget
+    joined = sum(len(policy.tokenizer(t.text)["input_ids"]) for t in turns)
+    assert joined > budget, "the whole session would not fit: without the room, its passage is cut whole"

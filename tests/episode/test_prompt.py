@@ -65,10 +65,15 @@ def test_budget_cuts_lowest_scores_first_and_minimally():
     assert not built.summary_cut
 
 
-def test_summary_dropped_only_after_all_facts_and_error_past_budget():
-    b = _builder(budget=300)  # the bare prompt is 225 byte tokens, with the summary alone 384
-    built = b.build("Q?", _facts(3), summary="x" * 150)
-    assert built.summary_cut and built.cut_fact_ids == (100, 101, 102) and built.included_fact_ids == ()
+def test_summary_dropped_after_the_facts_unless_it_cannot_fit_at_all_and_error_past_budget():
+    # The bare prompt is 225 byte tokens, with the summary alone 384. Budget 400: the summary fits alone, so
+    # facts are cut (lowest score first) to keep it.
+    kept = _builder(budget=400).build("Q?", _facts(3), summary="x" * 150)
+    assert not kept.summary_cut and kept.cut_fact_ids == (100, 101, 102) and kept.included_fact_ids == ()
+    # Budget 300: no fact cut could make room for the summary, so it goes first and the facts that fit stay.
+    built = _builder(budget=300).build("Q?", _facts(3), summary="x" * 150)
+    assert built.summary_cut and built.included_fact_ids and len(built.ids) <= 300
+    assert set(built.cut_fact_ids) | set(built.included_fact_ids) == {100, 101, 102}
     with pytest.raises(PromptTooLongError, match="prompt_token_budget"):
         _builder(budget=300).build("Q" * 200 + "?")
 

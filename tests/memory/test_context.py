@@ -86,3 +86,13 @@ def test_a_first_person_question_is_about_its_asker():
     # An asker who never speaks in this history (LoCoMo's "User" asking about Ann and Bob) adds nothing.
     assert question_speakers("What did I ask?", ORDERED, asked_by="User") == set()
     assert question_speakers("What did I ask?", ORDERED) == set()
+
+
+def test_the_room_left_in_the_prompt_caps_the_passages():
+    ranked = [(1, 1.0), (6, 0.9), (8, 0.9)]
+    full = select_passages(ranked, ORDERED, 2, 1, tokens=words)
+    capped = select_passages(ranked, ORDERED, 2, 1, tokens=words, max_tokens=12)
+    assert sum(words(f) for it in full for f in it.facts) > 12
+    assert 0 < sum(words(f) for it in capped for f in it.facts) <= 12
+    # The best fact still comes first; what no longer fits is passed over, not cut in half.
+    assert capped[0].lead.fact_id == full[0].lead.fact_id
