@@ -220,8 +220,9 @@ class EpisodeRunner:
                 turn_id=live[0].inp.target.turn_id,
                 asked_at=[st.inp.target.timestamp for st in live],  # "two weeks ago" counts from here
                 asked_by=[st.inp.target.speaker for st in live],  # whose facts "I"/"my" questions are about
+                # The room, in the policy's tokens, only where the retrieved facts are what the prompt holds.
                 room=None if self.recent is not None else [self._memory_room(st) for st in live],
-                count_tokens=self._prompt_tokens,
+                count_tokens=None if self.recent is not None else self._prompt_tokens,
             )
             for st, mark, facts in zip(live, marks, hits, strict=True):
                 st.retrieved = order_facts(facts, self.cfg.fact_order)
