@@ -368,7 +368,8 @@ class StepTrajectory:
 
     @property
     def trainable(self) -> bool:
-        return self.turn_role is TurnRole.TARGET and any(self.response_mask)
+        """A target turn, or a memory write the policy generated (history step with model tokens)."""
+        return any(self.response_mask)
 
     @classmethod
     def from_generation(

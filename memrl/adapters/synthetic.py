@@ -32,6 +32,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from memrl.adapters.synthetic_phrasing import PHRASINGS, varied_text
 from memrl.data.adapters import ADAPTERS, SkipReport
 from memrl.types import BatchInput, TurnRole, TurnSpec
 
@@ -174,11 +175,18 @@ def _draw(rng: random.Random, pools: dict[str, list[str]], attr: str, avoid: str
             return value
 
 
+@dataclass(frozen=True)
+class _Fact:
+    person: str
+    attr: str
+    value: str
+
+
 @dataclass
 class _Plan:
     """Statements placed into (session, slot) positions before chit-chat fills the rest."""
 
-    slots: dict[tuple[int, int], str]
+    slots: dict[tuple[int, int], str | _Fact]  # chit-chat text, or a fact rendered once the order is known
     num_sessions: int
     turns_per_session: int
 
@@ -186,7 +194,7 @@ class _Plan:
         sessions = sessions if sessions is not None else range(self.num_sessions)
         return [(s, t) for s in sessions for t in range(self.turns_per_session) if (s, t) not in self.slots]
 
-    def place(self, rng: random.Random, text: str, sessions: range | None = None) -> tuple[int, int]:
+    def place(self, rng: random.Random, text: str | _Fact, sessions: range | None = None) -> tuple[int, int]:
         free = self.free(sessions)
         if not free:
             raise ValueError("synthetic: not enough turn slots; raise turns_per_session or num_sessions")
@@ -203,20 +211,23 @@ class _EpisodeBuilder:
     """Builds one episode; keeps the per-episode state (persons, values, plan) in one place."""
 
     def __init__(
-        self, rng: random.Random, split: str, num_sessions: int, turns_per_session: int, n_persons: int
-    ):
+        self, rng: random.Random, split: str, num_sessions: int, turns_per_session: int, n_persons: int,
+        speakers_are_persons: bool = False,
+    ):  # fmt: skip
         self.rng = rng
         self.pools = _pools(split)
         names = rng.sample(self.pools["names"], n_persons + 2)
         self.persons, self.speakers = names[:n_persons], names[n_persons:]
+        if speakers_are_persons:  # varied phrasing: speakers talk about themselves in the first person
+            self.speakers = self.persons[:2]
         self.values = {p: {a: _draw(rng, self.pools, a) for a in _ATTRS} for p in self.persons}
         self.plan = _Plan({}, num_sessions, turns_per_session)
         self.stated: set[tuple[str, str]] = set()
 
     def state(self, person: str, attr: str, sessions: range | None = None) -> str:
         self.stated.add((person, attr))
-        text = _ATTRS[attr].state.format(p=person, v=self.values[person][attr])
-        return _turn_id(self.plan.place(self.rng, text, sessions))
+        fact = _Fact(person, attr, self.values[person][attr])
+        return _turn_id(self.plan.place(self.rng, fact, sessions))
 
     def state_with_update(self, person: str, attr: str) -> str:
         """State an old value in some session, then the current value in a strictly later one."""
@@ -224,10 +235,10 @@ class _EpisodeBuilder:
         first = self.rng.randrange(0, n - 1)
         later = self.rng.randrange(first + 1, n)
         old = _draw(self.rng, self.pools, attr, avoid=self.values[person][attr])
-        self.plan.place(self.rng, _ATTRS[attr].state.format(p=person, v=old), range(first, first + 1))
+        self.plan.place(self.rng, _Fact(person, attr, old), range(first, first + 1))
         self.stated.add((person, attr))
-        text = _ATTRS[attr].update.format(p=person, v=self.values[person][attr])
-        return _turn_id(self.plan.place(self.rng, text, range(later, later + 1)))
+        fact = _Fact(person, attr, self.values[person][attr])
+        return _turn_id(self.plan.place(self.rng, fact, range(later, later + 1)))
 
     def question(self, qtype: str) -> tuple[str, str, list[str], str | None, list[str]]:
         """(question, answer, evidence turn ids, gold_python, attributes asked)."""
@@ -243,8 +254,8 @@ class _EpisodeBuilder:
         first = self.rng.choice(early)
         second = self.rng.choice([f for f in free if f[0] > first[0]])
         old = _draw(self.rng, self.pools, attr, avoid=self.values[person][attr])
-        self.plan.slots[first] = _ATTRS[attr].state.format(p=person, v=old)
-        self.plan.slots[second] = _ATTRS[attr].update.format(p=person, v=self.values[person][attr])
+        self.plan.slots[first] = _Fact(person, attr, old)
+        self.plan.slots[second] = _Fact(person, attr, self.values[person][attr])
         self.stated.add((person, attr))
         return True
 
@@ -319,28 +330,60 @@ def _fmt(d: dt.datetime) -> str:
     return d.strftime("%Y-%m-%d %H:%M")
 
 
+def _render(
+    b: _EpisodeBuilder, dates: list[dt.datetime], phrasing: str, split: str, rng: random.Random
+) -> list[TurnSpec]:
+    """The history turns in order; facts are worded now that their order (first statement or change) and their
+    speaker are known, and each turn gets its gold memory operation (:mod:`memrl.memory.gold`)."""
+    latest: dict[tuple[str, str], str] = {}
+    turns = []
+    for s in range(b.plan.num_sessions):
+        for t in range(b.plan.turns_per_session):
+            item, speaker = b.plan.slots[(s, t)], b.speakers[t % 2]
+            meta: dict = {"memory_op": "NOOP"}
+            if isinstance(item, _Fact):
+                prev = latest.get((item.person, item.attr))
+                latest[(item.person, item.attr)] = item.value
+                spec = _ATTRS[item.attr]
+                meta = {
+                    "memory_op": "ADD" if prev is None else ("UPDATE" if prev != item.value else "NOOP"),
+                    "memory_fact": spec.state.format(p=item.person, v=item.value),
+                    "memory_person": item.person,
+                    "memory_attr": item.attr,
+                    "memory_value": item.value,
+                }
+                if prev is not None and prev != item.value:
+                    meta["memory_stale"] = prev
+                if phrasing == "varied":
+                    text = varied_text(item.attr, item.person, item.value, prev, speaker, split, rng)
+                else:
+                    text = (spec.state if prev is None else spec.update).format(p=item.person, v=item.value)
+            else:
+                text = item
+            turns.append(
+                TurnSpec(
+                    role=TurnRole.HISTORY, text=text, turn_id=_turn_id((s, t)), speaker=speaker,
+                    timestamp=_fmt(dates[s] + dt.timedelta(minutes=t)), metadata=meta,
+                )
+            )  # fmt: skip
+    return turns
+
+
 def make_episode(
     seed: int, split: str, index: int, *, num_sessions: int = 3, turns_per_session: int = 6,
     n_persons: int = 3, distractor_fraction: float = 0.5, question_types: Sequence[str] = QUESTION_TYPES,
+    phrasing: str = "fixed",
 ) -> BatchInput:  # fmt: skip
     """Episode ``index`` of ``split``; a pure function of its arguments."""
     rng = random.Random(f"memrl-synthetic:{seed}:{split}:{index}")
     qtype = question_types[index % len(question_types)]  # cycling keeps the type mix exact
-    b = _EpisodeBuilder(rng, split, num_sessions, turns_per_session, n_persons)
+    b = _EpisodeBuilder(rng, split, num_sessions, turns_per_session, n_persons, phrasing == "varied")
     question, answer, evidence, gold_python, attrs = b.question(qtype)
     b.add_distractors(distractor_fraction)
     dates = _session_dates(rng, num_sessions)
-    turns = [
-        TurnSpec(
-            role=TurnRole.HISTORY,
-            text=b.plan.slots[(s, t)],
-            turn_id=_turn_id((s, t)),
-            speaker=b.speakers[t % 2],
-            timestamp=_fmt(dates[s] + dt.timedelta(minutes=t)),
-        )
-        for s in range(num_sessions)
-        for t in range(turns_per_session)
-    ]
+    # Wording draws from its own stream, so the fixed phrasing's episodes stay what they were.
+    wording = random.Random(f"memrl-synthetic-wording:{seed}:{split}:{index}")
+    turns = _render(b, dates, phrasing, split, wording)
     ask_time = _fmt(dates[-1] + dt.timedelta(days=rng.randint(1, 7)))
     turns.append(
         TurnSpec(role=TurnRole.TARGET, text=question, turn_id="Q", speaker="User", timestamp=ask_time)
@@ -390,7 +433,7 @@ def synthetic(
     path: str | None, *, split: str, lenient: bool, report: SkipReport, num_episodes: int = 1000,
     seed: int = 0, num_sessions: int = 3, turns_per_session: int = 6, n_persons: int = 3,
     distractor_fraction: float = 0.5, question_types: Sequence[str] = QUESTION_TYPES,
-    max_turn_chars: int | None = None,
+    max_turn_chars: int | None = None, phrasing: str = "fixed",
 ) -> list[BatchInput]:  # fmt: skip
     """``num_episodes`` generated episodes of ``split`` (``all`` = that many train then that many test).
 
@@ -405,11 +448,13 @@ def synthetic(
     num_sessions, turns_per_session, n_persons = int(num_sessions), int(turns_per_session), int(n_persons)
     distractor_fraction = float(distractor_fraction)
     _validate(num_episodes, num_sessions, turns_per_session, n_persons, distractor_fraction, question_types)
+    if phrasing not in PHRASINGS:
+        raise ValueError(f"synthetic adapter: phrasing must be one of {PHRASINGS}, got {phrasing!r}")
     splits = ("train", "test") if split == "all" else (split,)
     return [
         make_episode(
             seed, s, i, num_sessions=num_sessions, turns_per_session=turns_per_session, n_persons=n_persons,
-            distractor_fraction=distractor_fraction, question_types=tuple(question_types),
+            distractor_fraction=distractor_fraction, question_types=tuple(question_types), phrasing=phrasing,
         )
         for s in splits
         for i in range(num_episodes)

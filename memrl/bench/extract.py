@@ -39,19 +39,21 @@ from dataclasses import dataclass, field
 from tqdm import tqdm
 
 from memrl.adapters.synthetic import parse_statement
+from memrl.adapters.synthetic_phrasing import PHRASINGS
 from memrl.bench import BENCHES
 from memrl.bench.memory import memory_overrides
 from memrl.memory.config import MemoryConfig
 from memrl.memory.embedder import Embedder, build_embedder
 from memrl.memory.extract import MALFORMED_REASON, TextGenerator
-from memrl.memory.manager import MemorySystem
+from memrl.memory.manager import MemorySystem, is_superseded
+from memrl.memory.writer import FORMAT_REASON
 from memrl.types import BatchInput, MemoryOp, MemoryOpType, TurnSpec
 
 logger = logging.getLogger(__name__)
 
 ADD, UPDATE, DELETE, NOOP = MemoryOpType.ADD, MemoryOpType.UPDATE, MemoryOpType.DELETE, MemoryOpType.NOOP
 OPS = (ADD, UPDATE, DELETE, NOOP)
-EXTRACTOR_CHOICES = ("rule", "llm", "both")
+EXTRACTOR_CHOICES = ("rule", "llm", "policy", "both")
 # Reason fragments of memrl.memory.extract.LlmOutputError → a short label for the breakdown.
 _MALFORMED_KINDS = (
     ("no JSON found", "no_json"),
@@ -61,6 +63,9 @@ _MALFORMED_KINDS = (
     ("without text", "missing_text"),
     ("expected an object", "not_an_object"),
     ("expected a list", "not_a_list"),
+    ("does not start with ADD/UPDATE/DELETE/NOOP", "bad_op"),
+    ("needs a shown id", "bad_id"),
+    ("empty reply", "empty"),
 )
 # A number alone does not say which attribute a fact is about ("Mia has 3 pets" vs "Mia has 3 siblings").
 _NUMERIC_KEYWORDS = {
@@ -84,7 +89,10 @@ class Expected:
 
 
 def expected_decisions(history: Sequence[TurnSpec]) -> list[Expected]:
-    """The right decision for each turn of one episode's history, in order."""
+    """The right decision for each turn of one episode's history, in order: the gold operation the adapter put in
+    the turn's metadata (any phrasing), else read from the fixed templates."""
+    if all(t.metadata.get("memory_op") for t in history):
+        return [_from_metadata(t) for t in history]
     latest: dict[tuple[str, str], str] = {}
     out = []
     for turn in history:
@@ -98,6 +106,19 @@ def expected_decisions(history: Sequence[TurnSpec]) -> list[Expected]:
         op = ADD if prev is None else (UPDATE if prev != value else NOOP)
         out.append(Expected(op, person, attr, value, prev or ""))
     return out
+
+
+def _from_metadata(turn: TurnSpec) -> Expected:
+    m = turn.metadata
+    if m["memory_op"] == "NOOP" and "memory_person" not in m:
+        return Expected(NOOP)
+    return Expected(
+        MemoryOpType(m["memory_op"]),
+        m["memory_person"],
+        m["memory_attr"],
+        m["memory_value"],
+        m.get("memory_stale", ""),
+    )
 
 
 def holds(text: str, person: str, attr: str, value: str) -> bool:
@@ -160,7 +181,7 @@ class ExtractScores:
             self.chitchat_turns += 1
             self.chitchat_adds += got is ADD
         for o in ops:
-            if o.op is NOOP and o.text.startswith(MALFORMED_REASON):
+            if o.op is NOOP and o.text.startswith((MALFORMED_REASON, FORMAT_REASON)):
                 self.malformed[malformed_kind(o.text)] += 1
         if reply and sum(e["expected"] == truth.op.value for e in self.examples) < EXAMPLES_PER_OP:
             self.examples.append(
@@ -168,10 +189,15 @@ class ExtractScores:
             )
 
     def add_end_state(
-        self, truths: Sequence[Expected], facts: Sequence[str], question_key: tuple | None
+        self,
+        truths: Sequence[Expected],
+        facts: Sequence[str],
+        question_key: tuple | None,
+        history: Sequence[str] = (),
     ) -> None:
-        """For every (person, attribute) that changed: does ``facts`` (the active fact texts at the end) hold
-        the latest value, and none of the earlier ones?"""
+        """For every (person, attribute) that changed: does ``facts`` (the current fact texts at the end) hold
+        the latest value, and none of the earlier ones? And is an earlier value kept in ``history`` (facts an
+        UPDATE superseded)?"""
         values: dict[tuple[str, str], list[str]] = {}
         for t in truths:
             if t.person and t.op is not NOOP:
@@ -181,6 +207,7 @@ class ExtractScores:
                 continue
             latest = any(holds(f, *key, seen[-1]) for f in facts)
             stale_gone = not any(holds(f, *key, v) for f in facts for v in seen[:-1])
+            self.end_state["history_kept"] += any(holds(f, *key, v) for f in history for v in seen[:-1])
             for prefix in ("", "question_") if key == question_key else ("",):
                 self.end_state[f"{prefix}keys"] += 1
                 self.end_state[f"{prefix}latest_present"] += latest
@@ -219,6 +246,7 @@ class ExtractScores:
                 "latest_present": _ratio(end["latest_present"], end["keys"]),
                 "stale_gone": _ratio(end["stale_gone"], end["keys"]),
                 "correct": _ratio(end["correct"], end["keys"]),
+                "stale_kept_as_history": _ratio(end["history_kept"], end["keys"]),
                 "update_questions": end["question_keys"],
                 "update_questions_correct": _ratio(end["question_correct"], end["question_keys"]),
             },
@@ -251,6 +279,7 @@ class _Recorder:
 
     def __init__(self, generate_text: TextGenerator) -> None:
         self.generate_text = generate_text
+        self.client = getattr(generate_text, "client", None)  # what the policy extractor generates with
         self.last: list[str] = []
 
     def __call__(self, prompts: list[str]) -> list[str]:
@@ -291,13 +320,20 @@ def run_extractor(
             recorder.last = []
         t0 = time.perf_counter()
         # One turn per episode per call: an update has to see the fact its earlier statement left.
-        results = system.extract_facts_batch([(mgrs[j], episodes[j].history[i]) for j in live])
+        items = [(mgrs[j], episodes[j].history[i]) for j in live]
+        if getattr(system.extractor, "writes_steps", False):  # the policy writes, as in training
+            writes = system.write_batch([(m, [t]) for m, t in items])
+            results, replies = [list(w.ops) for w in writes], [w.samples[0].text for w in writes]
+        else:
+            results = system.extract_facts_batch(items)
+            replies = recorder.last if recorder is not None and recorder.last else [""] * len(live)
         seconds += time.perf_counter() - t0
-        replies = recorder.last if recorder is not None and recorder.last else [""] * len(live)
         for j, ops, facts, reply in zip(live, results, before, replies, strict=True):
             scores.add_turn(episodes[j].history[i], truths[j][i], ops, facts, reply)
     for ep, mgr, truth in zip(episodes, mgrs, truths, strict=True):
-        scores.add_end_state(truth, [f.text for f in mgr.facts()], question_key(ep))
+        current = [f.text for f in mgr.facts() if not is_superseded(f)]
+        old = [f.text for f in mgr.facts() if is_superseded(f)]
+        scores.add_end_state(truth, current, question_key(ep), old)
     turns = sum(len(ep.history) for ep in episodes)
     result = scores.summary()
     result.update(
@@ -310,7 +346,7 @@ def run_extractor(
     return result
 
 
-def _policy_generator(cfg: MemoryConfig) -> tuple[TextGenerator, CountingClient, str]:
+def _policy_generator(cfg: MemoryConfig, overrides: dict) -> tuple[TextGenerator, CountingClient, str]:
     import torch
 
     from memrl.bench import auto_threads
@@ -320,9 +356,27 @@ def _policy_generator(cfg: MemoryConfig) -> tuple[TextGenerator, CountingClient,
     torch.set_num_threads(auto_threads())  # on a busy machine one thread decodes faster than two that wait
 
     # The embedded default policy (SmolLM2-135M-Instruct), built as `memrl run` builds it.
-    policy_cfg = PolicyConfig()
+    policy_cfg = PolicyConfig(**overrides)
     client = CountingClient(make_policy(policy_cfg))
-    return policy_text_generator(client, max_tokens=cfg.llm_max_tokens), client, policy_cfg.model
+    generate_text = policy_text_generator(client, max_tokens=cfg.llm_max_tokens)
+    model = policy_cfg.model + (f" + LoRA {policy_cfg.lora_path}" if policy_cfg.lora_path else "")
+    return generate_text, client, model
+
+
+def _policy_overrides(p: argparse.ArgumentParser, items: Sequence[str]) -> dict:
+    """``policy.KEY=VALUE`` items → PolicyConfig kwargs (strings; the bench's model settings are all paths/names)."""
+    import dataclasses
+
+    from memrl.policy import PolicyConfig
+
+    valid = {f.name for f in dataclasses.fields(PolicyConfig)}
+    out = {}
+    for item in items:
+        key, sep, value = item[len("policy.") :].partition("=")
+        if not sep or key not in valid:
+            p.error(f"override {item!r}: expected policy.KEY=VALUE with KEY in {sorted(valid)}")
+        out[key] = value
+    return out
 
 
 @BENCHES.register("extract")
@@ -333,9 +387,21 @@ def bench_extract(argv: list[str]) -> dict:
     )
     p.add_argument("--extractor", choices=EXTRACTOR_CHOICES, default="both")
     p.add_argument("--seed", type=int, default=0, help="the synthetic adapter's data seed")
-    p.add_argument("overrides", nargs="*", help="MemoryConfig key=value overrides (llm_max_tokens=64)")
+    p.add_argument(
+        "--phrasing",
+        choices=PHRASINGS,
+        default="fixed",
+        help="how the synthetic task words facts and changes",
+    )
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        help="MemoryConfig key=value overrides (llm_max_tokens=64), and policy.KEY=VALUE for the llm / policy "
+        "extractors' model (policy.lora_path=runs/x/checkpoints/step_000010/adapter)",
+    )
     args = p.parse_args(argv)
-    overrides = memory_overrides(p, args.overrides)
+    policy_overrides = _policy_overrides(p, [o for o in args.overrides if o.startswith("policy.")])
+    overrides = memory_overrides(p, [o for o in args.overrides if not o.startswith("policy.")])
     if "extractor" in overrides:
         p.error("name the extractor with --extractor rule|llm|both, not extractor=...")
     if args.episodes < 1:
@@ -343,7 +409,10 @@ def bench_extract(argv: list[str]) -> dict:
     from memrl.data.adapters import run_adapter
 
     episodes, _ = run_adapter(
-        "synthetic", None, split="test", options={"num_episodes": args.episodes, "seed": args.seed}
+        "synthetic",
+        None,
+        split="test",
+        options={"num_episodes": args.episodes, "seed": args.seed, "phrasing": args.phrasing},
     )
     names = ("rule", "llm") if args.extractor == "both" else (args.extractor,)
     embedder = build_embedder(MemoryConfig(**overrides))
@@ -351,11 +420,14 @@ def bench_extract(argv: list[str]) -> dict:
         "episodes": len(episodes),
         "history_turns": sum(len(ep.history) for ep in episodes),
         "seed": args.seed,
-        "overrides": overrides,
+        "phrasing": args.phrasing,
+        "overrides": {**overrides, **{f"policy.{k}": v for k, v in policy_overrides.items()}},
     }
     for name in names:
         cfg = MemoryConfig(**{**overrides, "extractor": name})
-        generate_text, client, model = _policy_generator(cfg) if name == "llm" else (None, None, "")
+        generate_text, client, model = (
+            _policy_generator(cfg, policy_overrides) if name != "rule" else (None, None, "")
+        )
         t0 = time.perf_counter()
         # The bench counts malformed replies itself; one warning per reply would bury the progress bar.
         extract_log = logging.getLogger("memrl.memory.extract")

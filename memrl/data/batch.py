@@ -1,10 +1,13 @@
 """TrajectoryBatchBuilder: finished episodes → training tensors (padded as verl, or packed without padding).
 
-Rows are the episodes' steps in order. Only target-turn steps are trainable: history-turn steps are dropped
-(``history_steps="drop"``) or kept with ``response_mask`` 0 and reward 0 (``"mask"``). The episode reward is
-broadcast to every target step of that episode: ``rewards[i]`` is the row's scalar and ``token_level_rewards``
+Rows are the episodes' steps in order. Target-turn steps are trainable, and so are memory writes the policy made
+(``memory.extractor: policy``) that carry a step credit: such a row keeps its mask and log-probs, its reward is
+the step's credit (``step_rewards_ext``) and its group is ``StepMeta.extra["credit_group"]``
+(:mod:`memrl.episode.credit`). Other history-turn steps are dropped (``history_steps="drop"``) or kept with
+``response_mask`` 0 and reward 0 (``"mask"``). The episode reward is broadcast to every target step of that
+episode: ``rewards[i]`` is the row's scalar and ``token_level_rewards``
 holds it on the row's last response token with mask 1 (verl's outcome-reward convention), 0 elsewhere.
-``step_meta`` / ``step_rewards_ext`` / ids are sidecars aligned 1:1 with rows and never enter a loss.
+``step_meta`` / ``step_rewards_ext`` / ids are sidecars aligned 1:1 with rows.
 
 Layouts (a registry, :data:`LAYOUTS`):
 
@@ -120,21 +123,25 @@ def rows_from_episodes(episodes: Sequence[EpisodeTrajectory], config: BatchConfi
                 "re-run it (RolloutBuffer.add_samples) or filter it out before building the batch"
             )
         for j, step in enumerate(ep.steps):
+            ext = ep.step_rewards_ext[j] if ep.step_rewards_ext else None
             is_target = step.turn_role is TurnRole.TARGET
-            if not is_target and config.history_steps == "drop":
+            # A memory write with credit is trained on its own reward and group (memrl.episode.credit).
+            is_write = not is_target and ext is not None and "credit_group" in step.meta.extra
+            if not (is_target or is_write) and config.history_steps == "drop":
                 continue
+            trained = is_target or is_write
             row = BatchRow(
                 step_id=step.step_id,
                 episode_id=ep.episode_id,
-                group_id=ep.group_id,
+                group_id=step.meta.extra["credit_group"] if is_write else ep.group_id,
                 prompt_ids=step.prompt_ids,
                 response_ids=step.response_ids,
-                response_mask=step.response_mask if is_target else (0,) * len(step.response_ids),
+                response_mask=step.response_mask if trained else (0,) * len(step.response_ids),
                 logprobs=step.logprobs,
-                reward=float(ep.reward) if is_target else 0.0,
+                reward=float(ep.reward) if is_target else (float(ext) if is_write else 0.0),
                 meta=step.meta,
-                reward_ext=ep.step_rewards_ext[j] if ep.step_rewards_ext else None,
-                truncated=ep.status is EpisodeStatus.TRUNCATED,
+                reward_ext=ext,
+                truncated=ep.status is EpisodeStatus.TRUNCATED and is_target,
             )
             rows.append(_fit(row, config))
     if not rows:

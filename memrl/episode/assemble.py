@@ -12,6 +12,7 @@ import dataclasses
 from typing import Any
 
 from memrl.episode.config import EpisodeConfig
+from memrl.episode.credit import MEMORY_ROLE, CreditInput, credit_group, step_rewards
 from memrl.episode.state import EpisodeState
 from memrl.types import (
     BranchFinish,
@@ -58,6 +59,85 @@ def history_steps(st: EpisodeState, tokenizer: Any) -> list[StepTrajectory]:
             )
         )
     return out
+
+
+def memory_steps(st: EpisodeState) -> list[StepTrajectory]:
+    """One trainable step per policy write (``memory.extractor: policy``), one per alternative at snapshot
+    writes: prompt = what the writer read, response = its operations (mask 1), rollout log-probs."""
+    from memrl.memory.gold import gold_text, ops_right
+    from memrl.memory.writer import turn_line
+
+    out, turns_read = [], 0
+    for i, res in enumerate(st.writes):
+        turns_read += len(res.turns)
+        rewards = st.snapshot_rewards.get(i, [])
+        gold = gold_text(res.turns, res.neighbours)
+        k = len(res.samples)
+        for j, sample in enumerate(res.samples):
+            extra = {
+                "role": MEMORY_ROLE,
+                "write_index": i,
+                "alternative": j,
+                "alternatives": k,
+                "applied": j == 0,
+                "read_turns": [turn_line(t) for t in res.turns],
+                "read_facts": [
+                    f"{n}. [{f.timestamp or 'undated'}] {f.text}" for n, f in enumerate(res.neighbours)
+                ],
+                "format_errors": list(sample.ops.errors),
+                "op_right": ops_right(res.turns, res.neighbours, sample.ops.decisions),
+                "gold_ops": gold,
+                "facts_before": len(res.facts_before),
+                "facts_after": len(res.facts_after) if j == 0 else None,
+                "turns_read": turns_read,
+                "decisions": [_describe(d) for d in sample.ops.decisions],
+            }
+            if j < len(rewards):
+                extra["snapshot_reward"] = rewards[j]
+            n = len(sample.response_ids)
+            out.append(
+                StepTrajectory(
+                    step_id=f"{st.episode_id}/w{i}" + (f".{j}" if k > 1 else ""),
+                    prompt_ids=res.prompt_ids,
+                    response_ids=sample.response_ids,
+                    response_mask=(1,) * n,
+                    logprobs=sample.logprobs,
+                    turn_id=res.turns[-1].turn_id,
+                    turn_role=TurnRole.HISTORY,
+                    meta=StepMeta(
+                        turn_id=res.turns[-1].turn_id,
+                        turn_role=TurnRole.HISTORY,
+                        memory_ops=res.ops if j == 0 else (),
+                        source_episode_id=st.episode_id,
+                        response_text=sample.text,
+                        extra=extra,
+                    ),
+                )
+            )
+    return out
+
+
+def _describe(d) -> str:
+    if d.op is MemoryOpType.NOOP:
+        return f"NOOP ({d.reason})" if d.reason else "NOOP"
+    fid = "" if d.fact_id is None else f" fact {d.fact_id}"
+    return f"{d.op.value}{fid} {d.text}".rstrip()
+
+
+def _with_credit(
+    st: EpisodeState, cfg: EpisodeConfig, steps: list[StepTrajectory]
+) -> tuple[list[StepTrajectory], list[float | None]]:
+    """Memory steps with their GRPO group and credit in ``extra`` (:mod:`memrl.episode.credit`)."""
+    if not steps:
+        return [], []
+    used = frozenset(st.prompt.included_fact_ids) if st.prompt is not None else frozenset()
+    outcome = sum(st.rewards) / len(st.rewards) if st.rewards else 0.0
+    rewards = step_rewards(CreditInput(tuple(steps), outcome, used), cfg.memory_credit)
+    out = []
+    for step, r in zip(steps, rewards, strict=True):
+        extra = {**step.meta.extra, "credit_group": credit_group(st.inp.group_id, step), "credit": r}
+        out.append(dataclasses.replace(step, meta=dataclasses.replace(step.meta, extra=extra)))
+    return out, rewards
 
 
 def _target_meta(st: EpisodeState, leaf: StepTrajectory, leaf_index: int, response: str) -> StepTrajectory:
@@ -134,6 +214,8 @@ def assemble_episode(st: EpisodeState, cfg: EpisodeConfig, tokenizer: Any) -> li
         ]
     hist = history_steps(st, tokenizer) if cfg.history_steps == "turn" else []
     credit = _memory_credit(st, hist)
+    writes, write_credit = _with_credit(st, cfg, memory_steps(st))
+    hist, credit = writes + hist, write_credit + credit
     n = len(st.leaves)
     out = []
     for j, (leaf, resp, reward) in enumerate(zip(st.leaves, st.responses, st.rewards, strict=True)):

@@ -30,6 +30,30 @@ class WorkerConfig:
             )
 
 
+@dataclass
+class MemoryCreditConfig:
+    """Step credit of policy-written memory (``memory.extractor: policy``; :mod:`memrl.episode.credit`).
+
+    ``name``: ``broadcast`` | ``used`` | ``snapshot``. The per-step terms: ``format_weight`` (every line a valid
+    operation), ``op_weight`` (operations match the dataset's gold ones, where it has them; 0 = outcome only),
+    ``size_weight`` (current facts per history turn read). ``snapshot_k`` alternatives are sampled at up to
+    ``snapshot_writes`` writes per episode (those that read an evidence turn first).
+    """
+
+    name: str = "used"
+    format_weight: float = 0.2
+    op_weight: float = 0.5
+    size_weight: float = 0.0
+    snapshot_k: int = 4
+    snapshot_writes: int = 2
+
+    def __post_init__(self) -> None:
+        if self.snapshot_k < 2:
+            raise ValueError(f"episode.memory_credit.snapshot_k must be >= 2 (a group), got {self.snapshot_k}")
+        if self.snapshot_writes < 1:
+            raise ValueError(f"episode.memory_credit.snapshot_writes must be >= 1, got {self.snapshot_writes}")
+
+
 FACT_ORDERS = ("time", "score")
 # What the target-turn prompt carries besides the question: ``memory`` = retrieved facts + summary, ``none`` =
 # nothing, ``recent_history`` = the latest raw history turns that fit the policy's context window.
@@ -76,6 +100,7 @@ class EpisodeConfig:
     eval_metrics: list[str] = field(default_factory=lambda: ["exact_match", "token_f1"])
     eval_ablations: list[str] = field(default_factory=lambda: ["memory", "no_memory"])
     worker: WorkerConfig = field(default_factory=WorkerConfig)
+    memory_credit: MemoryCreditConfig = field(default_factory=MemoryCreditConfig)
 
     def __post_init__(self) -> None:
         if self.prompt_token_budget < 16:

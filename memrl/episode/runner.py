@@ -30,8 +30,10 @@ from typing import Any
 
 from memrl.episode.assemble import assemble_episode
 from memrl.episode.config import EpisodeConfig
+from memrl.episode.credit import samples_alternatives
 from memrl.episode.prompt import PromptBuilder, PromptTooLongError, order_facts
 from memrl.episode.recent import RecentHistory
+from memrl.episode.snapshot import SnapshotScorer
 from memrl.episode.state import EpisodeState, Phase
 from memrl.rewards.base import RewardFn, RewardInput
 from memrl.rollout.base import RolloutRequest, run_rollout
@@ -81,6 +83,8 @@ class EpisodeRunner:
         self.tools = _TimedTools(tools, self.metrics_ref()) if tools is not None else None
         self.tool_names = list(tool_names) if tools is not None else []
         self.prompts = PromptBuilder(cfg, policy.tokenizer)
+        # Snapshot credit scores alternative memory writes by answering on copies of the store.
+        self.snapshot = SnapshotScorer(cfg.memory_credit) if samples_alternatives(cfg.memory_credit.name) else None
         self.recent = (
             RecentHistory(
                 cfg,
@@ -180,8 +184,43 @@ class EpisodeRunner:
                 st.advance(Phase.PROMPTING)
             return
         chunk = self.cfg.ingest_chunk_turns
+        ingest = self._write_chunk if getattr(self.memory.extractor, "writes_steps", False) else self._ingest_chunk
+        if ingest == self._write_chunk and self.snapshot is not None:
+            for st in states:
+                st.snapshot_writes = self.snapshot.plan(st.inp, chunk)
         while any(st.phase is Phase.INGESTING for st in states):
-            self._guarded(Phase.INGESTING, states, lambda live: self._ingest_chunk(live, chunk))
+            self._guarded(Phase.INGESTING, states, lambda live: ingest(live, chunk))
+
+    def _write_chunk(self, live: list[EpisodeState], chunk: int) -> None:
+        """The policy writes memory: one write per episode (its next ``chunk`` turns) in one generate call;
+        writes planned as snapshot groups sample ``k`` alternatives, each scored on a copy of the store."""
+        items, owners = [], []
+        for st in live:
+            stop = len(st.inp.history) if chunk <= 0 else min(len(st.inp.history), st.cursor + chunk)
+            if stop > st.cursor:
+                items.append((st.manager, st.inp.history[st.cursor : stop]))
+                owners.append(st)
+        k = [self._alternatives(st) for st in owners]
+        results = self.memory.write_batch(items, k, temperature=self.rollout_cfg.temperature)
+        for st, res in zip(owners, results, strict=True):
+            st.writes.append(res)
+            st.history_ops.setdefault(res.turns[-1].turn_id, []).extend(res.ops)
+            self.metrics["memory/writes"] += 1
+            self.metrics["memory/format_errors"] += len(res.samples[0].ops.errors)
+        scored = [(st, res) for st, res in zip(owners, results, strict=True) if res.alternatives]
+        if scored:
+            self._timed_call("snapshot", lambda: self.snapshot.score(self, scored))
+        self._after_chunk(live, chunk)
+
+    def _alternatives(self, st: EpisodeState) -> int:
+        """Replies to sample for this episode's next write: ``k`` if it is a planned snapshot write, else 1."""
+        planned = self.snapshot is not None and len(st.writes) in st.snapshot_writes
+        return self.cfg.memory_credit.snapshot_k if planned else 1
+
+    def _timed_call(self, name: str, fn: Callable[[], None]) -> None:
+        t0 = time.perf_counter()
+        fn()
+        self.metrics[f"episode/time_{name}_s"] += time.perf_counter() - t0
 
     def _ingest_chunk(self, live: list[EpisodeState], chunk: int) -> None:
         items, owners = [], []
@@ -194,6 +233,10 @@ class EpisodeRunner:
         results = self.memory.extract_facts_batch(items) if items else []
         for (st, turn), ops in zip(owners, results, strict=True):
             st.history_ops.setdefault(turn.turn_id, []).extend(ops)
+        self._after_chunk(live, chunk)
+
+    def _after_chunk(self, live: list[EpisodeState], chunk: int) -> None:
+        """Advance each episode's cursor; an episode whose history is all in memory gets its summary."""
         for st in live:
             history = st.inp.history
             st.cursor = len(history) if chunk <= 0 else min(len(history), st.cursor + chunk)
@@ -283,7 +326,9 @@ class EpisodeRunner:
             st.advance(Phase.UPDATING)
 
     def _update(self, states: list[EpisodeState]) -> None:
-        if self.cfg.context != "memory":
+        # A policy-written memory records the conversation only: writing the answer back would be one more
+        # generation per episode for a fact no question asks about.
+        if self.cfg.context != "memory" or getattr(self.memory.extractor, "writes_steps", False):
             for st in states:
                 st.advance(Phase.SCORING)
             return

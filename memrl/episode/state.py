@@ -38,6 +38,11 @@ class EpisodeState:
     cursor: int = 0  # next history turn to ingest
     history_ops: dict[str, list[MemoryOp]] = field(default_factory=dict)  # turn_id → ops it produced
     summary_ops: list[MemoryOp] = field(default_factory=list)
+    # memory.extractor=policy: one WriteResult per write, the writes sampled as snapshot groups (by write index)
+    # and each alternative's outcome there
+    writes: list[Any] = field(default_factory=list)
+    snapshot_writes: set[int] = field(default_factory=set)
+    snapshot_rewards: dict[int, list[float]] = field(default_factory=dict)
     retrieve_ops: list[MemoryOp] = field(default_factory=list)
     update_ops: list[MemoryOp] = field(default_factory=list)
     retrieved: list[Any] = field(default_factory=list)  # RetrievedFact, oldest first

@@ -47,6 +47,12 @@ class MemoryConfig:
     embed_speaker: bool = False
     llm_neighbours: int = 5  # existing facts shown to the llm extractor per turn
     llm_max_tokens: int = 256
+    # The policy extractor (memrl.memory.writer): reply length per write, and the current facts it is shown.
+    write_max_tokens: int = 48
+    write_neighbours: int = 5
+    # Retrieval of a fact an UPDATE superseded: its score is multiplied by this unless the query asks about the
+    # past ("before", "used to", ...), so the current value wins and the old one stays findable as history.
+    superseded_weight: float = 0.5
     # --- short-term compression ---
     compressor: str = "extractive"
     summary_token_budget: int = 256
@@ -103,6 +109,7 @@ class MemoryConfig:
             "summary_token_budget",
             "compress_window",
             "llm_max_tokens",
+            "write_max_tokens",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"memory.{name}={getattr(self, name)}: must be >= 1")
@@ -111,7 +118,7 @@ class MemoryConfig:
                 f"memory.candidate_pool={self.candidate_pool} < memory.top_k={self.top_k}: "
                 "raise candidate_pool (fusion needs at least top_k candidates per retriever)"
             )
-        for name in ("llm_neighbours", "neighbour_turns"):
+        for name in ("llm_neighbours", "neighbour_turns", "write_neighbours"):
             if getattr(self, name) < 0:
                 raise ValueError(f"memory.{name}={getattr(self, name)}: must be >= 0")
         for name in (

@@ -44,7 +44,9 @@ class ExtractionRequest:
 @dataclass(frozen=True)
 class FactDecision:
     """One decision. ``fact_id`` names the fact an UPDATE/DELETE touches; ``reason`` explains NOOPs.
-    ``embed_text`` (default: ``text``) is what gets embedded when it should differ from the stored text."""
+    ``embed_text`` (default: ``text``) is what gets embedded when it should differ from the stored text.
+    ``supersede``: an UPDATE that keeps the old fact as history (marked superseded, with the date it stopped
+    being true) and adds the new value as a fact of its own, instead of rewriting the old one in place."""
 
     op: MemoryOpType
     text: str = ""
@@ -52,6 +54,7 @@ class FactDecision:
     reason: str = ""
     speaker: str = ""
     embed_text: str = ""
+    supersede: bool = False
     extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -73,7 +76,13 @@ class FactExtractor(Protocol):
 
 ExtractorFactory = Callable[[MemoryConfig, "TextGenerator | None"], FactExtractor]
 
-EXTRACTORS: Registry[ExtractorFactory] = Registry("fact extractor")
+
+
+def _populate() -> None:
+    import memrl.memory.writer  # noqa: F401 -- registers "policy"
+
+
+EXTRACTORS: Registry[ExtractorFactory] = Registry("fact extractor", populate=_populate)
 
 
 def turn_caption(turn: TurnSpec) -> str:

@@ -31,4 +31,6 @@ def policy_text_generator(
             raise RuntimeError(f"policy returned {len(outputs)} results for {len(prompts)} prompts")
         return [tokenizer.decode(list(outs[0].token_ids), skip_special_tokens=True) for outs in outputs]
 
+    # The policy extractor (memrl.memory.writer) needs token ids and log-probs, not text: it reads the client.
+    generate_text.client = client  # type: ignore[attr-defined]
     return generate_text

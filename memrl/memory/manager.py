@@ -21,6 +21,7 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -30,11 +31,30 @@ from memrl.memory.config import MemoryConfig
 from memrl.memory.context import question_speakers, select_passages
 from memrl.memory.embedder import Embedder, build_embedder, window_chunks
 from memrl.memory.extract import EXTRACTORS, ExtractionRequest, FactDecision, TextGenerator
-from memrl.memory.retrieval import RETRIEVERS, Query, time_rescore
+from memrl.memory.retrieval import RETRIEVERS, Query, as_history, supersede_rescore, time_rescore
 from memrl.memory.store import FACT_STORES, FactRecord, FactStore, FactStoreError, NewFact
 from memrl.types import MemoryOp, MemoryOpType, TurnRole, TurnSpec
 
 logger = logging.getLogger(__name__)
+
+
+def is_superseded(rec: FactRecord) -> bool:
+    return rec.extra.get("superseded_by") is not None
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    """One policy write: what the writer read (``turns``, ``neighbours`` with local id = index, ``prompt_ids``),
+    its sampled replies (``samples[0]`` was applied: ``ops``) and the current fact ids before and after."""
+
+    turns: tuple[TurnSpec, ...]
+    neighbours: tuple[FactRecord, ...]
+    prompt_ids: tuple[int, ...]
+    samples: tuple[Any, ...]  # memrl.memory.writer.WriteSample
+    ops: tuple[MemoryOp, ...]
+    facts_before: tuple[int, ...]
+    facts_after: tuple[int, ...]
+    alternatives: tuple[str, ...] = ()  # namespaces of the store forks, one per sample (snapshot credit)
 
 
 @dataclass(frozen=True)
@@ -127,6 +147,7 @@ class MemorySystem:
         # namespace -> (token unit, fact id) -> (text, tokens)
         self._lengths: dict[str, dict[tuple[str, int], tuple[str, int]]] = {}
         self._next_summary_id = 1
+        self._forks = 0
 
     def manager(self, episode_id: str) -> MemoryManager:
         if episode_id not in self._managers:
@@ -170,9 +191,16 @@ class MemorySystem:
         return out
 
     def _apply(
-        self, mgr: MemoryManager, turn: TurnSpec, decisions: Sequence[FactDecision], vecs
+        self,
+        mgr: MemoryManager,
+        turn: TurnSpec,
+        decisions: Sequence[FactDecision],
+        vecs,
+        sources: tuple[str, ...] | None = None,
     ) -> list[MemoryOp]:
+        """Apply one turn's decisions (``sources``: the dialog ids they came from, default the turn's own)."""
         ns = mgr.episode_id
+        src = sources or (turn.turn_id,)
         # Vectors ([n_chunks, dim] each) arrive in decision order for ADD/UPDATE decisions (extract_facts_batch).
         dvecs = [next(vecs) if d.op in (MemoryOpType.ADD, MemoryOpType.UPDATE) else None for d in decisions]
         add_idx = [i for i, d in enumerate(decisions) if d.op is MemoryOpType.ADD]
@@ -181,7 +209,7 @@ class MemorySystem:
                 decisions[i].text,
                 decisions[i].speaker or turn.speaker,
                 turn.timestamp,
-                (turn.turn_id,),
+                src,
                 turn.turn_id,
             )
             for i in add_idx
@@ -196,7 +224,7 @@ class MemorySystem:
         )
         ops = []
         for i, d in enumerate(decisions):
-            ops.append(self._apply_one(ns, turn, d, added.get(i), dvecs[i]))
+            ops.append(self._apply_one(ns, turn, d, added.get(i), dvecs[i], src))
             self.metrics[f"memory/{ops[-1].op.value.lower()}"] += 1
         return ops
 
@@ -208,8 +236,9 @@ class MemorySystem:
         bounds = np.cumsum([0] + [len(ps) for ps in pieces])
         return [flat[a:b] for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
-    def _apply_one(self, ns: str, turn: TurnSpec, d: FactDecision, added_id: int | None, vec) -> MemoryOp:
-        src = (turn.turn_id,)
+    def _apply_one(
+        self, ns: str, turn: TurnSpec, d: FactDecision, added_id: int | None, vec, src: tuple[str, ...]
+    ) -> MemoryOp:
         if d.op is MemoryOpType.ADD:
             return MemoryOp(MemoryOpType.ADD, turn.turn_id, fact_ids=(added_id,), text=d.text, source_ids=src)
         if d.op is MemoryOpType.NOOP:
@@ -225,6 +254,8 @@ class MemorySystem:
             return MemoryOp(
                 MemoryOpType.DELETE, turn.turn_id, fact_ids=(d.fact_id,), text=old.text, source_ids=src
             )
+        if d.supersede:
+            return self._supersede(ns, turn, d, old, vec, src)
         sources = tuple(dict.fromkeys(old.source_ids + src))
         self.store.update(
             ns, d.fact_id, d.text, vec, turn.turn_id, timestamp=turn.timestamp, source_ids=sources
@@ -232,6 +263,99 @@ class MemorySystem:
         return MemoryOp(
             MemoryOpType.UPDATE, turn.turn_id, fact_ids=(d.fact_id,), text=d.text, source_ids=sources
         )
+
+    def _supersede(
+        self, ns: str, turn: TurnSpec, d: FactDecision, old: FactRecord, vec, src: tuple[str, ...]
+    ) -> MemoryOp:
+        """The new value becomes a fact of its own; the old one stays as history, marked with the date it
+        stopped being true and the fact that replaced it (``FactRecord.extra``)."""
+        speaker = d.speaker or turn.speaker
+        new_id = self.store.add(ns, [NewFact(d.text, speaker, turn.timestamp, src, turn.turn_id)], [vec])[0]
+        marks = {"superseded_by": new_id, "valid_until": turn.timestamp or turn.turn_id}
+        self.store.update(
+            ns, old.fact_id, old.text, self.store.chunk_vectors(ns, old.fact_id), turn.turn_id,
+            extra={**old.extra, **marks},
+        )  # fmt: skip
+        return MemoryOp(
+            MemoryOpType.UPDATE, turn.turn_id, fact_ids=(old.fact_id, new_id), text=d.text, source_ids=src
+        )
+
+    # -- policy-written memory ------------------------------------------------------------------------
+    def current_neighbours(self, mgr: MemoryManager, vecs, k: int) -> tuple[FactRecord, ...]:
+        """The ``k`` current (not superseded) facts nearest to ``vecs[0]``, nearest first."""
+        if k <= 0:
+            return ()
+        hits = self.store.search(mgr.episode_id, vecs, 3 * k)[0]
+        recs = (self.store.get(mgr.episode_id, fid) for fid, _ in hits)
+        return tuple(r for r in recs if not is_superseded(r))[:k]
+
+    def write_batch(
+        self,
+        items: Sequence[tuple[MemoryManager, Sequence[TurnSpec]]],
+        n: Sequence[int] | None = None,
+        *,
+        temperature: float = 0.0,
+        seed: int | None = None,
+    ) -> list[WriteResult]:
+        """One policy write per (episode, new turns), all in one generate call (``memory.extractor: policy``).
+        ``n[i]`` replies are sampled for item i; the first is applied to the episode's store, the others are
+        alternatives for step credit (:mod:`memrl.episode.snapshot`)."""
+        writer = self.extractor
+        if not getattr(writer, "writes_steps", False):
+            raise ValueError(f"memory.extractor={self.cfg.extractor!r} writes no steps; use 'policy'")
+        if not items:
+            return []
+        from memrl.memory.writer import WriteRequest, turn_line
+
+        qvecs = self.embedder.encode(["\n".join(turn_line(t) for t in turns) for _, turns in items])
+        requests = [
+            WriteRequest(
+                tuple(turns), self.current_neighbours(mgr, qvecs[i : i + 1], self.cfg.write_neighbours)
+            )
+            for i, (mgr, turns) in enumerate(items)
+        ]
+        prompts, samples = writer.sample(requests, n or [1] * len(items), temperature, seed)
+        out = []
+        for (mgr, turns), req, prompt, alts in zip(items, requests, prompts, samples, strict=True):
+            before = tuple(r.fact_id for r in self.current_facts(mgr))
+            forks = self._fork_alternatives(mgr, turns, alts) if len(alts) > 1 else ()
+            ops = self.apply_decisions(mgr, turns, alts[0].ops.decisions)
+            after = tuple(r.fact_id for r in self.current_facts(mgr))
+            out.append(
+                WriteResult(
+                    tuple(turns), req.neighbours, prompt, tuple(alts), tuple(ops), before, after, forks
+                )
+            )
+        return out
+
+    def _fork_alternatives(self, mgr: MemoryManager, turns: Sequence[TurnSpec], alts) -> tuple[str, ...]:
+        """One fork of ``mgr``'s store per reply, all taken before any reply is applied; reply j goes to fork j."""
+        names = []
+        for _ in alts:
+            self._forks += 1
+            names.append(f"{mgr.episode_id}~fork{self._forks}")
+            self.fork(mgr, names[-1])
+        for name, alt in zip(names, alts, strict=True):
+            self.apply_decisions(self.manager(name), turns, alt.ops.decisions)
+        return tuple(names)
+
+    def apply_decisions(
+        self, mgr: MemoryManager, turns: Sequence[TurnSpec], decisions: Sequence[FactDecision]
+    ) -> list[MemoryOp]:
+        """Embed and apply decisions about ``turns`` (dated at the last turn) to ``mgr``'s store; logs the ops."""
+        texts = [d.embed_text or d.text for d in decisions if d.op in (MemoryOpType.ADD, MemoryOpType.UPDATE)]
+        vecs = iter(self.encode_chunked(texts))
+        ops = self._apply(mgr, turns[-1], decisions, vecs, tuple(t.turn_id for t in turns))
+        mgr._log(ops)
+        return ops
+
+    def current_facts(self, mgr: MemoryManager) -> list[FactRecord]:
+        return [r for r in self.store.records(mgr.episode_id) if not is_superseded(r)]
+
+    def fork(self, mgr: MemoryManager, episode_id: str) -> MemoryManager:
+        """A manager over a copy of ``mgr``'s facts (released with :meth:`release` like any episode)."""
+        self.store.copy_namespace(mgr.episode_id, episode_id)
+        return self.manager(episode_id)
 
     # -- compression ----------------------------------------------------------------------------------
     def compress_batch(self, items: Sequence[tuple[MemoryManager, Sequence[TurnSpec]]]) -> list[MemoryOp]:
@@ -293,6 +417,8 @@ class MemorySystem:
             ordered = self.store.records(mgr.episode_id)
             records = {r.fact_id: r for r in ordered}
             ranked = time_rescore(ranked, records, query, self.cfg, None if asked_at is None else asked_at[i])
+            ranked = supersede_rescore(ranked, records, query, self.cfg.superseded_weight)
+            ordered = [as_history(r) for r in ordered]
             speakers = question_speakers(query, ordered, None if asked_by is None else asked_by[i])
             fit = None if room is None else room[i]
             hits = self._context(mgr, ranked, ordered, k, speakers, fit, count_tokens)

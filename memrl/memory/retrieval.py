@@ -8,6 +8,7 @@ calibrating. Optional time-aware scoring adds a bonus to facts dated in a period
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import functools
 import re
@@ -404,3 +405,43 @@ def time_rescore(
             bonus += cfg.recency_weight * (rec.order - lo) / (hi - lo)
         out.append((fid, score + bonus))
     return sorted(out, key=lambda kv: -kv[1])
+
+
+# Words of a question about the past: a superseded fact keeps its full score for these.
+_PAST_WORDS = frozenset(
+    [
+        "before",
+        "previously",
+        "previous",
+        "formerly",
+        "former",
+        "earlier",
+        "used",
+        "originally",
+        "first",
+        "old",
+        "past",
+        "prior",
+        "until",
+    ]
+)
+
+
+def supersede_rescore(ranked: Ranked, records: dict[int, FactRecord], query: str, weight: float) -> Ranked:
+    """Multiply the score of facts an UPDATE superseded (``extra["superseded_by"]``) by ``weight``, unless the
+    query asks about the past: the current value wins "where does Mia live?", the old one stays findable for
+    "where did Mia live before?" (validity intervals, as Zep's facts carry)."""
+    if weight == 1.0 or not any(records[f].extra.get("superseded_by") is not None for f, _ in ranked):
+        return ranked
+    if _PAST_WORDS & set(_TOKEN.findall(query.lower())):
+        return ranked
+    out = [(f, s * weight if records[f].extra.get("superseded_by") is not None else s) for f, s in ranked]
+    return sorted(out, key=lambda kv: -kv[1])
+
+
+def as_history(rec: FactRecord) -> FactRecord:
+    """A superseded fact as the prompt shows it: its text with the date it stopped being true."""
+    until = rec.extra.get("valid_until")
+    if rec.extra.get("superseded_by") is None:
+        return rec
+    return dataclasses.replace(rec, text=f"{rec.text} (no longer true since {until}; replaced)")

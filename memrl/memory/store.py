@@ -120,6 +120,12 @@ class FactStore(abc.ABC):
     @abc.abstractmethod
     def drop_namespace(self, namespace: str) -> None: ...
 
+    def copy_namespace(self, source: str, target: str) -> None:
+        """Fork ``source`` into a new namespace ``target``: same facts, same ids, own vectors and index, so
+        changes to either never reach the other (memory-step credit scores alternative writes on forks). The
+        only place one id lives in two namespaces; facts added later get fresh store-wide ids."""
+        raise NotImplementedError(f"{type(self).__name__} cannot fork a namespace")
+
     @abc.abstractmethod
     def save(self, path: str) -> None:
         """Atomically persist the store (a crash mid-save leaves the previous file intact)."""
@@ -358,6 +364,16 @@ class FaissFactStore(FactStore):
 
     def get(self, namespace: str, fact_id: int) -> FactRecord:
         return self._record(namespace, fact_id)
+
+    def copy_namespace(self, source: str, target: str) -> None:
+        if target in self._spaces:
+            raise FactStoreError(f"copy_namespace: namespace {target!r} already exists")
+        dst = self._space(target, create=True)
+        src = self._spaces.get(source)
+        for fid, rec in (src.records.items() if src else ()):
+            dst.records[fid] = replace(rec, namespace=target, extra=dict(rec.extra))
+            dst.put(fid, src.vectors[fid])
+        dst.revision = self._tick()
 
     def records(self, namespace: str) -> list[FactRecord]:
         space = self._spaces.get(namespace)

@@ -28,6 +28,9 @@ class LoraConfig:
             )
 
 
+ROLES = ("answer", "memory")  # target-turn steps; memory writes (memory.extractor: policy)
+ROLE_SCHEDULES = ("joint", "alternate")
+
 # Where the SFT target of a replayed group with no good trajectory comes from.
 DEMONSTRATION_SOURCES = ("none", "gold")
 
@@ -50,6 +53,9 @@ class ReplayConfig:
     rft_weight: float = 0.0
     min_reward: float = 0.5
     demonstrations: str = "none"
+    # With demonstrations=gold: also imitate the gold operations of memory writes where the dataset knows them
+    # (memory.extractor: policy; memrl.memory.gold). false = the memory writer learns from its credit alone.
+    memory_demonstrations: bool = True
 
     def __post_init__(self) -> None:
         if self.capacity < 1:
@@ -121,6 +127,11 @@ class TrainConfig:
     max_wall_s: float | None = None
     max_generated_tokens: int | None = None
     tensorboard: bool = True
+    # Which roles the policy gradient trains (memory.extractor: policy writes "memory" steps): both jointly, or
+    # "alternate" phases of role_phase_steps steps, one role trained while the other is frozen (Memory-R1).
+    roles: list[str] = field(default_factory=lambda: ["answer", "memory"])
+    role_schedule: str = "joint"
+    role_phase_steps: int = 5
     # Debugging: generate and dump (data.dump_dir) without updating, or train from a dump dir without generating.
     rollout_only: bool = False
     train_only: str | None = None
@@ -153,5 +164,12 @@ class TrainConfig:
             raise ValueError(
                 f"train.final_eval_episodes must be >= 1 or null, got {self.final_eval_episodes}"
             )
+        bad = [r for r in self.roles if r not in ROLES]
+        if bad or not self.roles:
+            raise ValueError(f"train.roles={self.roles}: expected a non-empty subset of {list(ROLES)}")
+        if self.role_schedule not in ROLE_SCHEDULES:
+            raise ValueError(f"train.role_schedule={self.role_schedule!r}: expected one of {ROLE_SCHEDULES}")
+        if self.role_phase_steps < 1:
+            raise ValueError(f"train.role_phase_steps must be >= 1, got {self.role_phase_steps}")
         if self.keep_checkpoints < 1:
             raise ValueError(f"train.keep_checkpoints must be >= 1, got {self.keep_checkpoints}")

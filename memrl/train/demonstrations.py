@@ -18,6 +18,7 @@ replay sample is drawn, never stored, so a resumed buffer rebuilds the same ones
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -70,7 +71,7 @@ def gold_demonstration(
 class GoldDemonstrations:
     """Builds a group's demonstration with the policy's tokenizer (``tokenizer.eos_token_id`` must be set)."""
 
-    def __init__(self, tokenizer: Any, min_reward: float) -> None:
+    def __init__(self, tokenizer: Any, min_reward: float, memory: bool = False) -> None:
         if getattr(tokenizer, "eos_token_id", None) is None:
             raise ValueError(
                 "train.replay.demonstrations='gold' ends each demonstration with the tokenizer's eos token, "
@@ -79,6 +80,7 @@ class GoldDemonstrations:
         self.tokenizer = tokenizer
         self.eos_id = int(tokenizer.eos_token_id)
         self.min_reward = min_reward
+        self.memory = memory
 
     def answer_ids(self, gold: str) -> list[int]:
         """``<answer>{gold}</answer>`` as the policy would write it, then eos (which ends its turn)."""
@@ -86,13 +88,62 @@ class GoldDemonstrations:
         return [*ids, self.eos_id]
 
     def __call__(self, group: Sequence[EpisodeTrajectory]) -> EpisodeTrajectory | None:
-        """The demonstration for one group (episodes sharing a ``group_id``), or ``None`` when an episode reaches
-        ``min_reward`` (it is its own SFT target) or the group has no gold answer."""
-        if not group or max(ep.reward for ep in group) >= self.min_reward:
+        """The demonstration for one group (episodes sharing a ``group_id``): the gold answer when no episode
+        reaches ``min_reward`` (else the best is its own SFT target) and the group has a gold answer, plus (with
+        ``memory``) the gold operations of every memory write that got them wrong; ``None`` if neither."""
+        if not group:
             return None
-        # The prompt of the group's best episode (first of ties): the one SFT would have imitated.
-        best = max(group, key=lambda ep: ep.reward)
+        demo = None
+        best = max(group, key=lambda ep: ep.reward)  # the prompt SFT would have imitated (first of ties)
         target = _target_step(best)
-        if target is None or target.meta.gold_answer is None:
-            return None
-        return gold_demonstration(best, target, self.answer_ids(target.meta.gold_answer))
+        if best.reward < self.min_reward and target is not None and target.meta.gold_answer is not None:
+            demo = gold_demonstration(best, target, self.answer_ids(target.meta.gold_answer))
+        writes = self._memory_demos(group) if self.memory else []
+        if not writes:
+            return demo
+        if demo is None:
+            return EpisodeTrajectory(
+                episode_id=best.source_episode_id + DEMO_SUFFIX,
+                group_id=best.group_id,
+                steps=tuple(writes),
+                reward=0.0,
+                status=EpisodeStatus.COMPLETED,
+                sample_index=best.sample_index,
+                step_rewards_ext=(0.0,) * len(writes),
+            )
+        return dataclasses.replace(
+            demo,
+            steps=(*writes, *demo.steps),
+            step_rewards_ext=(0.0,) * len(writes) + (None,) * len(demo.steps),
+        )
+
+    def _memory_demos(self, group: Sequence[EpisodeTrajectory]) -> list[StepTrajectory]:
+        """One demonstration per applied memory write whose operations were not the gold ones: the write's
+        prompt, then the gold operations and eos (:mod:`memrl.memory.gold`)."""
+        out, seen = [], set()
+        for ep in group:
+            for step in ep.steps:
+                extra = step.meta.extra
+                if extra.get("role") != "memory" or not extra.get("applied", True) or step.step_id in seen:
+                    continue
+                if extra.get("gold_ops") is None or extra.get("op_right") is not False:
+                    continue
+                seen.add(step.step_id)
+                ids = self.tokenizer(extra["gold_ops"], add_special_tokens=False)["input_ids"]
+                ids = [*ids, self.eos_id]
+                meta = dataclasses.replace(
+                    step.meta,
+                    response_text=extra["gold_ops"],
+                    extra={**extra, "credit_group": f"{ep.group_id}/memory/gold", "demonstration": True},
+                )
+                out.append(
+                    dataclasses.replace(
+                        step,
+                        step_id=f"{step.step_id}/gold",
+                        response_ids=tuple(ids),
+                        response_mask=(1,) * len(ids),
+                        logprobs=(math.nan,) * len(ids),
+                        meta=meta,
+                    )
+                )
+        return out

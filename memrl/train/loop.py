@@ -53,6 +53,7 @@ from memrl.train.config import TrainConfig
 from memrl.train.evaluate import evaluate
 from memrl.train.metrics import MetricsLogger, plot_curves
 from memrl.train.replay import ReplayBuffer
+from memrl.train.roles import active_roles, keep_roles, memory_rollout_metrics
 from memrl.train.setup import TrainResources, build_resources, publish_adapter
 from memrl.types import EpisodeStatus, EpisodeTrajectory
 
@@ -125,13 +126,14 @@ def run_step(res: TrainResources, step: int, counters: dict[str, float]) -> Step
         "rollout/groups_trained": float(len(rollout.groups)),
         "rollout/sampling_rounds": float(rollout.rounds),
         "time/rollout_s": t_rollout,
+        **memory_rollout_metrics(episodes),
     }
     replay_sample = None
     if res.replay is not None and cfg.train.replay.batch_size > 0 and len(res.replay):
         replay_sample = res.replay.sample(cfg.train.replay.batch_size)
     if cfg.train.rollout_only:
         pass
-    elif trainable:
+    elif trainable := keep_roles(trainable, active_roles(cfg.train, step)):
         t1 = time.perf_counter()
         batch = res.builder.build(trainable)
         metrics.update(res.updater.update(batch, replay=replay_sample))

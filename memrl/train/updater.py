@@ -36,6 +36,7 @@ from memrl.train.microbatch import (
     token_logprobs,
     unpack,
 )
+from memrl.train.roles import role_metrics
 from memrl.train.tree_advantages import tree_local_advantages
 from memrl.types import PackedBatch
 
@@ -90,6 +91,7 @@ class PolicyUpdater:
                 "train/sequences": float(len(records)),
             }
         )
+        metrics.update(role_metrics(batch.step_meta, scores, adv, weights))
         # Where an update's time goes (the step profile): reference / old log-probs, policy forward+backward,
         # replay loss, optimizer step.
         metrics.update({f"time/{name}_s": value for name, value in self._times.items()})

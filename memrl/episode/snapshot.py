@@ -1,0 +1,92 @@
+"""Snapshot credit for memory writes (Memory-R1): ``k`` alternatives from one store state, each scored by answering.
+
+At a planned write, the policy samples ``k`` replies (``episode.memory_credit.snapshot_k``) to the same prompt.
+Before anything is applied, :meth:`~memrl.memory.manager.MemorySystem.write_batch` forks the episode's store
+once per reply and applies reply ``j`` to fork ``j`` only (the episode's own store gets reply 0). Each fork then
+answers the episode's question — retrieval, the target-turn prompt, one greedy answer without tools, the
+episode's reward function — and that score is the reply's outcome. The ``k`` replies are one GRPO group
+(:func:`memrl.episode.credit.credit_group`), so the advantage compares operations written from the same state.
+All forks of a batch's writes are answered in one ``generate`` call and released afterwards.
+
+Which writes: those that read an evidence turn of the question (``metadata["evidence_turn_ids"]``) first, then
+others drawn by a hash of the episode id, up to ``snapshot_writes`` per episode.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Sequence
+from typing import Any
+
+from memrl.episode.config import MemoryCreditConfig
+from memrl.episode.prompt import PromptTooLongError
+from memrl.rewards.base import RewardInput
+from memrl.types import BatchInput
+
+
+class SnapshotScorer:
+    def __init__(self, cfg: MemoryCreditConfig) -> None:
+        self.cfg = cfg
+
+    def plan(self, inp: BatchInput, chunk: int) -> set[int]:
+        """The write indices of ``inp`` to sample as groups (writes of ``chunk`` turns; 0 = one write)."""
+        history = inp.history
+        size = chunk if chunk > 0 else max(1, len(history))
+        n_writes = (len(history) + size - 1) // size
+        evidence = set(inp.metadata.get("evidence_turn_ids", ()) or ())
+        hits = [
+            i
+            for i in range(n_writes)
+            if any(t.turn_id in evidence for t in history[i * size : (i + 1) * size])
+        ]
+        rest = [i for i in range(n_writes) if i not in hits]
+        seed = int(hashlib.sha256(inp.episode_id.encode()).hexdigest()[:8], 16)
+        random.Random(seed).shuffle(rest)
+        return set((hits + rest)[: self.cfg.snapshot_writes])
+
+    def score(self, runner: Any, scored: Sequence[tuple[Any, Any]]) -> None:
+        """Answer the question on every fork of ``scored`` ((EpisodeState, WriteResult) pairs) and record each
+        alternative's reward in ``state.snapshot_rewards[write index]``; the forks are released."""
+        memory = runner.memory
+        jobs = [(st, len(st.writes) - 1, memory.manager(ns)) for st, res in scored for ns in res.alternatives]
+        try:
+            rewards = self._answer(runner, jobs)
+            for (st, index, _), r in zip(jobs, rewards, strict=True):
+                st.snapshot_rewards.setdefault(index, []).append(r)
+        finally:
+            for _, _, mgr in jobs:
+                memory.release(mgr.episode_id)
+
+    def _answer(self, runner: Any, jobs: Sequence[tuple[Any, int, Any]]) -> list[float]:
+        from memrl.policy.base import GenerationRequest, SamplingParams
+
+        memory, prompts = runner.memory, runner.prompts
+        hits = memory.retrieve_batch(
+            [(mgr, st.inp.final_query) for st, _, mgr in jobs],
+            memory.cfg.top_k,
+            turn_id="snapshot",
+            asked_at=[st.inp.target.timestamp for st, _, _ in jobs],
+            asked_by=[st.inp.target.speaker for st, _, _ in jobs],
+            room=[runner._memory_room(st) for st, _, _ in jobs],
+            count_tokens=runner._prompt_tokens,
+        )
+        params = SamplingParams(temperature=0.0, max_tokens=runner.rollout_cfg.max_response_tokens)
+        ids: list[tuple[int, ...] | None] = []
+        for (st, _, _), facts in zip(jobs, hits, strict=True):
+            try:
+                ids.append(prompts.build(st.inp.final_query, facts, "", runner.tool_names).ids)
+            except PromptTooLongError:
+                ids.append(None)
+        todo = [i for i, p in enumerate(ids) if p is not None]
+        outs = (
+            runner.policy.generate([GenerationRequest(tuple(ids[i]), params) for i in todo]) if todo else []
+        )
+        texts = [""] * len(jobs)
+        for i, out in zip(todo, outs, strict=True):
+            texts[i] = runner.policy.tokenizer.decode(list(out[0].token_ids), skip_special_tokens=True)
+        inputs = [
+            RewardInput.from_response(text, st.inp.target_answer, st.inp.final_query, st.inp.metadata)
+            for (st, _, _), text in zip(jobs, texts, strict=True)
+        ]
+        return [float(r) for r in runner.reward(inputs)]

@@ -1,0 +1,203 @@
+"""The policy writes its own memory (``memory.extractor: policy``), as Memory-R1's memory manager and Mem-α do.
+
+On each write (one history turn, or ``episode.ingest_chunk_turns`` turns) the policy reads, in its own chat
+template, the instructions (``memrl/prompts/memory_write.j2``), the nearest *current* facts of its episode shown
+with small local ids, and the new turn(s); it answers with one operation per line::
+
+    ADD Mia lives in Rome.
+    UPDATE 0 Mia lives in Rome.
+    DELETE 1
+    NOOP
+
+The memory state lives in the store, outside the tokens. A write is a trainable step: its prompt ids, the
+sampled response ids (mask 1) and their rollout log-probs are kept (:class:`WriteSample`), and
+:class:`~memrl.memory.manager.MemorySystem.write_batch` generates every episode's write of a batch in one
+``generate`` call. A line that is not a valid operation (an unknown op word, an id that was not shown, an
+UPDATE/ADD without text) becomes a NOOP whose reason is logged, and counts against the step's format term
+(:mod:`memrl.episode.credit`); a reply never crashes a run. An UPDATE *supersedes* the fact it names: the old
+fact stays in the store as history with the date it stopped being true, and the new value is a fact of its own
+(``FactDecision.supersede``), so "where did I live before?" stays answerable while retrieval prefers the
+current value (:func:`memrl.memory.retrieval.supersede_rescore`).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from memrl.memory.config import MemoryConfig
+from memrl.memory.extract import EXTRACTORS, ExtractionRequest, FactDecision, TextGenerator, turn_caption
+from memrl.memory.store import FactRecord
+from memrl.templates import encode_chat, load_template
+from memrl.types import MemoryOpType, TurnSpec
+
+logger = logging.getLogger(__name__)
+
+_LINE = re.compile(r"^[-*\s]*(?P<op>[A-Za-z]+)\b[\s:.-]*(?P<rest>.*)$")
+_ID = re.compile(r"^\[?(?P<id>\d+)\]?[\s:.-]*(?P<text>.*)$")
+# At most this many operations per write: a small model that loops would otherwise fill the store.
+MAX_OPS = 8
+FORMAT_REASON = "invalid memory operation"  # the NOOP reason prefix of a line that is not a valid operation
+
+
+@dataclass(frozen=True)
+class ParsedOps:
+    """A reply read as operations: ``decisions`` (invalid lines became NOOPs) and one error per invalid line."""
+
+    decisions: tuple[FactDecision, ...]
+    errors: tuple[str, ...] = ()
+
+    @property
+    def valid(self) -> bool:
+        return not self.errors
+
+
+def _invalid(errors: list[str], why: str) -> FactDecision:
+    errors.append(why)
+    return FactDecision(MemoryOpType.NOOP, reason=f"{FORMAT_REASON}: {why}")
+
+
+def _parse_line(line: str, neighbours: Sequence[FactRecord], speaker: str, errors: list[str]) -> FactDecision:
+    m = _LINE.match(line)
+    word = m["op"].upper() if m else ""
+    if word not in ("ADD", "UPDATE", "DELETE", "NOOP"):
+        return _invalid(errors, f"{line[:60]!r} does not start with ADD/UPDATE/DELETE/NOOP")
+    op, rest = MemoryOpType(word), m["rest"].strip()
+    if op is MemoryOpType.NOOP:
+        return FactDecision(op, reason="the writer chose NOOP")
+    if op is MemoryOpType.ADD:
+        if not rest:
+            return _invalid(errors, "ADD without a fact")
+        return FactDecision(op, text=rest, speaker=speaker)
+    idm = _ID.match(rest)
+    if not idm:
+        return _invalid(errors, f"{word} needs a shown id, got {rest[:40]!r}")
+    local, text = int(idm["id"]), idm["text"].strip()
+    if local >= len(neighbours):
+        return _invalid(errors, f"{word} id {local} is not one of the shown ids 0..{len(neighbours) - 1}")
+    if op is MemoryOpType.UPDATE and not text:
+        return _invalid(errors, "UPDATE without the new fact")
+    fid = neighbours[local].fact_id
+    return FactDecision(op, text=text, fact_id=fid, speaker=speaker, supersede=op is MemoryOpType.UPDATE)
+
+
+def parse_ops(reply: str, neighbours: Sequence[FactRecord], speaker: str = "") -> ParsedOps:
+    """One decision per non-empty line of ``reply`` (at most :data:`MAX_OPS`; more is a format error)."""
+    lines = [ln.strip() for ln in (reply or "").splitlines() if ln.strip()]
+    errors: list[str] = []
+    if not lines:
+        return ParsedOps((_invalid(errors, "empty reply"),), tuple(errors))
+    if len(lines) > MAX_OPS:
+        errors.append(f"{len(lines)} operations, more than {MAX_OPS}: the rest were ignored")
+        lines = lines[:MAX_OPS]
+    decisions = tuple(_parse_line(ln, neighbours, speaker, errors) for ln in lines)
+    return ParsedOps(decisions, tuple(errors))
+
+
+@dataclass(frozen=True)
+class WriteRequest:
+    """One write: the new turn(s) of one episode and the current facts shown to the writer (local id = index)."""
+
+    turns: tuple[TurnSpec, ...]
+    neighbours: tuple[FactRecord, ...] = ()
+
+
+@dataclass(frozen=True)
+class WriteSample:
+    """One sampled reply: response ids (all trainable), their rollout log-probs, the text and its operations."""
+
+    response_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    text: str
+    ops: ParsedOps
+
+
+def turn_line(turn: TurnSpec) -> str:
+    caption = turn_caption(turn)
+    photo = f" [shares a photo: {caption}]" if caption else ""
+    who = f"{turn.speaker}: " if turn.speaker else ""
+    return f"[{turn.timestamp or 'undated'}] {who}{turn.text.strip()}{photo}"
+
+
+def render_user(req: WriteRequest) -> str:
+    """The user message of a write: what the writer reads besides its instructions."""
+    facts = [f"{i}. [{f.timestamp or 'undated'}] {f.text}" for i, f in enumerate(req.neighbours)]
+    return "\n".join(["Memory:", *(facts or ["(empty)"]), "New:", *map(turn_line, req.turns), "Operations:"])
+
+
+class PolicyWriter:
+    """The ``policy`` extractor: the policy client writes memory operations (see the module docstring)."""
+
+    needs_neighbours = True
+    writes_steps = True  # the runner records each write as a trainable step (MemorySystem.write_batch)
+
+    def __init__(self, cfg: MemoryConfig, generate_text: TextGenerator | None) -> None:
+        client = getattr(generate_text, "client", None)
+        if client is None:
+            raise ValueError(
+                "memory.extractor=policy needs the policy client: MemorySystem(cfg, generate_text="
+                "policy_text_generator(client)) (memrl.memory.llm), as build_runner does"
+            )
+        self.client = client
+        self.tokenizer = client.tokenizer
+        self.system = load_template("memory_write.j2").render().strip()
+        self.max_tokens = cfg.write_max_tokens
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        self.stop_ids = () if eos is None else (int(eos),)
+
+    def prompt_ids(self, req: WriteRequest) -> tuple[int, ...]:
+        messages = [{"role": "system", "content": self.system}, {"role": "user", "content": render_user(req)}]
+        return tuple(encode_chat(self.tokenizer, messages))
+
+    def sample(
+        self, requests: Sequence[WriteRequest], n: Sequence[int], temperature: float, seed: int | None = None
+    ) -> tuple[list[tuple[int, ...]], list[list[WriteSample]]]:
+        """``n[i]`` replies to request i, all in one ``generate`` call; returns (prompt ids, samples)."""
+        from memrl.policy.base import GenerationRequest, SamplingParams
+
+        if not requests:
+            return [], []
+        prompts = [self.prompt_ids(r) for r in requests]
+        gens = [
+            GenerationRequest(
+                p,
+                SamplingParams(
+                    temperature=temperature, max_tokens=self.max_tokens, n=k, seed=seed,
+                    stop_token_ids=self.stop_ids,
+                ),
+            )
+            for p, k in zip(prompts, n, strict=True)
+        ]  # fmt: skip
+        outputs = self.client.generate(gens)
+        if len(outputs) != len(requests):
+            raise RuntimeError(f"policy returned {len(outputs)} results for {len(requests)} memory writes")
+        out = []
+        for req, outs in zip(requests, outputs, strict=True):
+            speaker = req.turns[-1].speaker if len({t.speaker for t in req.turns}) == 1 else ""
+            samples = []
+            for o in outs:
+                text = self.tokenizer.decode(list(o.token_ids), skip_special_tokens=True)
+                samples.append(
+                    WriteSample(
+                        tuple(o.token_ids), tuple(o.logprobs), text, parse_ops(text, req.neighbours, speaker)
+                    )
+                )
+            out.append(samples)
+        return prompts, out
+
+    def extract(self, requests: Sequence[ExtractionRequest]) -> list[list[FactDecision]]:
+        """The plain extractor interface (no step recorded): one greedy write per turn."""
+        _, samples = self.sample(
+            [WriteRequest((r.turn,), r.neighbours) for r in requests], [1] * len(requests), 0.0
+        )
+        for r, s in zip(requests, samples, strict=True):
+            if s[0].ops.errors:
+                logger.debug("policy writer, turn %s: %s", r.turn.turn_id, "; ".join(s[0].ops.errors))
+        return [list(s[0].ops.decisions) for s in samples]
+
+
+@EXTRACTORS.register("policy")
+def _policy(cfg: MemoryConfig, generate_text: TextGenerator | None = None) -> PolicyWriter:
+    return PolicyWriter(cfg, generate_text)

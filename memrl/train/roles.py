@@ -1,0 +1,97 @@
+"""The two roles one policy plays: ``answer`` (target-turn steps) and ``memory`` (its own memory writes).
+
+``train.roles`` names the roles the policy gradient trains; ``train.role_schedule: alternate`` trains one role
+at a time in phases of ``train.role_phase_steps`` steps, in the order of ``train.roles``, while the other is
+frozen (its rows leave the batch; the policy still plays it), as Memory-R1 trains its memory manager against a
+frozen answer agent and the answer agent against a fixed memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import torch
+
+from memrl.train.config import TrainConfig
+from memrl.types import EpisodeTrajectory, StepMeta, StepTrajectory, TurnRole
+
+
+def step_role(meta: StepMeta) -> str | None:
+    """``answer`` for a target step, ``memory`` for a policy-written memory step, ``None`` otherwise."""
+    if meta.turn_role is TurnRole.TARGET:
+        return "answer"
+    return "memory" if meta.extra.get("role") == "memory" else None
+
+
+def active_roles(cfg: TrainConfig, step: int) -> list[str]:
+    """The roles trained at ``step`` (1-based)."""
+    if cfg.role_schedule == "joint" or len(cfg.roles) == 1:
+        return list(cfg.roles)
+    phase = (step - 1) // cfg.role_phase_steps
+    return [cfg.roles[phase % len(cfg.roles)]]
+
+
+def keep_roles(episodes: Sequence[EpisodeTrajectory], roles: Sequence[str]) -> list[EpisodeTrajectory]:
+    """Episodes with the trainable steps of other roles removed; an episode left with none is dropped."""
+    out = []
+    for ep in episodes:
+        ext = ep.step_rewards_ext or (None,) * len(ep.steps)
+        kept: list[tuple[StepTrajectory, float | None]] = [
+            (s, r) for s, r in zip(ep.steps, ext, strict=True) if step_role(s.meta) in roles or not s.trainable
+        ]
+        if any(s.trainable for s, _ in kept):
+            out.append(
+                dataclasses.replace(
+                    ep,
+                    steps=tuple(s for s, _ in kept),
+                    step_rewards_ext=tuple(r for _, r in kept) if ep.step_rewards_ext else (),
+                )
+            )
+    return out
+
+
+def role_metrics(
+    step_meta: Sequence[StepMeta], scores: torch.Tensor, adv: torch.Tensor, weights: torch.Tensor
+) -> dict[str, float]:
+    """``<role>/reward_mean``, ``<role>/adv_mean``, ``<role>/adv_abs_mean`` and ``<role>/rows`` per role present."""
+    out: dict[str, float] = {}
+    roles = [step_role(m) for m in step_meta]
+    for role in ("answer", "memory"):
+        idx = [i for i, r in enumerate(roles) if r == role and weights[i] > 0]
+        if not idx:
+            continue
+        s, a = scores[idx], adv[idx]
+        out.update(
+            {
+                f"{role}/reward_mean": float(s.mean()),
+                f"{role}/adv_mean": float(a.mean()),
+                f"{role}/adv_abs_mean": float(a.abs().mean()),
+                f"{role}/rows": float(len(idx)),
+            }
+        )
+    return out
+
+
+def memory_rollout_metrics(episodes: Sequence[EpisodeTrajectory]) -> dict[str, float]:
+    """The writes of a rollout (applied replies only): ``memory/credit_mean``, ``memory/format_ok``,
+    ``memory/op_right`` (where the dataset knows the operations) and ``memory/steps``."""
+    applied = [
+        (s, r)
+        for ep in episodes
+        for s, r in zip(ep.steps, ep.step_rewards_ext or (None,) * len(ep.steps), strict=True)
+        if step_role(s.meta) == "memory" and s.meta.extra.get("applied", True)
+    ]
+    if not applied:
+        return {}
+    credits = [r for _, r in applied if r is not None]
+    known = [s.meta.extra["op_right"] for s, _ in applied if s.meta.extra.get("op_right") is not None]
+    out = {
+        "memory/steps": float(len(applied)),
+        "memory/format_ok": sum(not s.meta.extra.get("format_errors") for s, _ in applied) / len(applied),
+    }
+    if credits:
+        out["memory/credit_mean"] = sum(credits) / len(credits)
+    if known:
+        out["memory/op_right"] = sum(map(float, known)) / len(known)
+    return out
