@@ -1,0 +1,155 @@
+"""The policy as memory writer: parsing operations, applying them (superseding updates), store forks."""
+
+from __future__ import annotations
+
+import pytest
+
+from memrl.memory.config import MemoryConfig
+from memrl.memory.llm import policy_text_generator
+from memrl.memory.manager import MemorySystem, is_superseded
+from memrl.memory.store import FactRecord
+from memrl.memory.writer import FORMAT_REASON, WriteRequest, parse_ops, render_user
+from memrl.testing.models import byte_tokenizer
+from memrl.testing.scripted import ScriptedPolicy
+from memrl.types import MemoryOpType, TurnRole, TurnSpec
+
+ADD, UPDATE, DELETE, NOOP = MemoryOpType.ADD, MemoryOpType.UPDATE, MemoryOpType.DELETE, MemoryOpType.NOOP
+
+
+def fact(fid: int, text: str) -> FactRecord:
+    return FactRecord(fid, "ep", text, timestamp="2023-01-01")
+
+
+def turn(text: str, tid: str, when: str = "2023-01-01 10:00", speaker: str = "Ann") -> TurnSpec:
+    return TurnSpec(TurnRole.HISTORY, text, tid, speaker=speaker, timestamp=when)
+
+
+def test_parse_valid_lines_map_local_ids_to_fact_ids():
+    shown = (fact(41, "Mia lives in Paris."), fact(7, "Mia is a baker."))
+    got = parse_ops("ADD Omar has 3 pets.\nUPDATE 0 Mia lives in Rome.\nDELETE 1\nNOOP", shown, "Ann")
+    assert got.valid
+    assert [d.op for d in got.decisions] == [ADD, UPDATE, DELETE, NOOP]
+    assert got.decisions[1].fact_id == 41 and got.decisions[1].supersede
+    assert got.decisions[1].text == "Mia lives in Rome."
+    assert got.decisions[2].fact_id == 7
+
+
+@pytest.mark.parametrize(
+    ("reply", "why"),
+    [
+        ("Sure! Here is the memory.", "does not start with ADD/UPDATE/DELETE/NOOP"),
+        ("UPDATE 5 Mia lives in Rome.", "id 5 is not one of the shown ids 0..0"),
+        ("UPDATE Mia lives in Rome.", "needs a shown id"),
+        ("ADD", "ADD without a fact"),
+        ("UPDATE 0", "UPDATE without the new fact"),
+        ("", "empty reply"),
+    ],
+)
+def test_malformed_operation_becomes_noop_with_its_reason(reply, why):
+    got = parse_ops(reply, (fact(1, "Mia lives in Paris."),))
+    assert not got.valid and why in got.errors[0]
+    assert got.decisions[0].op is NOOP
+    assert got.decisions[0].reason.startswith(FORMAT_REASON) and why in got.decisions[0].reason
+
+
+def test_too_many_lines_are_cut_and_counted_as_a_format_error():
+    got = parse_ops("\n".join(["NOOP"] * 12), ())
+    assert len(got.decisions) == 8 and any("more than 8" in e for e in got.errors)
+
+
+def test_render_user_shows_local_ids_and_the_new_turns():
+    text = render_user(WriteRequest((turn("I moved to Rome.", "D2:1"),), (fact(41, "Ann lives in Paris."),)))
+    assert "0. [2023-01-01] Ann lives in Paris." in text
+    assert "[2023-01-01 10:00] Ann: I moved to Rome." in text and text.endswith("Operations:")
+
+
+def _system(minilm, script, **cfg) -> MemorySystem:
+    policy = ScriptedPolicy(byte_tokenizer(), script)
+    cfg = MemoryConfig(extractor="policy", **cfg)
+    return MemorySystem(cfg, embedder=minilm, generate_text=policy_text_generator(policy))
+
+
+def test_update_supersedes_keeps_history_and_retrieval_prefers_the_current_value(minilm):
+    replies = iter(["ADD Ann lives in Paris.", "UPDATE 0 Ann lives in Rome."])
+    system = _system(minilm, lambda ctx: next(replies), neighbour_turns=0)  # facts one by one
+    mgr = system.manager("ep")
+    first = system.write_batch([(mgr, [turn("I live in Paris.", "D1:1", "2023-01-01 10:00")])])[0]
+    second = system.write_batch([(mgr, [turn("I moved to Rome.", "D2:1", "2023-03-05 09:00")])])[0]
+    assert [o.op for o in first.ops] == [ADD] and [o.op for o in second.ops] == [UPDATE]
+    old, new = second.ops[0].fact_ids
+    records = {r.fact_id: r for r in mgr.facts()}
+    assert records[old].text == "Ann lives in Paris." and is_superseded(records[old])
+    assert (
+        records[old].extra["valid_until"] == "2023-03-05 09:00" and records[old].extra["superseded_by"] == new
+    )
+    assert [r.text for r in system.current_facts(mgr)] == ["Ann lives in Rome."]
+    assert second.facts_before == (old,) and second.facts_after == (new,)
+    now = mgr.retrieve("Where does Ann live?", k=2)
+    assert [h.fact_id for h in now] == [new, old]
+    before = mgr.retrieve("Where did Ann live before?", k=2)
+    past = next(h for h in before if h.fact_id == old)
+    assert "no longer true since 2023-03-05 09:00" in past.text
+
+
+def test_a_malformed_write_is_a_logged_noop_and_never_raises(minilm):
+    system = _system(minilm, lambda ctx: "I think Ann likes Rome")
+    mgr = system.manager("ep")
+    res = system.write_batch([(mgr, [turn("I moved to Rome.", "D1:1")])])[0]
+    assert [o.op for o in res.ops] == [NOOP] and FORMAT_REASON in res.ops[0].text
+    assert res.samples[0].ops.errors and mgr.facts() == []
+    assert mgr.memory_ops[-1].op is NOOP
+
+
+def test_writes_of_a_batch_are_one_generate_call(minilm):
+    policy = ScriptedPolicy(byte_tokenizer(), lambda ctx: "NOOP")
+    calls = []
+    inner = policy.generate
+    policy.generate = lambda reqs: calls.append(len(reqs)) or inner(reqs)
+    system = MemorySystem(
+        MemoryConfig(extractor="policy"), embedder=minilm, generate_text=policy_text_generator(policy)
+    )
+    items = [(system.manager(f"ep{i}"), [turn("Hello.", "D1:1")]) for i in range(3)]
+    out = system.write_batch(items)
+    assert calls == [3] and len(out) == 3
+    assert all(len(r.samples[0].response_ids) == len(r.samples[0].logprobs) > 0 for r in out)
+
+
+def test_snapshot_alternatives_start_from_one_state_and_never_touch_each_other(minilm):
+    def script(ctx):
+        if "I moved to Rome." in ctx.text:
+            return ["UPDATE 0 Ann lives in Rome.", "ADD Ann likes Rome.", "DELETE 0"][ctx.sample_index]
+        return "ADD Ann lives in Paris."
+
+    system = _system(minilm, script)
+    mgr = system.manager("ep")
+    system.write_batch([(mgr, [turn("I live in Paris.", "D1:1")])])
+    before = [(r.fact_id, r.text) for r in mgr.facts()]
+    res = system.write_batch([(mgr, [turn("I moved to Rome.", "D2:1")])], [3], temperature=1.0)[0]
+    assert len(res.alternatives) == 3
+    forks = [system.manager(ns) for ns in res.alternatives]
+    # Every fork holds the state before the write plus its own reply's operations, and nothing of the others'.
+    texts = [sorted(r.text for r in system.current_facts(f)) for f in forks]
+    assert texts == [["Ann lives in Rome."], ["Ann likes Rome.", "Ann lives in Paris."], []]
+    for f in forks:
+        assert {(r.fact_id, r.text) for r in f.facts()} >= {b for b in before if f is not forks[2]}
+    # The episode's own store got reply 0 only.
+    assert [r.text for r in system.current_facts(mgr)] == ["Ann lives in Rome."]
+    assert sum(1 for r in mgr.facts() if is_superseded(r)) == 1
+    for ns in res.alternatives:
+        system.release(ns)
+    assert [r.text for r in system.current_facts(mgr)] == ["Ann lives in Rome."]
+
+
+def test_policy_extractor_without_a_client_names_the_fix():
+    with pytest.raises(ValueError, match="policy_text_generator"):
+        MemorySystem(MemoryConfig(extractor="policy"), embedder=None or _NullEmbedder())
+
+
+class _NullEmbedder:
+    dim = 4
+
+    def encode(self, texts):  # pragma: no cover - never reached
+        raise AssertionError
+
+    def count_tokens(self, texts):  # pragma: no cover
+        return [0 for _ in texts]
