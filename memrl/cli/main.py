@@ -45,13 +45,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     from memrl.data.adapters import AdapterError
+    from memrl.disk import DiskFullError
     from memrl.policy.errors import PolicyError
 
     try:
         return int(args.func(args) or 0)
-    except (AdapterError, PolicyError) as exc:
-        # Bad input or a missing model: the message names the file / setting and the fix; a traceback would
-        # only hide it (-v keeps the traceback for debugging).
+    except (AdapterError, PolicyError, DiskFullError) as exc:
+        # Bad input, a missing model or a full disk: the message names the file / setting and the fix; a
+        # traceback would only hide it (-v keeps the traceback for debugging).
         if args.verbose:
             raise
         print(f"memrl {args.command}: error: {exc}", file=sys.stderr)
