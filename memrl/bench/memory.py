@@ -288,6 +288,7 @@ def _cache_delta(before: dict, after: dict) -> dict:
         "memory/embed_cache_hits": hits,
         "memory/embed_cache_misses": misses,
         "memory/embed_cache_hit_rate": hits / (hits + misses) if hits + misses else 0.0,
+        "memory/embed_cache_writes_stopped": after["memory/embed_cache_writes_stopped"],
     }
 
 

@@ -84,3 +84,50 @@ def test_a_call_that_dies_mid_way_keeps_the_slices_it_finished(tmp_path, monkeyp
     resumed = CachedEmbedder(inner, tmp_path / "e.sqlite")
     resumed.encode(TEXTS)
     assert inner.calls == [1] and (resumed.hits, resumed.misses) == (2, 1)
+
+
+def _rows(path) -> int:
+    import sqlite3
+
+    with sqlite3.connect(path) as db:
+        return db.execute("SELECT COUNT(*) FROM vectors").fetchone()[0]
+
+
+def test_a_full_disk_stops_writes_with_one_warning_and_the_run_goes_on(tmp_path, caplog):
+    """SQLite's own page limit makes the real INSERT fail with SQLITE_FULL ("database or disk is full")."""
+    path = tmp_path / "e.sqlite"
+    raw = _raw_minilm()
+    cached = CachedEmbedder(raw, path)
+    cached.encode(TEXTS[:1])
+    (pages,) = cached._db.execute("PRAGMA page_count").fetchone()
+    cached._db.execute(f"PRAGMA max_page_count = {pages}")  # the file may not grow: as a full disk
+    more = [f"Fact number {i} about the garden." for i in range(20)]
+    with caplog.at_level("WARNING", logger="memrl.memory.embed_cache"):
+        vecs = cached.encode([*TEXTS, *more])
+        again = cached.encode([*more, "One more text after the disk filled."])
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and str(path) in warnings[0] and "database or disk is full" in warnings[0]
+    assert np.allclose(vecs, raw.encode([*TEXTS, *more]), atol=1e-5)  # equal to the uncached vectors
+    assert again.shape == (21, cached.dim)
+    assert cached.stats()["memory/embed_cache_writes_stopped"] == 1.0
+    assert (cached.hits, cached.misses) == (1, 1 + 22 + 21)  # nothing written after the failure: all misses
+    cached.close()
+    assert _rows(path) == 1  # what was cached before stays readable
+    assert CachedEmbedder(raw, path).stats()["memory/embed_cache_writes_stopped"] == 0.0
+
+
+def test_a_cache_that_cannot_even_be_created_is_skipped(tmp_path, monkeypatch, caplog):
+    import sqlite3
+
+    from memrl.memory import embed_cache
+
+    def full(*args, **kwargs):
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(embed_cache.sqlite3, "connect", full)
+    raw = _raw_minilm()
+    with caplog.at_level("WARNING", logger="memrl.memory.embed_cache"):
+        cached = CachedEmbedder(raw, tmp_path / "e.sqlite")
+        vecs = cached.encode(TEXTS)
+    assert np.allclose(vecs, raw.encode(TEXTS), atol=1e-5) and cached.misses == 3
+    assert "e.sqlite" in caplog.text and cached.stats()["memory/embed_cache_writes_stopped"] == 1.0
