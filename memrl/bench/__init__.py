@@ -1,7 +1,9 @@
 """Benchmarks: ``memrl bench NAME [options]`` prints one JSON object.
 
 A bench is ``fn(argv: list[str]) -> dict`` registered in :data:`BENCHES`; it parses its own options and
-reports ratios measured within one run (the machine is noisy; absolute times are context, not targets).
+reports ratios measured within one run (the machine is noisy; absolute times are context, not targets). Each
+bench module also exposes ``parse_args(argv) -> argparse.Namespace``, and its defaults are the run
+docs/benchmarks.md reports: ``memrl bench NAME --json`` reproduces the documented numbers.
 """
 
 from __future__ import annotations
