@@ -9,7 +9,6 @@ docs/benchmarks.md reports: ``memrl bench NAME --json`` reproduces the documente
 from __future__ import annotations
 
 import importlib
-import os
 from collections.abc import Callable
 
 from memrl.registry import Registry
@@ -29,13 +28,3 @@ def _populate() -> None:
 
 
 BENCHES: Registry[BenchFn] = Registry("benchmark", populate=_populate)
-
-
-def auto_threads() -> int:
-    """Torch threads for a timing: ``$MEMRL_BENCH_THREADS``, else 1 when the machine is oversubscribed (OpenMP
-    threads that wait for a descheduled sibling make a step 2-3x slower than one thread), else every core."""
-    env = os.environ.get("MEMRL_BENCH_THREADS")
-    if env:
-        return max(1, int(env))
-    cores = os.cpu_count() or 1
-    return 1 if os.getloadavg()[0] > cores else cores

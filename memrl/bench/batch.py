@@ -28,8 +28,9 @@ import time
 import numpy as np
 import torch
 
-from memrl.bench import BENCHES, auto_threads
+from memrl.bench import BENCHES
 from memrl.data.batch import TrajectoryBatchBuilder
+from memrl.threads import auto_threads
 from memrl.train.config import LoraConfig, TrainConfig
 from memrl.train.microbatch import (
     MicroBatch,
@@ -71,7 +72,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--micro-batch-size", type=int, default=train.micro_batch_size)
     p.add_argument("--repeats", type=int, default=2, help="timed passes per path (best is reported)")
     p.add_argument(
-        "--threads", type=int, default=1, help="torch threads (0 = chosen from the machine's load)"
+        "--threads", type=int, default=1, help="torch threads (0 = chosen from the load: memrl.threads)"
     )
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)

@@ -314,9 +314,9 @@ def run_extractor(
 def _policy_generator(cfg: MemoryConfig) -> tuple[TextGenerator, CountingClient, str]:
     import torch
 
-    from memrl.bench import auto_threads
     from memrl.memory.llm import policy_text_generator
     from memrl.policy import PolicyConfig, make_policy
+    from memrl.threads import auto_threads
 
     torch.set_num_threads(auto_threads())  # on a busy machine one thread decodes faster than two that wait
 

@@ -149,7 +149,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--branch-tokens", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument(
-        "--threads", type=int, default=0, help="torch threads (0 = auto: 1 when oversubscribed)"
+        "--threads", type=int, default=0, help="torch threads (0 = chosen from the load: memrl.threads)"
     )
     return parser.parse_args(argv)
 
@@ -159,7 +159,7 @@ def bench_policy(argv: list[str]) -> dict:
     args = parse_args(argv)
     import torch
 
-    from memrl.bench import auto_threads
+    from memrl.threads import auto_threads
 
     torch.set_num_threads(args.threads or auto_threads())
     policy = _policy(args.model)

@@ -12,6 +12,8 @@ import sys
 
 # Order = order in --help.
 COMMANDS = ("run", "train", "report", "eval", "data", "bench", "inspect", "serve", "sandbox")
+# Commands that run a model: they set torch's thread count from the machine's load first (memrl.threads).
+MODEL_COMMANDS = frozenset({"run", "train", "eval", "bench", "serve"})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,6 +46,13 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    if args.command in MODEL_COMMANDS:
+        from memrl.threads import apply_threads
+
+        try:
+            apply_threads()
+        except ValueError as exc:  # a malformed MEMRL_THREADS
+            parser.error(str(exc))
     from memrl.data.adapters import AdapterError
     from memrl.disk import DiskFullError
     from memrl.policy.errors import PolicyError
