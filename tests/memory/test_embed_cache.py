@@ -131,3 +131,19 @@ def test_a_cache_that_cannot_even_be_created_is_skipped(tmp_path, monkeypatch, c
         vecs = cached.encode(TEXTS)
     assert np.allclose(vecs, raw.encode(TEXTS), atol=1e-5) and cached.misses == 3
     assert "e.sqlite" in caplog.text and cached.stats()["memory/embed_cache_writes_stopped"] == 1.0
+
+
+def test_a_really_full_filesystem_warns_and_keeps_the_vectors(small_tmpfs, caplog):
+    """On a filled tmpfs SQLite's commit fails with SQLITE_FULL: one warning, same vectors, old rows readable."""
+    from tests.conftest import fill_disk
+
+    raw = _raw_minilm()
+    cached = CachedEmbedder(raw, small_tmpfs / "e.sqlite")
+    cached.encode(TEXTS)
+    fill_disk(small_tmpfs)
+    more = [f"Fact number {i} about the garden, on a full disk." for i in range(300)]
+    with caplog.at_level("WARNING", logger="memrl.memory.embed_cache"):
+        vecs = cached.encode([*more, *TEXTS])
+    assert "database or disk is full" in caplog.text and str(small_tmpfs / "e.sqlite") in caplog.text
+    assert np.allclose(vecs[:300], raw.encode(more), atol=1e-5) and cached.writes_stopped
+    assert cached.hits == 3  # what was cached before the disk filled is still read

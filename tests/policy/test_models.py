@@ -182,3 +182,23 @@ def test_the_cli_prints_a_full_disk_as_one_line(cache, monkeypatch, capsys):
     rc = main(["eval", "--config", "configs/synthetic.yaml", f"output_dir={cache}/o"])
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert rc == 2 and err.startswith("memrl eval: error: no space left") and "MEMRL_CACHE_DIR" in err
+
+
+def test_a_really_full_filesystem_during_conversion(small_tmpfs, monkeypatch):
+    """On a tmpfs left with just the weights' size free the check passes and the real write runs out of space
+    (weights plus config and tokenizer do not fit): one DiskFullError, nothing left that could load."""
+    from memrl.testing import random_tiny_llama
+    from tests.conftest import fill_disk
+
+    monkeypatch.setenv("MEMRL_CACHE_DIR", str(small_tmpfs))
+    _tiny_loader(monkeypatch)
+    needed = models.weight_bytes(random_tiny_llama(seed=0)[0])
+    (small_tmpfs / "models").mkdir()
+    fill_disk(small_tmpfs, keep=needed + 4096)
+    with pytest.raises(DiskFullError, match=r"MEMRL_CACHE_DIR") as info:
+        ensure_converted("smollm2-135m")
+    assert info.value.__cause__ is not None  # the write failed, not the check before it
+    assert not converted_dir("smollm2-135m").exists()
+    assert [p.name for p in (small_tmpfs / "models").iterdir()] == [
+        f".{converted_dir('smollm2-135m').name}.lock"
+    ]
