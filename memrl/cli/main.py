@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:  # a malformed MEMRL_THREADS
             parser.error(str(exc))
     from memrl.data.adapters import AdapterError
-    from memrl.disk import DiskFullError
+    from memrl.disk import DiskFullError, is_disk_full
     from memrl.policy.errors import PolicyError
 
     try:
@@ -65,6 +65,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.verbose:
             raise
         print(f"memrl {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        # A full disk at a write without its own DiskFullError (a metrics line, an output file): still one line.
+        if args.verbose or not is_disk_full(exc):
+            raise
+        where = f" writing {exc.filename}" if exc.filename else ""
+        print(
+            f"memrl {args.command}: error: no space left on the disk{where} ({exc}); free space, or move "
+            "MEMRL_CACHE_DIR / output_dir to a larger filesystem (-v shows where it happened)",
+            file=sys.stderr,
+        )
         return 2
 
 
