@@ -9,9 +9,10 @@ what it had finished. The file is named by the embedder's identity (model, dtype
 dimension): another model or precision never reads these vectors. SQLite in WAL mode serialises writers, so Ray
 actors and parallel runs can share one file.
 
-A cache never kills a run: when the disk fills (SQLite's "database or disk is full"), one warning names the file
-and the error, writes stop for the rest of the run, vectors are still encoded and returned (results equal an
-uncached run's), and ``memory/embed_cache_writes_stopped`` reports 1.
+A cache never kills a run: when the disk fills (SQLite's "database or disk is full", or "disk I/O error" when
+not even its WAL index fits), one warning names the file, the error and the space free, writes stop for the rest
+of the run, vectors are still encoded and returned (results equal an uncached run's), and
+``memory/embed_cache_writes_stopped`` reports 1.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from memrl.disk import is_disk_full
+from memrl.disk import free_bytes, human_bytes, is_disk_full
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ class CachedEmbedder:
             self._db.execute(SCHEMA)
             self._db.commit()
         except (OSError, sqlite3.Error) as exc:
-            if not is_disk_full(exc):
+            if not is_disk_full(exc, self.path):
                 raise
             self._stop_writes(exc)
             if self._db is not None:
@@ -138,7 +139,7 @@ class CachedEmbedder:
                 )
                 self._db.commit()
             except sqlite3.Error as exc:
-                if not is_disk_full(exc):
+                if not is_disk_full(exc, self.path):
                     raise
                 self._db.rollback()
                 self._stop_writes(exc)
@@ -146,10 +147,11 @@ class CachedEmbedder:
     def _stop_writes(self, exc: BaseException) -> None:
         self.writes_stopped = True
         logger.warning(
-            "embedding cache %s: %s; the run goes on without writing to the cache (free space there, or move "
-            "the cache with MEMRL_CACHE_DIR)",
+            "embedding cache %s: %s (%s free there); the run goes on without writing to the cache (free space, "
+            "or move the cache with MEMRL_CACHE_DIR)",
             self.path,
             exc,
+            human_bytes(free_bytes(self.path)),
         )
 
     def close(self) -> None:

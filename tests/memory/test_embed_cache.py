@@ -147,3 +147,17 @@ def test_a_really_full_filesystem_warns_and_keeps_the_vectors(small_tmpfs, caplo
     assert "database or disk is full" in caplog.text and str(small_tmpfs / "e.sqlite") in caplog.text
     assert np.allclose(vecs[:300], raw.encode(more), atol=1e-5) and cached.writes_stopped
     assert cached.hits == 3  # what was cached before the disk filled is still read
+
+
+def test_a_cache_created_on_a_full_filesystem_is_skipped(small_tmpfs, caplog):
+    """With a few kB left SQLite cannot map its WAL index and says only "disk I/O error": the space left
+    tells that apart from other I/O errors, and the run goes on uncached."""
+    from tests.conftest import fill_disk
+
+    fill_disk(small_tmpfs, keep=8192)
+    raw = _raw_minilm()
+    with caplog.at_level("WARNING", logger="memrl.memory.embed_cache"):
+        cached = CachedEmbedder(raw, small_tmpfs / "embeddings" / "e.sqlite")
+        vecs = cached.encode(TEXTS)
+    assert "e.sqlite: disk I/O error (" in caplog.text and "B free there" in caplog.text
+    assert np.allclose(vecs, raw.encode(TEXTS), atol=1e-5) and cached.writes_stopped
