@@ -45,3 +45,42 @@ def smollm2_policy(smollm2_dir):
     from memrl.policy.hf import HFPolicy
 
     return HFPolicy(PolicyConfig(model=str(smollm2_dir), temperature=0.0, seed=0))
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """A 4 MB tmpfs mounted at a temp dir, for writes that really run out of space (skipped where mounting
+    needs privileges this machine does not grant)."""
+    import shutil
+    import subprocess
+
+    where = tmp_path / "tmpfs"
+    where.mkdir()
+    if shutil.which("mount") is None:
+        pytest.skip("no mount command")
+    proc = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(where)], capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {proc.stderr.strip() or proc.returncode}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def fill_disk(where, keep: int = 0) -> None:
+    """Write a filler file into ``where`` until its filesystem has at most ``keep`` bytes free."""
+    import errno
+    import shutil
+
+    with open(f"{where}/filler", "wb") as fh:
+        block = b"\0" * 4096
+        while shutil.disk_usage(where).free > keep:
+            try:
+                fh.write(block)
+                fh.flush()
+            except OSError as exc:
+                if exc.errno != errno.ENOSPC:
+                    raise
+                break

@@ -3,7 +3,8 @@
 Builds GRPO groups shaped like ``configs/synthetic_chain.yaml`` (``--groups`` prompts of ``--prompt-min`` to
 ``--prompt-max`` tokens, ``--group-size`` responses of up to ``--response-max`` tokens each, every response of a
 group after the same prompt) through :class:`~memrl.data.batch.TrajectoryBatchBuilder`, then runs, on a
-random-init model of SmolLM2-135M's shape (``--layers`` fewer for a quick run) with the trainer's LoRA adapter
+random-init model of SmolLM2-135M's shape with ``--layers`` of its 30 layers (2 by default: the run
+docs/benchmarks.md reports; 30 builds the full depth, ~13 GB of memory and minutes per pass) with the trainer's LoRA adapter
 attached, forward (:func:`~memrl.train.microbatch.forward_logits` → :func:`~memrl.train.microbatch.token_logprobs`)
 and backward of the summed response NLL over two micro-batchings of the same records:
 
@@ -14,7 +15,7 @@ and backward of the summed response NLL over two micro-batchings of the same rec
 
 The two run alternating in one process; each reports its best time. ``speedup`` is the padded reference's wall
 time over each path's; ``cpu_speedup`` is the same with the process's CPU time, which a loaded machine disturbs
-less (use ``--threads 1`` there: idle OpenMP threads spin). ``loss_rel_diff`` is the relative difference of the
+less (hence one thread by default: idle OpenMP threads spin). ``loss_rel_diff`` is the relative difference of the
 two summed losses (the same tokens through the same model: float noise). ``forwarded_tokens`` counts what each
 path feeds the model (padding included, a shared prompt once).
 """
@@ -27,8 +28,9 @@ import time
 import numpy as np
 import torch
 
-from memrl.bench import BENCHES, auto_threads
+from memrl.bench import BENCHES
 from memrl.data.batch import TrajectoryBatchBuilder
+from memrl.threads import auto_threads
 from memrl.train.config import LoraConfig, TrainConfig
 from memrl.train.microbatch import (
     MicroBatch,
@@ -52,7 +54,7 @@ SMOLLM2_135M = {
 }
 
 
-def _parse(argv: list[str]) -> argparse.Namespace:
+def parse_args(argv: list[str]) -> argparse.Namespace:
     train = TrainConfig()
     p = argparse.ArgumentParser(prog="memrl bench batch", description=__doc__.splitlines()[0])
     p.add_argument("--groups", type=int, default=4, help="prompts per batch (data.prompts_per_batch)")
@@ -60,13 +62,18 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--prompt-min", type=int, default=300)
     p.add_argument("--prompt-max", type=int, default=600)
     p.add_argument("--response-max", type=int, default=96, help="rollout.max_response_tokens")
-    p.add_argument("--layers", type=int, default=SMOLLM2_135M["num_hidden_layers"])
+    depth = SMOLLM2_135M["num_hidden_layers"]
+    p.add_argument(
+        "--layers", type=int, default=2, help=f"layers of SmolLM2-135M's {depth} (full depth: {depth})"
+    )
     p.add_argument(
         "--hidden", type=int, default=SMOLLM2_135M["hidden_size"], help="model width (heads scale)"
     )
     p.add_argument("--micro-batch-size", type=int, default=train.micro_batch_size)
     p.add_argument("--repeats", type=int, default=2, help="timed passes per path (best is reported)")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = auto: 1 when oversubscribed)")
+    p.add_argument(
+        "--threads", type=int, default=1, help="torch threads (0 = chosen from the load: memrl.threads)"
+    )
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     if args.micro_batch_size < 1:
@@ -153,7 +160,7 @@ def _forwarded(micro: list[MicroBatch]) -> int:
 
 @BENCHES.register("batch")
 def bench_batch(argv: list[str]) -> dict:
-    args = _parse(argv)
+    args = parse_args(argv)
     torch.set_num_threads(args.threads or auto_threads())
     batch: PackedBatch = TrajectoryBatchBuilder().build(make_episodes(args))
     records = unpack(batch, torch.zeros(batch.num_steps), torch.ones(batch.num_steps))

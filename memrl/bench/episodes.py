@@ -110,8 +110,7 @@ def _forward_split(ph_b: dict[str, float], ph_s: dict[str, float]) -> dict[str, 
     }
 
 
-@BENCHES.register("episodes")
-def bench_episodes(argv: list[str]) -> dict:
+def parse_args(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(prog="memrl bench episodes")
     ap.add_argument("--episodes", type=int, default=16)
     ap.add_argument("--n", type=int, default=2, help="leaves per episode (rollout.n)")
@@ -123,7 +122,12 @@ def bench_episodes(argv: list[str]) -> dict:
     )
     ap.add_argument("--tools", default="python", help="comma-separated tools ('' = none)")
     ap.add_argument("overrides", nargs="*", help="config overrides, e.g. rollout.n=8")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+@BENCHES.register("episodes")
+def bench_episodes(argv: list[str]) -> dict:
+    args = parse_args(argv)
 
     from memrl.config import load_config
     from memrl.data.adapters import load_dataset

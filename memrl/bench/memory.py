@@ -250,7 +250,8 @@ def score_baselines(
         bm25.add([[i] for i in b], q, to_gold)
 
 
-def _parse(argv: list[str]) -> tuple[argparse.Namespace, MemoryConfig]:
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The options; ``overrides`` comes back as MemoryConfig keyword arguments."""
     p = argparse.ArgumentParser(prog="memrl bench memory", description=__doc__.split("\n\n")[0])
     p.add_argument("--dataset", choices=DATASETS, default="locomo")
     p.add_argument("--path", help="dataset file (default: the bundled fixture of the format, a smoke run)")
@@ -259,7 +260,8 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, MemoryConfig]:
     p.add_argument("--no-baselines", action="store_true", help="skip the raw-turn baselines")
     p.add_argument("overrides", nargs="*", help="MemoryConfig key=value overrides")
     args = p.parse_args(argv)
-    return args, MemoryConfig(**memory_overrides(p, args.overrides))
+    args.overrides = memory_overrides(p, args.overrides)
+    return args
 
 
 def memory_overrides(p: argparse.ArgumentParser, items: Sequence[str]) -> dict:
@@ -288,12 +290,14 @@ def _cache_delta(before: dict, after: dict) -> dict:
         "memory/embed_cache_hits": hits,
         "memory/embed_cache_misses": misses,
         "memory/embed_cache_hit_rate": hits / (hits + misses) if hits + misses else 0.0,
+        "memory/embed_cache_writes_stopped": after["memory/embed_cache_writes_stopped"],
     }
 
 
 @BENCHES.register("memory")
 def bench_memory(argv: list[str]) -> dict:
-    args, cfg = _parse(argv)
+    args = parse_args(argv)
+    cfg = MemoryConfig(**args.overrides)
     if args.path is None:
         logger.warning(
             "bench memory: no --path, running on the bundled %s fixture (a smoke run)", args.dataset

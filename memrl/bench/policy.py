@@ -134,8 +134,7 @@ def _prefix_reuse(policy, args) -> dict:
     }
 
 
-@BENCHES.register("policy")
-def bench_policy(argv: list[str]) -> dict:
+def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="memrl bench policy")
     parser.add_argument(
         "--model",
@@ -150,12 +149,17 @@ def bench_policy(argv: list[str]) -> dict:
     parser.add_argument("--branch-tokens", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument(
-        "--threads", type=int, default=0, help="torch threads (0 = auto: 1 when oversubscribed)"
+        "--threads", type=int, default=0, help="torch threads (0 = chosen from the load: memrl.threads)"
     )
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+@BENCHES.register("policy")
+def bench_policy(argv: list[str]) -> dict:
+    args = parse_args(argv)
     import torch
 
-    from memrl.bench import auto_threads
+    from memrl.threads import auto_threads
 
     torch.set_num_threads(args.threads or auto_threads())
     policy = _policy(args.model)

@@ -15,8 +15,8 @@ the prose): best-of-n and mean, distinct answers per group and the share of grou
 signal). Ratios ``<arm> / chain`` per leaf (``token_ratio``, ``decode_token_ratio``, ``wall_ratio``; the
 entropy tree's are the unprefixed headline keys).
 
-Models: ``smollm2-135m`` (the default; any model alias or HF path works) or ``random``, a random-init tiny
-Llama from :mod:`memrl.testing` that measures the machinery in seconds.
+Models: ``random`` (the default), a random-init tiny Llama from :mod:`memrl.testing` that measures the
+machinery in seconds, or ``smollm2-135m`` (any model alias or HF path works) for answer quality.
 
 Part 2 (scripted policy and scripted tools): an error-prone workload where every call is first written wrong;
 response tokens with rollback vs. keeping the failed attempts in context.
@@ -295,18 +295,22 @@ def _rollback_workload(args) -> dict:
 
 @BENCHES.register("rollout")
 def bench_rollout(argv: list[str]) -> dict:
-    args = parser().parse_args(argv)
+    args = parse_args(argv)
     out = _tree_vs_chain(args)
     out.update(_rollback_workload(args))
     return out
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    return parser().parse_args(argv)
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="memrl bench rollout", description=__doc__.splitlines()[0])
     p.add_argument(
         "--model",
-        default="smollm2-135m",
-        help="a model alias (smollm2-135m) or HF path, or 'random' (random-init tiny Llama, seconds)",
+        default="random",
+        help="'random' (random-init tiny Llama, seconds), a model alias (smollm2-135m) or an HF path",
     )
     p.add_argument(
         "--prompts",

@@ -40,7 +40,7 @@ QUICK = "print(sum(i * i for i in range(1000)))"
 LOOP = "while True:\n    pass"
 
 
-def _parse(argv: list[str]) -> argparse.Namespace:
+def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="memrl bench sandbox")
     p.add_argument("--runs", type=int, default=1000, help="calls in the leak/throughput phase")
     p.add_argument("--timeout-fraction", type=float, default=0.1, help="share of those calls that never end")
@@ -126,7 +126,7 @@ def _load(cfg: SandboxConfig, args: argparse.Namespace) -> dict[str, float]:
 
 @BENCHES.register("sandbox")
 def bench_sandbox(argv: list[str]) -> dict:
-    args = _parse(argv)
+    args = parse_args(argv)
     # The defaults users get (timeouts of the looping calls are set per call).
     cfg = SandboxConfig(memory_total_mb=args.memory_total_mb)
     out: dict = {"mode": cfg.mode, "concurrency": cfg.concurrency, "memory_total_mb": cfg.memory_total_mb}

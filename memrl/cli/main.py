@@ -12,6 +12,8 @@ import sys
 
 # Order = order in --help.
 COMMANDS = ("run", "train", "report", "eval", "data", "bench", "inspect", "serve", "sandbox")
+# Commands that run a model: they set torch's thread count from the machine's load first (memrl.threads).
+MODEL_COMMANDS = frozenset({"run", "train", "eval", "bench", "serve"})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,17 +46,36 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    if args.command in MODEL_COMMANDS:
+        from memrl.threads import apply_threads
+
+        try:
+            apply_threads()
+        except ValueError as exc:  # a malformed MEMRL_THREADS
+            parser.error(str(exc))
     from memrl.data.adapters import AdapterError
+    from memrl.disk import DiskFullError, is_disk_full
     from memrl.policy.errors import PolicyError
 
     try:
         return int(args.func(args) or 0)
-    except (AdapterError, PolicyError) as exc:
-        # Bad input or a missing model: the message names the file / setting and the fix; a traceback would
-        # only hide it (-v keeps the traceback for debugging).
+    except (AdapterError, PolicyError, DiskFullError) as exc:
+        # Bad input, a missing model or a full disk: the message names the file / setting and the fix; a
+        # traceback would only hide it (-v keeps the traceback for debugging).
         if args.verbose:
             raise
         print(f"memrl {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        # A full disk at a write without its own DiskFullError (a metrics line, an output file): still one line.
+        if args.verbose or not is_disk_full(exc):
+            raise
+        where = f" writing {exc.filename}" if exc.filename else ""
+        print(
+            f"memrl {args.command}: error: no space left on the disk{where} ({exc}); free space, or move "
+            "MEMRL_CACHE_DIR / output_dir to a larger filesystem (-v shows where it happened)",
+            file=sys.stderr,
+        )
         return 2
 
 

@@ -8,11 +8,17 @@ killed ingest, even inside one long encode call (a whole ``_s`` haystack is one)
 what it had finished. The file is named by the embedder's identity (model, dtype,
 dimension): another model or precision never reads these vectors. SQLite in WAL mode serialises writers, so Ray
 actors and parallel runs can share one file.
+
+A cache never kills a run: when the disk fills (SQLite's "database or disk is full", or "disk I/O error" when
+not even its WAL index fits), one warning names the file, the error and the space free, writes stop for the rest
+of the run, vectors are still encoded and returned (results equal an uncached run's), and
+``memory/embed_cache_writes_stopped`` reports 1.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 import sqlite3
 import threading
@@ -20,6 +26,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+
+from memrl.disk import free_bytes, human_bytes, is_disk_full
+
+logger = logging.getLogger(__name__)
 
 SCHEMA = "CREATE TABLE IF NOT EXISTS vectors (key BLOB PRIMARY KEY, vec BLOB NOT NULL)"
 COMMIT_EVERY = 256  # texts encoded per slice: larger slices batch no better on a CPU and lose more to a kill
@@ -42,14 +52,24 @@ class CachedEmbedder:
         self.dtype = getattr(inner, "dtype", "float32")
         self.name = getattr(inner, "name", type(inner).__name__)
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(self.path, timeout=60.0, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute(SCHEMA)
-        self._db.commit()
         self.hits = 0
         self.misses = 0
+        self.writes_stopped = False
+        self._db: sqlite3.Connection | None = None
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(self.path, timeout=60.0, check_same_thread=False)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute(SCHEMA)
+            self._db.commit()
+        except (OSError, sqlite3.Error) as exc:
+            if not is_disk_full(exc, self.path):
+                raise
+            self._stop_writes(exc)
+            if self._db is not None:
+                self._db.close()
+            self._db = None  # not even the table could be made: nothing to read either
 
     def __getattr__(self, name: str):
         # Everything else (the model, its tokenizer, batch size) is the wrapped embedder's.
@@ -87,11 +107,14 @@ class CachedEmbedder:
             "memory/embed_cache_hits": float(self.hits),
             "memory/embed_cache_misses": float(self.misses),
             "memory/embed_cache_hit_rate": self.hits / total if total else 0.0,
+            "memory/embed_cache_writes_stopped": float(self.writes_stopped),
         }
 
     def _lookup(self, keys: set[bytes]) -> dict[bytes, np.ndarray]:
         out: dict[bytes, np.ndarray] = {}
         ordered = list(keys)
+        if self._db is None:
+            return out
         with self._lock:
             for i in range(0, len(ordered), 500):  # SQLite bounds the number of bound parameters
                 chunk = ordered[i : i + 500]
@@ -106,13 +129,32 @@ class CachedEmbedder:
         return out
 
     def _store(self, vectors: dict[bytes, np.ndarray]) -> None:
+        if self.writes_stopped:
+            return
         with self._lock:
-            self._db.executemany(
-                "INSERT OR REPLACE INTO vectors (key, vec) VALUES (?, ?)",
-                [(k, v.tobytes()) for k, v in vectors.items()],
-            )
-            self._db.commit()
+            try:
+                self._db.executemany(
+                    "INSERT OR REPLACE INTO vectors (key, vec) VALUES (?, ?)",
+                    [(k, v.tobytes()) for k, v in vectors.items()],
+                )
+                self._db.commit()
+            except sqlite3.Error as exc:
+                if not is_disk_full(exc, self.path):
+                    raise
+                self._db.rollback()
+                self._stop_writes(exc)
+
+    def _stop_writes(self, exc: BaseException) -> None:
+        self.writes_stopped = True
+        logger.warning(
+            "embedding cache %s: %s (%s free there); the run goes on without writing to the cache (free space, "
+            "or move the cache with MEMRL_CACHE_DIR)",
+            self.path,
+            exc,
+            human_bytes(free_bytes(self.path)),
+        )
 
     def close(self) -> None:
         with self._lock:
-            self._db.close()
+            if self._db is not None:
+                self._db.close()

@@ -8,7 +8,8 @@ template, and later loads read that directory (~1 s).
 
 The conversion is atomic: it writes into a temporary sibling directory and renames it into place only when
 complete (and a lock file serialises concurrent first uses), so a killed conversion never leaves a directory that
-a later run would load.
+a later run would load. A full disk fails with one :class:`~memrl.disk.DiskFullError` that names the cache,
+the space the float32 weights need (~540 MB) and the space free, and leaves nothing behind.
 
 >>> resolve_model_path("smollm2-135m")   # converts on first use
 '/root/.cache/memrl/models/SmolLM2-135M-Instruct-q4_1-0.1.2'
@@ -28,6 +29,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from memrl.disk import disk_full_error, free_bytes, is_disk_full
 from memrl.paths import cache_dir
 from memrl.policy.errors import PolicyError
 from memrl.precision import resolve_dtype
@@ -133,6 +135,12 @@ def _locked(path: Path):
 def _convert_gguf(gguf: Path, out: Path, spec: PackagedGGUF) -> None:
     """De-quantize ``gguf`` to float32 safetensors + tokenizer + chat template in ``out`` (transformers shows a
     progress bar over the tensors). float32 keeps the de-quantized values exact; the load picks the run dtype."""
+    model, tokenizer = _load_gguf(gguf, spec)
+    _write_converted(model, tokenizer, gguf, out, spec)
+
+
+def _load_gguf(gguf: Path, spec: PackagedGGUF):
+    """The GGUF file as a float32 transformers model and its tokenizer."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -146,12 +154,37 @@ def _convert_gguf(gguf: Path, out: Path, spec: PackagedGGUF) -> None:
     if hasattr(model.config, "quantization_config"):
         delattr(model.config, "quantization_config")
     model.config._name_or_path = spec.name
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    if not (out / "chat_template.jinja").is_file() and not getattr(tokenizer, "chat_template", None):
-        raise PolicyError(f"{gguf}: the GGUF file carries no chat template")
-    meta = {"name": spec.name, "source": str(gguf), "package": spec.distribution, "dtype": "float32"}
-    (out / _DONE_FILE).write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
+    return model, tokenizer
+
+
+def weight_bytes(model) -> int:
+    """Bytes of ``model``'s weights as saved (tied weights once): SmolLM2-135M in float32 is ~540 MB."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def _write_converted(model, tokenizer, gguf: Path, out: Path, spec: PackagedGGUF) -> None:
+    """Save ``model`` and ``tokenizer`` into ``out``, the completion file last. A full disk, found before the
+    write (too little free space) or during it, raises :class:`~memrl.disk.DiskFullError` naming the cache."""
+    needed = weight_bytes(model)
+    what = f"the converted {spec.name} (float32 safetensors)"
+    fix = (
+        "Free space there, or move the cache to a larger filesystem with "
+        "`export MEMRL_CACHE_DIR=/path/with/space` (default ~/.cache/memrl)."
+    )
+    free = free_bytes(out)
+    if free is not None and free < needed:
+        raise disk_full_error(what, out.parent, needed, fix, free)
+    try:
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+        if not (out / "chat_template.jinja").is_file() and not getattr(tokenizer, "chat_template", None):
+            raise PolicyError(f"{gguf}: the GGUF file carries no chat template")
+        meta = {"name": spec.name, "source": str(gguf), "package": spec.distribution, "dtype": "float32"}
+        (out / _DONE_FILE).write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
+    except Exception as exc:  # safetensors raises its own SafetensorError, not OSError, on ENOSPC
+        if is_disk_full(exc):
+            raise disk_full_error(what, out.parent, needed, fix) from exc
+        raise
 
 
 def policy_dtype(cfg) -> str:

@@ -12,6 +12,11 @@ It is written into a temporary sibling directory, every file and the directory a
 it renamed into place (``os.rename`` is atomic on POSIX). A SIGKILL at any moment leaves either the previous
 checkpoints only or the new one complete, never a half-written ``step_*``; stale temporary directories are
 removed at the next start. :func:`latest_checkpoint` returns the newest complete one.
+
+A full disk fails the write with one :class:`~memrl.disk.DiskFullError` naming the checkpoint, the space it
+needs and the space free; the temporary directory is removed and the previous checkpoints stay as they were.
+torch's zip writer reports a full disk only as "unexpected pos", so the space left decides (see
+:func:`memrl.disk.is_disk_full`).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from memrl.disk import disk_full_error, is_disk_full
 from memrl.train.lora import load_adapter_weights, save_adapter
 
 logger = logging.getLogger(__name__)
@@ -82,23 +88,47 @@ def save_checkpoint(
 ) -> Path:
     """Atomically write checkpoint ``step_<state.step>`` under ``ckpt_root``; keep the newest ``keep``."""
     root = Path(ckpt_root)
-    root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{state.step:06d}"
     tmp = root / f"{TMP_PREFIX}{final.name}-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
-    tmp.mkdir()
-    save_adapter(model, tmp / "adapter")
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    torch.save(rng_state(), tmp / "rng.pt")
-    (tmp / "state.json").write_text(json.dumps(state.__dict__, indent=1, sort_keys=True))
-    _fsync_tree(tmp)
+    try:
+        tmp.mkdir(parents=True)
+        save_adapter(model, tmp / "adapter")
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+        torch.save(rng_state(), tmp / "rng.pt")
+        (tmp / "state.json").write_text(json.dumps(state.__dict__, indent=1, sort_keys=True))
+        _fsync_tree(tmp)
+    except Exception as exc:
+        full = is_disk_full(exc, root)  # before the partial files are removed, or their space reads as free
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not full:
+            raise
+        raise disk_full_error(
+            "a checkpoint",
+            final,
+            _checkpoint_bytes(model, optimizer),
+            f"Earlier checkpoints in {root} are untouched: free space there (or move the run directory to a "
+            "larger disk and point output_dir at it) and run the same command again to resume from the newest.",
+        ) from exc
     if final.exists():  # re-saving the same step (e.g. the final checkpoint): replace it atomically enough
         shutil.rmtree(final)
     os.rename(tmp, final)
     _fsync_dir(root)
     _prune(root, keep)
     return final
+
+
+def _checkpoint_bytes(model: Any, optimizer: torch.optim.Optimizer) -> int:
+    """About what one checkpoint takes: the trainable (adapter) weights plus the optimizer's state tensors."""
+    adapter = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    moments = sum(
+        t.numel() * t.element_size()
+        for per_param in optimizer.state.values()
+        for t in per_param.values()
+        if isinstance(t, torch.Tensor)
+    )
+    return adapter + moments
 
 
 def _prune(root: Path, keep: int) -> None:

@@ -57,6 +57,33 @@ def test_bench_on_locomo_fixture():
     assert result["embedder_dtype"] in ("float32", "bfloat16")  # auto, resolved for this CPU
 
 
+def test_bench_on_a_full_disk_warns_once_and_equals_the_uncached_run(tmp_path, monkeypatch, caplog):
+    """The cache file may not grow (SQLite's page limit, as a full disk): the bench still finishes, its
+    results equal the uncached run's and the metrics say writes stopped."""
+    import sqlite3
+
+    from memrl.memory import embed_cache, embedder
+
+    connect = sqlite3.connect
+
+    def full_disk_connect(*args, **kwargs):
+        db = connect(*args, **kwargs)
+        db.execute("PRAGMA max_page_count = 1")  # clamped to the pages the file already holds
+        return db
+
+    monkeypatch.setenv("MEMRL_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(embedder, "_CACHE", {})
+    monkeypatch.setattr(embed_cache.sqlite3, "connect", full_disk_connect)
+    argv = ["--dataset", "locomo", "--path", str(FIXTURES / "locomo_mini.json")]
+    with caplog.at_level("WARNING", logger="memrl.memory.embed_cache"):
+        full = BENCHES.get("memory")(argv)
+    uncached = BENCHES.get("memory")([*argv, "embedding_cache=false"])
+    assert full["memory/embed_cache_writes_stopped"] == 1.0 and full["memory/embed_cache_hits"] == 0
+    assert [r.levelname for r in caplog.records if r.name == "memrl.memory.embed_cache"] == ["WARNING"]
+    for key in KEYS[:-1]:  # everything but the throughput
+        assert full[key] == uncached[key], key
+
+
 def test_bench_memory_takes_the_embedder_dtype_override():
     result = BENCHES.get("memory")(
         ["--path", str(FIXTURES / "locomo_mini.json"), "--no-baselines", "embedder_dtype=float32"]

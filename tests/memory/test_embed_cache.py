@@ -84,3 +84,80 @@ def test_a_call_that_dies_mid_way_keeps_the_slices_it_finished(tmp_path, monkeyp
     resumed = CachedEmbedder(inner, tmp_path / "e.sqlite")
     resumed.encode(TEXTS)
     assert inner.calls == [1] and (resumed.hits, resumed.misses) == (2, 1)
+
+
+def _rows(path) -> int:
+    import sqlite3
+
+    with sqlite3.connect(path) as db:
+        return db.execute("SELECT COUNT(*) FROM vectors").fetchone()[0]
+
+
+def test_a_full_disk_stops_writes_with_one_warning_and_the_run_goes_on(tmp_path, caplog):
+    """SQLite's own page limit makes the real INSERT fail with SQLITE_FULL ("database or disk is full")."""
+    path = tmp_path / "e.sqlite"
+    raw = _raw_minilm()
+    cached = CachedEmbedder(raw, path)
+    cached.encode(TEXTS[:1])
+    (pages,) = cached._db.execute("PRAGMA page_count").fetchone()
+    cached._db.execute(f"PRAGMA max_page_count = {pages}")  # the file may not grow: as a full disk
+    more = [f"Fact number {i} about the garden." for i in range(20)]
+    with caplog.at_level("WARNING", logger="memrl.memory.embed_cache"):
+        vecs = cached.encode([*TEXTS, *more])
+        again = cached.encode([*more, "One more text after the disk filled."])
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and str(path) in warnings[0] and "database or disk is full" in warnings[0]
+    assert np.allclose(vecs, raw.encode([*TEXTS, *more]), atol=1e-5)  # equal to the uncached vectors
+    assert again.shape == (21, cached.dim)
+    assert cached.stats()["memory/embed_cache_writes_stopped"] == 1.0
+    assert (cached.hits, cached.misses) == (1, 1 + 22 + 21)  # nothing written after the failure: all misses
+    cached.close()
+    assert _rows(path) == 1  # what was cached before stays readable
+    assert CachedEmbedder(raw, path).stats()["memory/embed_cache_writes_stopped"] == 0.0
+
+
+def test_a_cache_that_cannot_even_be_created_is_skipped(tmp_path, monkeypatch, caplog):
+    import sqlite3
+
+    from memrl.memory import embed_cache
+
+    def full(*args, **kwargs):
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(embed_cache.sqlite3, "connect", full)
+    raw = _raw_minilm()
+    with caplog.at_level("WARNING", logger="memrl.memory.embed_cache"):
+        cached = CachedEmbedder(raw, tmp_path / "e.sqlite")
+        vecs = cached.encode(TEXTS)
+    assert np.allclose(vecs, raw.encode(TEXTS), atol=1e-5) and cached.misses == 3
+    assert "e.sqlite" in caplog.text and cached.stats()["memory/embed_cache_writes_stopped"] == 1.0
+
+
+def test_a_really_full_filesystem_warns_and_keeps_the_vectors(small_tmpfs, caplog):
+    """On a filled tmpfs SQLite's commit fails with SQLITE_FULL: one warning, same vectors, old rows readable."""
+    from tests.conftest import fill_disk
+
+    raw = _raw_minilm()
+    cached = CachedEmbedder(raw, small_tmpfs / "e.sqlite")
+    cached.encode(TEXTS)
+    fill_disk(small_tmpfs)
+    more = [f"Fact number {i} about the garden, on a full disk." for i in range(300)]
+    with caplog.at_level("WARNING", logger="memrl.memory.embed_cache"):
+        vecs = cached.encode([*more, *TEXTS])
+    assert "database or disk is full" in caplog.text and str(small_tmpfs / "e.sqlite") in caplog.text
+    assert np.allclose(vecs[:300], raw.encode(more), atol=1e-5) and cached.writes_stopped
+    assert cached.hits == 3  # what was cached before the disk filled is still read
+
+
+def test_a_cache_created_on_a_full_filesystem_is_skipped(small_tmpfs, caplog):
+    """With a few kB left SQLite cannot map its WAL index and says only "disk I/O error": the space left
+    tells that apart from other I/O errors, and the run goes on uncached."""
+    from tests.conftest import fill_disk
+
+    fill_disk(small_tmpfs, keep=8192)
+    raw = _raw_minilm()
+    with caplog.at_level("WARNING", logger="memrl.memory.embed_cache"):
+        cached = CachedEmbedder(raw, small_tmpfs / "embeddings" / "e.sqlite")
+        vecs = cached.encode(TEXTS)
+    assert "e.sqlite: disk I/O error (" in caplog.text and "B free there" in caplog.text
+    assert np.allclose(vecs, raw.encode(TEXTS), atol=1e-5) and cached.writes_stopped

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
+from memrl.disk import DiskFullError, human_bytes
 from memrl.policy import models
 from memrl.policy.config import PolicyConfig
 from memrl.policy.errors import PolicyError
@@ -115,3 +117,88 @@ def test_smollm2_answers_from_a_fact_in_its_prompt(smollm2_policy):
         [[out]] = smollm2_policy.generate([GenerationRequest(prompt.ids, params)])
         answers.append(smollm2_policy.tokenizer.decode(list(out.token_ids), skip_special_tokens=True))
     assert "Lisbon" in answers[0] and "Nairobi" in answers[1], answers
+
+
+def _tiny_loader(monkeypatch):
+    from memrl.testing import random_tiny_llama
+
+    monkeypatch.setattr(models, "_load_gguf", lambda gguf, spec: random_tiny_llama(seed=0))
+    monkeypatch.setattr(models, "packaged_file", lambda spec: Path("/packaged/SmolLM2.gguf"))
+
+
+def test_a_full_disk_during_conversion_is_one_error_naming_the_cache_and_leaves_nothing(cache, monkeypatch):
+    """safetensors fails with its own SafetensorError (not OSError) when the disk fills; the user gets one
+    DiskFullError naming the cache directory, the space needed and free, and MEMRL_CACHE_DIR."""
+    import transformers.modeling_utils as modeling_utils
+    from safetensors import SafetensorError
+
+    def disk_full(*args, **kwargs):  # what safetensors' writer raises on ENOSPC
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    _tiny_loader(monkeypatch)
+    monkeypatch.setattr(modeling_utils, "safe_save_file", disk_full)
+    with pytest.raises(DiskFullError) as info:
+        ensure_converted("smollm2-135m")
+    message = str(info.value)
+    assert str(cache / "models") in message and "MEMRL_CACHE_DIR" in message and "free there" in message
+    assert info.value.needed == models.weight_bytes(models._load_gguf(None, None)[0]) > 0
+    assert f"needs ~{human_bytes(info.value.needed)}" in message
+    assert not converted_dir("smollm2-135m").exists()
+    assert [p.name for p in (cache / "models").iterdir()] == [f".{converted_dir('smollm2-135m').name}.lock"]
+
+
+def test_too_little_free_space_fails_before_writing(cache, monkeypatch):
+    _tiny_loader(monkeypatch)
+    monkeypatch.setattr(models, "free_bytes", lambda path: 1000)
+    with pytest.raises(DiskFullError, match=r"1 kB free there") as info:
+        ensure_converted("smollm2-135m")
+    assert info.value.free == 1000 and not converted_dir("smollm2-135m").exists()
+
+
+def test_float32_smollm2_needs_about_540_mb():
+    """The size the error quotes, from the architecture alone (no weights are allocated)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        tie_word_embeddings=True,
+    )
+    with torch.device("meta"):
+        model = LlamaForCausalLM(cfg)
+    assert human_bytes(models.weight_bytes(model)) == "538 MB"
+
+
+def test_the_cli_prints_a_full_disk_as_one_line(cache, monkeypatch, capsys):
+    from memrl.cli.main import main
+
+    _tiny_loader(monkeypatch)
+    monkeypatch.setattr(models, "free_bytes", lambda path: 0)
+    rc = main(["eval", "--config", "configs/synthetic.yaml", f"output_dir={cache}/o"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert rc == 2 and err.startswith("memrl eval: error: no space left") and "MEMRL_CACHE_DIR" in err
+
+
+def test_a_really_full_filesystem_during_conversion(small_tmpfs, monkeypatch):
+    """On a tmpfs left with just the weights' size free the check passes and the real write runs out of space
+    (weights plus config and tokenizer do not fit): one DiskFullError, nothing left that could load."""
+    from memrl.testing import random_tiny_llama
+    from tests.conftest import fill_disk
+
+    monkeypatch.setenv("MEMRL_CACHE_DIR", str(small_tmpfs))
+    _tiny_loader(monkeypatch)
+    needed = models.weight_bytes(random_tiny_llama(seed=0)[0])
+    (small_tmpfs / "models").mkdir()
+    fill_disk(small_tmpfs, keep=needed + 4096)
+    with pytest.raises(DiskFullError, match=r"MEMRL_CACHE_DIR") as info:
+        ensure_converted("smollm2-135m")
+    assert info.value.__cause__ is not None  # the write failed, not the check before it
+    assert not converted_dir("smollm2-135m").exists()
+    assert [p.name for p in (small_tmpfs / "models").iterdir()] == [
+        f".{converted_dir('smollm2-135m').name}.lock"
+    ]

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 from peft import PeftModel
 
@@ -83,3 +84,67 @@ def test_incomplete_checkpoints_are_ignored_and_cleaned(tmp_path):
     (torn / "state.json").write_text(json.dumps({"step": 4}))
     assert latest_checkpoint(tmp_path).name == "step_000003"
     assert clean_stale(tmp_path) == 1 and not torn.exists()
+
+
+def _assert_intact(root, step):
+    """Only the earlier checkpoint is there, no temp directory, and it loads."""
+    name = f"step_{step:06d}"
+    assert [p.name for p in root.iterdir() if p.name.startswith(("step_", TMP_PREFIX))] == [name]
+    assert latest_checkpoint(root).name == name
+    model, upd = _fresh()
+    assert load_checkpoint(latest_checkpoint(root), model, upd.optimizer).step == step
+
+
+@pytest.mark.parametrize(
+    "room",
+    [0, 48 * 1024],  # nothing fits; the adapter (~32 kB of pages) fits and torch's optimizer.pt write fails
+)
+def test_a_full_disk_while_saving_names_the_checkpoint_and_keeps_the_previous_one(small_tmpfs, room):
+    """A real full filesystem (tmpfs): one DiskFullError naming the checkpoint; step 1 intact, nothing torn."""
+    from memrl.disk import DiskFullError
+    from tests.conftest import fill_disk
+
+    root = small_tmpfs / "checkpoints"
+    model, upd = _fresh()
+    upd.update(_batch(0))
+    save_checkpoint(root, model, upd.optimizer, TrainState(step=1))
+    upd.update(_batch(1))
+    fill_disk(small_tmpfs, keep=room)
+    with pytest.raises(DiskFullError) as info:
+        save_checkpoint(root, model, upd.optimizer, TrainState(step=2))
+    message = str(info.value)
+    assert str(root / "step_000002") in message and "needs ~" in message and "resume" in message
+    (small_tmpfs / "filler").unlink()
+    _assert_intact(root, 1)
+
+
+def test_torch_s_unexpected_pos_on_a_full_disk_is_a_disk_full_error(tmp_path, monkeypatch):
+    """torch's zip writer reports ENOSPC as "unexpected pos": the space left where it wrote says why."""
+    from memrl import disk
+    from memrl.disk import DiskFullError
+
+    model, upd = _fresh()
+    save_checkpoint(tmp_path, model, upd.optimizer, TrainState(step=1))
+    real_save = torch.save
+
+    def save_until_full(obj, path, *args, **kwargs):
+        real_save(obj, path, *args, **kwargs)
+        with open(path, "r+b") as fh:
+            fh.truncate(100)  # the part that fitted
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 1088 vs 1034")
+
+    monkeypatch.setattr(torch, "save", save_until_full)
+    monkeypatch.setattr(disk, "free_bytes", lambda path: 0)
+    expected = r"to write a checkpoint into .*step_000002: needs ~\S+ \w+, 0 B free"
+    with pytest.raises(DiskFullError, match=expected):
+        save_checkpoint(tmp_path, model, upd.optimizer, TrainState(step=2))
+    monkeypatch.setattr(torch, "save", real_save)
+    _assert_intact(tmp_path, 1)
+
+    # With space left, the same error is not a full disk and is re-raised as it is (no temp dir left either).
+    monkeypatch.setattr(torch, "save", save_until_full)
+    monkeypatch.setattr(disk, "free_bytes", lambda path: 10**12)
+    with pytest.raises(RuntimeError, match="unexpected pos"):
+        save_checkpoint(tmp_path, model, upd.optimizer, TrainState(step=2))
+    monkeypatch.setattr(torch, "save", real_save)
+    _assert_intact(tmp_path, 1)
