@@ -1,10 +1,15 @@
-"""An OpenAI-compatible completions server over an in-process PolicyClient (``memrl serve``).
+"""An OpenAI-compatible server over an in-process PolicyClient (``memrl serve``).
 
-Speaks the subset of vLLM's ``/v1/completions`` that token-in/token-out RL clients use: ``prompt`` as token ids
-(or text, or a list of either), ``n``, ``max_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``,
+``/v1/completions`` speaks the subset of vLLM's API that token-in/token-out RL clients use: ``prompt`` as token
+ids (or text, or a list of either), ``n``, ``max_tokens``, ``temperature``, ``top_p``, ``seed``, ``stop``,
 ``stop_token_ids``, ``logprobs=k`` (sampled-token logprob + top-k), ``echo`` (prompt logprobs, for scoring) and
 ``return_tokens_as_token_ids`` (tokens as ``"token_id:<id>"``). Choices carry vLLM's ``stop_reason``; usage
-carries ``prompt_tokens_details.cached_tokens``. Loopback only by default: there is no authentication.
+carries ``prompt_tokens_details.cached_tokens``. ``/v1/chat/completions`` renders ``messages`` with the model's
+chat template and answers in OpenAI's chat shape (``logprobs`` / ``top_logprobs`` included). Both stream
+server-sent events with ``stream=true``: the backend decodes a request's answers in one batched call, so the
+chunks follow once it has finished (the format of a stream, not an earlier first token). Parameters the server
+does not serve are refused with a 400 naming them (:mod:`memrl.policy.openai_api`). Loopback only by default:
+there is no authentication.
 """
 
 from __future__ import annotations
@@ -13,34 +18,26 @@ import logging
 import socket
 import threading
 import time
-import uuid
+from collections.abc import Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-
 from memrl.policy.base import GenerationRequest, PolicyClient, SamplingParams
-from memrl.types import ContractError, GenerationOutput
+from memrl.policy.openai_api import APIError, ChatRequest, CompletionRequest, validation_error
+from memrl.policy.server_format import (
+    Answer,
+    Reply,
+    answer_text,
+    chat_chunks,
+    chat_logprob_entries,
+    completion_chunks,
+    completion_logprobs,
+    sse,
+    usage,
+)
+from memrl.templates import encode_chat
+from memrl.types import GenerationOutput
 
 logger = logging.getLogger(__name__)
-
-
-class CompletionRequest(BaseModel):
-    """The accepted body of ``POST /v1/completions``."""
-
-    model_config = ConfigDict(extra="ignore")  # unknown OpenAI/vLLM fields are accepted and ignored
-
-    model: str | None = None
-    prompt: list[int] | list[list[int]] | str | list[str]
-    max_tokens: int = 16
-    temperature: float = 1.0
-    top_p: float = 1.0
-    n: int = 1
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
-    logprobs: int | None = None
-    echo: bool = False
-    return_tokens_as_token_ids: bool = False
 
 
 def _prompts(tokenizer, prompt) -> list[list[int]]:
@@ -48,56 +45,109 @@ def _prompts(tokenizer, prompt) -> list[list[int]]:
         prompt = [prompt]
     if prompt and all(isinstance(t, int) for t in prompt):
         return [list(prompt)]
-    return [
+    prompts = [
         list(p) if not isinstance(p, str) else list(tokenizer(p, add_special_tokens=False)["input_ids"])
         for p in prompt
     ]
+    if not prompts or not all(prompts):
+        raise APIError("prompt: must hold at least one token", "prompt", "invalid_value")
+    return prompts
 
 
-def _token_str(tokenizer, tid: int, as_ids: bool) -> str:
-    return f"token_id:{tid}" if as_ids else tokenizer.decode([tid])
-
-
-def _choice(tokenizer, index: int, prompt: list[int], out: GenerationOutput, body, prompt_lps) -> dict:
-    ids = (list(prompt) if body.echo else []) + list(out.token_ids)
-    text = tokenizer.decode(ids, skip_special_tokens=True)
+def _completion_choice(tokenizer, a: Answer, prompt: list[int], body: CompletionRequest, prompt_lps) -> dict:
+    ids = (list(prompt) if body.echo else []) + list(a.out.token_ids)
+    text = (tokenizer.decode(list(prompt), skip_special_tokens=True) if body.echo else "") + a.text
     logprobs = None
     if body.logprobs is not None:
-        as_ids = body.return_tokens_as_token_ids
-        tops = list(out.top_logprobs) or [{} for _ in out.token_ids]
-        token_lps: list[float | None] = list(out.logprobs)
-        top_lps: list[dict | None] = [
-            {_token_str(tokenizer, t, as_ids): lp for t, lp in top.items()} for top in tops
-        ]
+        tops: list[dict | None] = list(a.out.top_logprobs) or [{} for _ in a.out.token_ids]
+        token_lps: list[float | None] = list(a.out.logprobs)
         if body.echo:
-            token_lps = [None, *prompt_lps] + token_lps
-            top_lps = [None] * len(prompt) + top_lps
-        logprobs = {
-            "tokens": [_token_str(tokenizer, t, as_ids) for t in ids],
-            "token_logprobs": token_lps,
-            "top_logprobs": top_lps,
-            "text_offset": [],
-        }
+            token_lps = [None, *prompt_lps, *token_lps]
+            tops = [None] * len(prompt) + tops
+        logprobs = completion_logprobs(tokenizer, ids, token_lps, tops, body.return_tokens_as_token_ids)
     return {
-        "index": index,
+        "index": a.index,
         "text": text,
         "logprobs": logprobs,
-        "finish_reason": out.finish_reason.value,
-        "stop_reason": out.stop_reason,
+        "finish_reason": a.out.finish_reason.value,
+        "stop_reason": a.out.stop_reason,
     }
+
+
+def _chat_choice(tokenizer, a: Answer, logprobs: bool) -> dict:
+    return {
+        "index": a.index,
+        "message": {"role": "assistant", "content": a.text},
+        "logprobs": {"content": chat_logprob_entries(tokenizer, a.out), "refusal": None}
+        if logprobs
+        else None,
+        "finish_reason": a.out.finish_reason.value,
+    }
+
+
+def _answers(tokenizer, outputs: Sequence[Sequence[GenerationOutput]], n: int, include_stop: bool):
+    return [
+        Answer(i * n + j, out, answer_text(tokenizer, out, include_stop))
+        for i, outs in enumerate(outputs)
+        for j, out in enumerate(outs)
+    ]
+
+
+def _chat_prompt(tokenizer, body: ChatRequest) -> list[int]:
+    if not getattr(tokenizer, "chat_template", None):
+        raise APIError("the served model has no chat template: use /v1/completions", "messages")
+    try:
+        return encode_chat(tokenizer, [m.as_template_message() for m in body.messages])
+    except Exception as exc:  # jinja raises on conversations a template rejects (e.g. roles out of order)
+        raise APIError(f"messages: the chat template rejected them: {exc}", "messages") from exc
+
+
+def stream_response(reply: Reply, obj: str, used: dict, include_usage: bool, chunks) -> Any:
+    """``chunks`` as server-sent events; with ``stream_options.include_usage`` OpenAI's last chunk follows:
+    no choices, the request's usage."""
+    from fastapi.responses import StreamingResponse
+
+    def events():
+        yield from chunks
+        if include_usage:
+            yield reply.envelope(obj, [], usage=used)
+
+    return StreamingResponse(sse(events()), media_type="text/event-stream")
 
 
 def create_app(policy: PolicyClient, model_name: str = "memrl"):
     """A FastAPI app serving ``policy``. Calls into the policy are serialised (in-process backends are not
     thread-safe); the server still accepts many connections."""
-    from fastapi import FastAPI
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
 
     app = FastAPI(title="memrl policy server")
     lock = threading.Lock()
+    tokenizer = policy.tokenizer
+    # A chat request without a token limit may fill the rest of the context window, as OpenAI's may.
+    room = int(getattr(policy, "max_model_len", None) or policy.cfg.max_model_len)
 
-    def error(status: int, message: str, kind: str = "BadRequestError") -> JSONResponse:
-        return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
+    @app.exception_handler(APIError)
+    def refused(_: Request, exc: APIError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(Exception)
+    def failed(_: Request, exc: Exception) -> JSONResponse:
+        # A backend failure still answers in OpenAI's error shape, so SDK clients raise with the message.
+        logger.exception("request failed")
+        return JSONResponse(APIError(f"{type(exc).__name__}: {exc}", status=500).body(), status_code=500)
+
+    @app.exception_handler(RequestValidationError)
+    def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse(validation_error(list(exc.errors())).body(), status_code=400)
+
+    def generate(prompts: list[list[int]], params: SamplingParams, echo: bool = False):
+        requests = [GenerationRequest(tuple(p), params) for p in prompts]
+        with lock:
+            outputs = policy.generate(requests)
+            prompt_lps = policy.logprobs([(p[:1], p[1:]) for p in prompts]) if echo else [None] * len(prompts)
+        return outputs, prompt_lps
 
     @app.get("/health")
     def health() -> dict:
@@ -109,47 +159,44 @@ def create_app(policy: PolicyClient, model_name: str = "memrl"):
 
     @app.post("/v1/completions")
     def completions(body: CompletionRequest):
-        try:
-            prompts = _prompts(policy.tokenizer, body.prompt)
-            stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
-            params = SamplingParams(
-                temperature=body.temperature,
-                top_p=body.top_p,
-                max_tokens=body.max_tokens,
-                stop=stop,
-                stop_token_ids=tuple(body.stop_token_ids or ()),
-                n=body.n,
-                seed=body.seed,
-                top_logprobs=body.logprobs or 0,
+        body.check_served()
+        prompts = _prompts(tokenizer, body.prompt)
+        params = body.sampling(body.max_tokens, body.logprobs or 0)
+        outputs, prompt_lps = generate(prompts, params, body.echo)
+        answers = _answers(tokenizer, outputs, body.n, body.include_stop_str_in_output)
+        reply = Reply(body.model or model_name, "cmpl")
+        if body.stream:
+            return stream_response(
+                reply,
+                "text_completion",
+                usage(prompts, outputs),
+                body.include_usage,
+                completion_chunks(reply, tokenizer, answers, body.logprobs, body.return_tokens_as_token_ids),
             )
-            requests = [GenerationRequest(tuple(p), params) for p in prompts]
-        except (ContractError, ValueError, TypeError) as exc:
-            return error(400, str(exc))
-        with lock:
-            outputs = policy.generate(requests)
-            prompt_lps = (
-                policy.logprobs([(p[:1], p[1:]) for p in prompts]) if body.echo else [None] * len(prompts)
+        choices = [
+            _completion_choice(tokenizer, a, prompts[a.index // body.n], body, prompt_lps[a.index // body.n])
+            for a in answers
+        ]
+        return reply.envelope("text_completion", choices, usage=usage(prompts, outputs))
+
+    @app.post("/v1/chat/completions")
+    def chat(body: ChatRequest):
+        body.check_served()
+        prompt = _chat_prompt(tokenizer, body)
+        top = (body.top_logprobs or 0) if body.logprobs else 0
+        outputs, _ = generate([prompt], body.sampling(body.token_limit(room - len(prompt)), top))
+        answers = _answers(tokenizer, outputs, body.n, body.include_stop_str_in_output)
+        reply = Reply(body.model or model_name, "chatcmpl")
+        if body.stream:
+            return stream_response(
+                reply,
+                "chat.completion.chunk",
+                usage([prompt], outputs),
+                body.include_usage,
+                chat_chunks(reply, tokenizer, answers, body.logprobs),
             )
-        choices, completion_tokens = [], 0
-        for i, (prompt, outs) in enumerate(zip(prompts, outputs, strict=True)):
-            for j, out in enumerate(outs):
-                choices.append(_choice(policy.tokenizer, i * body.n + j, prompt, out, body, prompt_lps[i]))
-                completion_tokens += len(out.token_ids)
-        prompt_tokens = sum(len(p) for p in prompts)
-        cached = sum(o.cached_tokens for outs in outputs for o in outs)
-        return {
-            "id": f"cmpl-{uuid.uuid4().hex[:16]}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": body.model or model_name,
-            "choices": choices,
-            "usage": {
-                "prompt_tokens": prompt_tokens,
-                "completion_tokens": completion_tokens,
-                "total_tokens": prompt_tokens + completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": cached},
-            },
-        }
+        choices = [_chat_choice(tokenizer, a, body.logprobs) for a in answers]
+        return reply.envelope("chat.completion", choices, usage=usage([prompt], outputs))
 
     return app
 
