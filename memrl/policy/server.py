@@ -6,19 +6,20 @@ ids (or text, or a list of either), ``n``, ``max_tokens``, ``temperature``, ``to
 ``return_tokens_as_token_ids`` (tokens as ``"token_id:<id>"``). Choices carry vLLM's ``stop_reason``; usage
 carries ``prompt_tokens_details.cached_tokens``. ``/v1/chat/completions`` renders ``messages`` with the model's
 chat template and answers in OpenAI's chat shape (``logprobs`` / ``top_logprobs`` included). Both stream
-server-sent events with ``stream=true``: the backend decodes a request's answers in one batched call, so the
-chunks follow once it has finished (the format of a stream, not an earlier first token). Parameters the server
+server-sent events with ``stream=true``: from the decode loop as tokens are sampled where the backend has a
+``stream()`` (the HF backend; :mod:`memrl.policy.server_stream`), else once one ``generate`` call has finished. Parameters the server
 does not serve are refused with a 400 naming them (:mod:`memrl.policy.openai_api`). Loopback only by default:
 there is no authentication.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from memrl.policy.base import GenerationRequest, PolicyClient, SamplingParams
@@ -26,7 +27,6 @@ from memrl.policy.openai_api import APIError, ChatRequest, CompletionRequest, va
 from memrl.policy.server_format import (
     Answer,
     Reply,
-    answer_text,
     chat_chunks,
     chat_logprob_entries,
     completion_chunks,
@@ -34,6 +34,7 @@ from memrl.policy.server_format import (
     sse,
     usage,
 )
+from memrl.policy.server_stream import LiveGeneration, TextStream, answer_text, events_of
 from memrl.templates import encode_chat
 from memrl.types import GenerationOutput
 
@@ -74,13 +75,16 @@ def _completion_choice(tokenizer, a: Answer, prompt: list[int], body: Completion
     }
 
 
+def _chat_entries(tokenizer, out: GenerationOutput) -> list[dict]:
+    tops = out.top_logprobs or ({},) * len(out.token_ids)
+    return chat_logprob_entries(tokenizer, out.token_ids, out.logprobs, tops)
+
+
 def _chat_choice(tokenizer, a: Answer, logprobs: bool) -> dict:
     return {
         "index": a.index,
         "message": {"role": "assistant", "content": a.text},
-        "logprobs": {"content": chat_logprob_entries(tokenizer, a.out), "refusal": None}
-        if logprobs
-        else None,
+        "logprobs": {"content": _chat_entries(tokenizer, a.out), "refusal": None} if logprobs else None,
         "finish_reason": a.out.finish_reason.value,
     }
 
@@ -102,15 +106,25 @@ def _chat_prompt(tokenizer, body: ChatRequest) -> list[int]:
         raise APIError(f"messages: the chat template rejected them: {exc}", "messages") from exc
 
 
-def stream_response(reply: Reply, obj: str, used: dict, include_usage: bool, chunks) -> Any:
+def _texts(tokenizer, count: int, body) -> dict[int, TextStream]:
+    stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or ())
+    return {i: TextStream(tokenizer, stops, body.include_stop_str_in_output) for i in range(count)}
+
+
+def stream_response(reply: Reply, obj: str, chunks: Iterator[dict], used: Callable[[], dict] | None) -> Any:
     """``chunks`` as server-sent events; with ``stream_options.include_usage`` OpenAI's last chunk follows:
-    no choices, the request's usage."""
+    no choices, the request's usage (``used()``, read once every chunk has been sent)."""
     from fastapi.responses import StreamingResponse
 
     def events():
-        yield from chunks
-        if include_usage:
-            yield reply.envelope(obj, [], usage=used)
+        try:
+            yield from chunks
+        except Exception as exc:  # the response has begun: the failure reaches the client as an error event
+            logger.exception("stream failed")
+            yield APIError(f"{type(exc).__name__}: {exc}", status=500).body()
+            return
+        if used is not None:
+            yield reply.envelope(obj, [], usage=used())
 
     return StreamingResponse(sse(events()), media_type="text/event-stream")
 
@@ -149,6 +163,17 @@ def create_app(policy: PolicyClient, model_name: str = "memrl"):
             prompt_lps = policy.logprobs([(p[:1], p[1:]) for p in prompts]) if echo else [None] * len(prompts)
         return outputs, prompt_lps
 
+    def token_events(prompts: list[list[int]], params: SamplingParams):
+        """The answers' token events and a callable giving their outputs once the events have been read: live
+        from the decode loop where the backend has a ``stream()``, else split from one ``generate`` call."""
+        if not callable(getattr(policy, "stream", None)):
+            outputs, _ = generate(prompts, params)
+            return events_of(outputs, params.n), lambda: outputs
+        live = LiveGeneration(policy, [GenerationRequest(tuple(p), params) for p in prompts], lock, params.n)
+        events = iter(live)
+        first = next(events, None)  # a failure before the first token still gets an HTTP error status
+        return itertools.chain([] if first is None else [first], events), lambda: live.outputs
+
     @app.get("/health")
     def health() -> dict:
         return {"status": "ok"}
@@ -162,17 +187,15 @@ def create_app(policy: PolicyClient, model_name: str = "memrl"):
         body.check_served()
         prompts = _prompts(tokenizer, body.prompt)
         params = body.sampling(body.max_tokens, body.logprobs or 0)
-        outputs, prompt_lps = generate(prompts, params, body.echo)
-        answers = _answers(tokenizer, outputs, body.n, body.include_stop_str_in_output)
         reply = Reply(body.model or model_name, "cmpl")
         if body.stream:
-            return stream_response(
-                reply,
-                "text_completion",
-                usage(prompts, outputs),
-                body.include_usage,
-                completion_chunks(reply, tokenizer, answers, body.logprobs, body.return_tokens_as_token_ids),
-            )
+            events, outputs = token_events(prompts, params)
+            texts = _texts(tokenizer, len(prompts) * body.n, body)
+            chunks = completion_chunks(reply, events, texts, body.logprobs, body.return_tokens_as_token_ids)
+            used = (lambda: usage(prompts, outputs())) if body.include_usage else None
+            return stream_response(reply, "text_completion", chunks, used)
+        outputs, prompt_lps = generate(prompts, params, body.echo)
+        answers = _answers(tokenizer, outputs, body.n, body.include_stop_str_in_output)
         choices = [
             _completion_choice(tokenizer, a, prompts[a.index // body.n], body, prompt_lps[a.index // body.n])
             for a in answers
@@ -184,17 +207,15 @@ def create_app(policy: PolicyClient, model_name: str = "memrl"):
         body.check_served()
         prompt = _chat_prompt(tokenizer, body)
         top = (body.top_logprobs or 0) if body.logprobs else 0
-        outputs, _ = generate([prompt], body.sampling(body.token_limit(room - len(prompt)), top))
-        answers = _answers(tokenizer, outputs, body.n, body.include_stop_str_in_output)
+        params = body.sampling(body.token_limit(room - len(prompt)), top)
         reply = Reply(body.model or model_name, "chatcmpl")
         if body.stream:
-            return stream_response(
-                reply,
-                "chat.completion.chunk",
-                usage([prompt], outputs),
-                body.include_usage,
-                chat_chunks(reply, tokenizer, answers, body.logprobs),
-            )
+            events, outputs = token_events([prompt], params)
+            chunks = chat_chunks(reply, events, _texts(tokenizer, body.n, body), body.logprobs)
+            used = (lambda: usage([prompt], outputs())) if body.include_usage else None
+            return stream_response(reply, "chat.completion.chunk", chunks, used)
+        outputs, _ = generate([prompt], params)
+        answers = _answers(tokenizer, outputs, body.n, body.include_stop_str_in_output)
         choices = [_chat_choice(tokenizer, a, body.logprobs) for a in answers]
         return reply.envelope("chat.completion", choices, usage=usage([prompt], outputs))
 

@@ -1,10 +1,7 @@
 """Generation outputs in OpenAI's response shapes: completion and chat choices, their logprobs, and the
 server-sent-event chunks of ``stream=true`` (``text_completion`` and ``chat.completion.chunk`` objects, then
-``data: [DONE]``).
-
-A streamed answer's text deltas join to exactly the text the same request gets without streaming: a token that
-ends inside a multi-byte character waits for the rest of it, and a stop string the answer must not show is cut
-from the deltas as from the whole text.
+``data: [DONE]``), built from :class:`~memrl.policy.server_stream.TokenEvent` so that live decoding and finished
+outputs stream alike.
 """
 
 from __future__ import annotations
@@ -12,39 +9,12 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from memrl.types import FinishReason, GenerationOutput
-
-
-def answer_text(tokenizer: Any, out: GenerationOutput, include_stop_str: bool) -> str:
-    """The generated text; OpenAI leaves out the stop string that ended it unless asked to include it."""
-    text = tokenizer.decode(list(out.token_ids), skip_special_tokens=True)
-    stop = out.stop_reason
-    if not include_stop_str and out.finish_reason is FinishReason.STOP and isinstance(stop, str) and stop:
-        cut = text.rfind(stop)
-        if cut >= 0:
-            text = text[:cut]
-    return text
-
-
-def text_deltas(tokenizer: Any, ids: Sequence[int], text: str) -> list[str]:
-    """One delta per token of ``ids``, joining to ``text`` (the answer's final text)."""
-    deltas, sent = [], 0
-    for i in range(1, len(ids) + 1):
-        partial = tokenizer.decode(list(ids[:i]), skip_special_tokens=True)
-        upto = sent
-        # A half-decoded character shows as U+FFFD until its last byte arrives; a prefix decoding that is not
-        # a prefix of the whole (tokenizers that merge across tokens) waits too.
-        if not partial.endswith("\ufffd") and text.startswith(partial[: len(text)]):
-            upto = max(sent, min(len(partial), len(text)))
-        deltas.append(text[sent:upto])
-        sent = upto
-    if deltas:
-        deltas[-1] += text[sent:]
-    return deltas
+from memrl.policy.server_stream import TextStream, TokenEvent
+from memrl.types import GenerationOutput
 
 
 def token_string(tokenizer: Any, tid: int, as_ids: bool = False) -> str:
@@ -75,10 +45,10 @@ def _entry(tokenizer: Any, tid: int, lp: float) -> dict[str, Any]:
     return {"token": token, "logprob": lp, "bytes": list(token.encode("utf-8"))}
 
 
-def chat_logprob_entries(tokenizer: Any, out: GenerationOutput, start: int = 0, stop: int | None = None):
-    """``choices[i].logprobs.content`` entries for tokens ``start:stop`` of ``out``."""
-    ids = out.token_ids[start:stop]
-    tops = list(out.top_logprobs[start:stop]) or [{} for _ in ids]
+def chat_logprob_entries(
+    tokenizer: Any, token_ids: Sequence[int], lps: Sequence[float], tops: Sequence[dict[int, float]]
+) -> list[dict[str, Any]]:
+    """``choices[i].logprobs.content`` entries: each token, its logprob and its alternatives, most likely first."""
     return [
         {
             **_entry(tokenizer, tid, lp),
@@ -86,7 +56,7 @@ def chat_logprob_entries(tokenizer: Any, out: GenerationOutput, start: int = 0, 
                 _entry(tokenizer, t, v) for t, v in sorted(top.items(), key=lambda kv: kv[1], reverse=True)
             ],
         }
-        for tid, lp, top in zip(ids, out.logprobs[start:stop], tops, strict=True)
+        for tid, lp, top in zip(token_ids, lps, tops, strict=True)
     ]
 
 
@@ -133,7 +103,7 @@ def sse(chunks: Iterable[dict[str, Any]]) -> Iterator[str]:
 
 @dataclass(frozen=True)
 class Answer:
-    """One choice to send: its index, the backend's output and its final text."""
+    """One choice to send whole: its index, the backend's output and its final text."""
 
     index: int
     out: GenerationOutput
@@ -141,58 +111,51 @@ class Answer:
 
 
 def completion_chunks(
-    reply: Reply, tokenizer: Any, answers: Sequence[Answer], logprobs: int | None, as_ids: bool
+    reply: Reply,
+    events: Iterable[TokenEvent],
+    texts: Mapping[int, TextStream],
+    logprobs: int | None,
+    as_ids: bool,
 ) -> Iterator[dict[str, Any]]:
-    """``text_completion`` chunks, one per token of each answer; the last one carries the finish reason."""
-    for a in answers:
-        ids = list(a.out.token_ids)
-        deltas = text_deltas(tokenizer, ids, a.text) or [""]
-        tops = list(a.out.top_logprobs) or [{} for _ in ids]
-        for i, delta in enumerate(deltas):
-            last = i == len(deltas) - 1
-            lp = None
-            if logprobs is not None and ids:
-                lp = completion_logprobs(
-                    tokenizer, ids[i : i + 1], a.out.logprobs[i : i + 1], tops[i : i + 1], as_ids
-                )
-            choice = {
-                "index": a.index,
-                "text": delta,
-                "logprobs": lp,
-                "finish_reason": a.out.finish_reason.value if last else None,
-                "stop_reason": a.out.stop_reason if last else None,
-            }
-            yield reply.envelope("text_completion", [choice])
+    """``text_completion`` chunks: one per event (an answer's new tokens); its last carries the finish reason."""
+    for ev in events:
+        text = texts[ev.index]
+        delta = text.push(ev.token_ids) + (text.finish(ev.final) if ev.final is not None else "")
+        lp = None
+        if logprobs is not None and ev.token_ids:
+            lp = completion_logprobs(text.tokenizer, ev.token_ids, ev.logprobs, ev.top_logprobs, as_ids)
+        choice = {
+            "index": ev.index,
+            "text": delta,
+            "logprobs": lp,
+            "finish_reason": ev.final.finish_reason.value if ev.final is not None else None,
+            "stop_reason": ev.final.stop_reason if ev.final is not None else None,
+        }
+        yield reply.envelope("text_completion", [choice])
 
 
 def chat_chunks(
-    reply: Reply, tokenizer: Any, answers: Sequence[Answer], logprobs: bool
+    reply: Reply, events: Iterable[TokenEvent], texts: Mapping[int, TextStream], logprobs: bool
 ) -> Iterator[dict[str, Any]]:
-    """``chat.completion.chunk`` objects: the role first, one content delta per token, then the finish
-    reason with an empty delta."""
+    """``chat.completion.chunk`` objects: every answer's role first, then a content delta per event, then each
+    answer's finish reason with an empty delta."""
     obj = "chat.completion.chunk"
-    for a in answers:
-        yield reply.envelope(
-            obj,
-            [
-                {
-                    "index": a.index,
-                    "delta": {"role": "assistant", "content": ""},
-                    "logprobs": None,
-                    "finish_reason": None,
-                }
-            ],
+
+    def chunk(index: int, delta: dict, lp: dict | None = None, finish: str | None = None) -> dict[str, Any]:
+        return reply.envelope(
+            obj, [{"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}]
         )
-        for i, delta in enumerate(text_deltas(tokenizer, list(a.out.token_ids), a.text)):
-            lp = (
-                {"content": chat_logprob_entries(tokenizer, a.out, i, i + 1), "refusal": None}
-                if logprobs
-                else None
-            )
-            yield reply.envelope(
-                obj, [{"index": a.index, "delta": {"content": delta}, "logprobs": lp, "finish_reason": None}]
-            )
-        yield reply.envelope(
-            obj,
-            [{"index": a.index, "delta": {}, "logprobs": None, "finish_reason": a.out.finish_reason.value}],
-        )
+
+    for index in texts:
+        yield chunk(index, {"role": "assistant", "content": ""})
+    for ev in events:
+        text = texts[ev.index]
+        delta = text.push(ev.token_ids) + (text.finish(ev.final) if ev.final is not None else "")
+        if ev.token_ids or delta:
+            lp = None
+            if logprobs:
+                entries = chat_logprob_entries(text.tokenizer, ev.token_ids, ev.logprobs, ev.top_logprobs)
+                lp = {"content": entries, "refusal": None}
+            yield chunk(ev.index, {"content": delta}, lp)
+        if ev.final is not None:
+            yield chunk(ev.index, {}, finish=ev.final.finish_reason.value)

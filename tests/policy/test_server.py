@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from memrl.policy.base import GenerationRequest, SamplingParams
@@ -70,9 +72,10 @@ def test_completions_stream_joins_to_the_unstreamed_answer(sdk):
     assert usage.choices == [] and usage.usage.completion_tokens == 12
     assert "".join(c.choices[0].text for c in chunks) == whole.text
     # The second call reuses the first one's cached prefix states: equal up to float rounding.
-    streamed = [c.choices[0].logprobs.token_logprobs[0] for c in chunks]
+    streamed = [lp for c in chunks if c.choices[0].logprobs for lp in c.choices[0].logprobs.token_logprobs]
     assert streamed == pytest.approx(whole.logprobs.token_logprobs, abs=1e-4)
-    assert [c.choices[0].finish_reason for c in chunks] == [None] * 11 + ["length"]
+    assert [c.choices[0].finish_reason for c in chunks][-1] == "length"
+    assert {c.choices[0].finish_reason for c in chunks[:-1]} == {None}
 
 
 def test_stop_string_is_left_out_unless_asked_for(sdk):
@@ -177,3 +180,81 @@ def test_backend_failure_answers_500_with_the_message(tiny_hf_policy):
         with pytest.raises(openai.InternalServerError, match="decode kernel crashed"):
             client.chat.completions.create(model="broken", messages=MESSAGES, max_tokens=2, stream=True)
         client.close()
+
+
+class _GatedPolicy:
+    """The tiny policy whose streamed decode stops after step 3 until the test opens ``gate``."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.tokenizer, self.max_model_len = inner, inner.tokenizer, inner.max_model_len
+        self.gate, self.steps = threading.Event(), 0
+
+    def generate(self, requests):
+        return self.inner.generate(requests)
+
+    def stream(self):
+        stream, wait = self.inner.stream(), None
+        wait = stream.wait
+
+        def gated_wait(on_step=None):
+            def step() -> None:
+                self.steps += 1
+                on_step()
+                if self.steps == 3:
+                    self.gate.wait(timeout=20)
+
+            return wait(on_step=step)
+
+        stream.wait = gated_wait
+        return stream
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_streamed_tokens_reach_the_client_while_the_model_still_decodes(tiny_hf_policy, endpoint):
+    gated = _GatedPolicy(tiny_hf_policy)
+    with BackgroundServer(create_app(gated, "gated")) as srv:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+        kw = {"model": "gated", "max_tokens": 20, "seed": 1, "stream": True, "logprobs": True}
+        if endpoint == "chat":
+            chunks = client.chat.completions.create(messages=MESSAGES, **kw)
+        else:
+            chunks = client.completions.create(prompt="Where does Ann live?", **{**kw, "logprobs": 0})
+        first_at = None
+        for chunk in chunks:
+            if chunk.choices and chunk.choices[0].logprobs and first_at is None:
+                first_at = gated.steps  # the decode waits at step 3 until the client has seen a token
+                gated.gate.set()
+        client.close()
+    assert first_at is not None and first_at <= 3
+    assert gated.steps == 20
+
+
+class _FailingStreamPolicy(_GatedPolicy):
+    """Its streamed decode fails at step 3, after the first tokens went out."""
+
+    def stream(self):
+        stream = self.inner.stream()
+        wait = stream.wait
+
+        def failing_wait(on_step=None):
+            def step() -> None:
+                self.steps += 1
+                if self.steps == 3:
+                    raise RuntimeError("decode kernel crashed mid-stream")
+                on_step()
+
+            return wait(on_step=step)
+
+        stream.wait = failing_wait
+        return stream
+
+
+def test_a_failure_mid_stream_reaches_the_client_as_an_error_event(tiny_hf_policy):
+    with BackgroundServer(create_app(_FailingStreamPolicy(tiny_hf_policy), "failing")) as srv:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+        got = []
+        with pytest.raises(openai.APIError, match="decode kernel crashed mid-stream"):
+            for chunk in client.completions.create(model="failing", prompt="Ann", max_tokens=20, stream=True):
+                got.append(chunk)
+        client.close()
+    assert got  # the tokens decoded before the failure were sent
