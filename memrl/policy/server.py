@@ -129,18 +129,83 @@ def stream_response(reply: Reply, obj: str, chunks: Iterator[dict], used: Callab
     return StreamingResponse(sse(events()), media_type="text/event-stream")
 
 
+class PolicyService:
+    """The endpoints' work over one policy. Calls into the policy are serialised by one lock (in-process
+    backends are not thread-safe); the server still accepts many connections."""
+
+    def __init__(self, policy: PolicyClient, model_name: str) -> None:
+        self.policy, self.model_name, self.tokenizer = policy, model_name, policy.tokenizer
+        self.lock = threading.Lock()
+        # A chat request without a token limit may fill the rest of the context window, as OpenAI's may.
+        self.room = int(getattr(policy, "max_model_len", None) or policy.cfg.max_model_len)
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams, echo: bool = False):
+        requests = [GenerationRequest(tuple(p), params) for p in prompts]
+        with self.lock:
+            outputs = self.policy.generate(requests)
+            prompt_lps = (
+                self.policy.logprobs([(p[:1], p[1:]) for p in prompts]) if echo else [None] * len(prompts)
+            )
+        return outputs, prompt_lps
+
+    def token_events(self, prompts: list[list[int]], params: SamplingParams):
+        """The answers' token events and a callable giving their outputs once the events have been read: live
+        from the decode loop where the backend has a ``stream()``, else split from one ``generate`` call."""
+        if not callable(getattr(self.policy, "stream", None)):
+            outputs, _ = self.generate(prompts, params)
+            return events_of(outputs, params.n), lambda: outputs
+        requests = [GenerationRequest(tuple(p), params) for p in prompts]
+        live = LiveGeneration(self.policy, requests, self.lock, params.n)
+        events = iter(live)
+        first = next(events, None)  # a failure before the first token still gets an HTTP error status
+        return itertools.chain([] if first is None else [first], events), lambda: live.outputs
+
+    def completions(self, body: CompletionRequest) -> Any:
+        body.check_served()
+        prompts = _prompts(self.tokenizer, body.prompt)
+        params = body.sampling(body.max_tokens, body.logprobs or 0)
+        reply = Reply(body.model or self.model_name, "cmpl")
+        if body.stream:
+            events, outputs = self.token_events(prompts, params)
+            texts = _texts(self.tokenizer, len(prompts) * body.n, body)
+            chunks = completion_chunks(reply, events, texts, body.logprobs, body.return_tokens_as_token_ids)
+            used = (lambda: usage(prompts, outputs())) if body.include_usage else None
+            return stream_response(reply, "text_completion", chunks, used)
+        outputs, prompt_lps = self.generate(prompts, params, body.echo)
+        answers = _answers(self.tokenizer, outputs, body.n, body.include_stop_str_in_output)
+        choices = [
+            _completion_choice(
+                self.tokenizer, a, prompts[a.index // body.n], body, prompt_lps[a.index // body.n]
+            )
+            for a in answers
+        ]
+        return reply.envelope("text_completion", choices, usage=usage(prompts, outputs))
+
+    def chat(self, body: ChatRequest) -> Any:
+        body.check_served()
+        prompt = _chat_prompt(self.tokenizer, body)
+        top = (body.top_logprobs or 0) if body.logprobs else 0
+        params = body.sampling(body.token_limit(self.room - len(prompt)), top)
+        reply = Reply(body.model or self.model_name, "chatcmpl")
+        if body.stream:
+            events, outputs = self.token_events([prompt], params)
+            chunks = chat_chunks(reply, events, _texts(self.tokenizer, body.n, body), body.logprobs)
+            used = (lambda: usage([prompt], outputs())) if body.include_usage else None
+            return stream_response(reply, "chat.completion.chunk", chunks, used)
+        outputs, _ = self.generate([prompt], params)
+        answers = _answers(self.tokenizer, outputs, body.n, body.include_stop_str_in_output)
+        choices = [_chat_choice(self.tokenizer, a, body.logprobs) for a in answers]
+        return reply.envelope("chat.completion", choices, usage=usage([prompt], outputs))
+
+
 def create_app(policy: PolicyClient, model_name: str = "memrl"):
-    """A FastAPI app serving ``policy``. Calls into the policy are serialised (in-process backends are not
-    thread-safe); the server still accepts many connections."""
+    """A FastAPI app serving ``policy`` (see :class:`PolicyService`)."""
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
 
     app = FastAPI(title="memrl policy server")
-    lock = threading.Lock()
-    tokenizer = policy.tokenizer
-    # A chat request without a token limit may fill the rest of the context window, as OpenAI's may.
-    room = int(getattr(policy, "max_model_len", None) or policy.cfg.max_model_len)
+    service = PolicyService(policy, model_name)
 
     @app.exception_handler(APIError)
     def refused(_: Request, exc: APIError) -> JSONResponse:
@@ -156,24 +221,6 @@ def create_app(policy: PolicyClient, model_name: str = "memrl"):
     def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
         return JSONResponse(validation_error(list(exc.errors())).body(), status_code=400)
 
-    def generate(prompts: list[list[int]], params: SamplingParams, echo: bool = False):
-        requests = [GenerationRequest(tuple(p), params) for p in prompts]
-        with lock:
-            outputs = policy.generate(requests)
-            prompt_lps = policy.logprobs([(p[:1], p[1:]) for p in prompts]) if echo else [None] * len(prompts)
-        return outputs, prompt_lps
-
-    def token_events(prompts: list[list[int]], params: SamplingParams):
-        """The answers' token events and a callable giving their outputs once the events have been read: live
-        from the decode loop where the backend has a ``stream()``, else split from one ``generate`` call."""
-        if not callable(getattr(policy, "stream", None)):
-            outputs, _ = generate(prompts, params)
-            return events_of(outputs, params.n), lambda: outputs
-        live = LiveGeneration(policy, [GenerationRequest(tuple(p), params) for p in prompts], lock, params.n)
-        events = iter(live)
-        first = next(events, None)  # a failure before the first token still gets an HTTP error status
-        return itertools.chain([] if first is None else [first], events), lambda: live.outputs
-
     @app.get("/health")
     def health() -> dict:
         return {"status": "ok"}
@@ -184,40 +231,11 @@ def create_app(policy: PolicyClient, model_name: str = "memrl"):
 
     @app.post("/v1/completions")
     def completions(body: CompletionRequest):
-        body.check_served()
-        prompts = _prompts(tokenizer, body.prompt)
-        params = body.sampling(body.max_tokens, body.logprobs or 0)
-        reply = Reply(body.model or model_name, "cmpl")
-        if body.stream:
-            events, outputs = token_events(prompts, params)
-            texts = _texts(tokenizer, len(prompts) * body.n, body)
-            chunks = completion_chunks(reply, events, texts, body.logprobs, body.return_tokens_as_token_ids)
-            used = (lambda: usage(prompts, outputs())) if body.include_usage else None
-            return stream_response(reply, "text_completion", chunks, used)
-        outputs, prompt_lps = generate(prompts, params, body.echo)
-        answers = _answers(tokenizer, outputs, body.n, body.include_stop_str_in_output)
-        choices = [
-            _completion_choice(tokenizer, a, prompts[a.index // body.n], body, prompt_lps[a.index // body.n])
-            for a in answers
-        ]
-        return reply.envelope("text_completion", choices, usage=usage(prompts, outputs))
+        return service.completions(body)
 
     @app.post("/v1/chat/completions")
     def chat(body: ChatRequest):
-        body.check_served()
-        prompt = _chat_prompt(tokenizer, body)
-        top = (body.top_logprobs or 0) if body.logprobs else 0
-        params = body.sampling(body.token_limit(room - len(prompt)), top)
-        reply = Reply(body.model or model_name, "chatcmpl")
-        if body.stream:
-            events, outputs = token_events([prompt], params)
-            chunks = chat_chunks(reply, events, _texts(tokenizer, body.n, body), body.logprobs)
-            used = (lambda: usage([prompt], outputs())) if body.include_usage else None
-            return stream_response(reply, "chat.completion.chunk", chunks, used)
-        outputs, _ = generate([prompt], params)
-        answers = _answers(tokenizer, outputs, body.n, body.include_stop_str_in_output)
-        choices = [_chat_choice(tokenizer, a, body.logprobs) for a in answers]
-        return reply.envelope("chat.completion", choices, usage=usage([prompt], outputs))
+        return service.chat(body)
 
     return app
 
