@@ -277,3 +277,14 @@ def test_a_client_that_goes_away_stops_the_decode(tiny_hf_policy):
             if gated.steps == before:  # the decode has stopped
                 break
     assert gated.steps < 400
+
+
+def test_chat_without_a_chat_template_says_to_use_completions(tiny_hf_policy):
+    from transformers import ByT5Tokenizer
+
+    plain = _BrokenPolicy(ByT5Tokenizer())  # a base model's tokenizer: no chat template
+    with BackgroundServer(create_app(plain, "base")) as srv:
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
+        with pytest.raises(openai.BadRequestError, match="no chat template: use /v1/completions"):
+            client.chat.completions.create(model="base", messages=MESSAGES, max_tokens=2)
+        client.close()
