@@ -7,6 +7,7 @@ outputs stream alike.
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -40,9 +41,45 @@ def completion_logprobs(
     }
 
 
+def _byte_level_table() -> dict[str, int]:
+    """Byte-level BPE's printable stand-ins (GPT-2, SmolLM2, Llama 3): printable Latin-1 bytes stand for
+    themselves, the other bytes for U+0100 onwards in byte order."""
+    printable = {
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    }
+    table, shifted = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[chr(b)] = b
+        else:
+            table[chr(256 + shifted)] = b
+            shifted += 1
+    return table
+
+
+_BYTE_LEVEL = _byte_level_table()
+
+
+def token_bytes(tokenizer: Any, tid: int, text: str) -> list[int] | None:
+    """The token's UTF-8 bytes (OpenAI's ``bytes``). A token holding part of a character decodes to U+FFFD or
+    nothing: its bytes come from the vocabulary piece (SentencePiece ``<0xNN>``, byte-level BPE or a byte
+    tokenizer's byte), else there are none to give (``None``)."""
+    if text and "\ufffd" not in text:
+        return list(text.encode("utf-8"))
+    piece = tokenizer.convert_ids_to_tokens(tid)
+    found = re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", piece or "")
+    if found:
+        return [int(found.group(1), 16)]
+    if piece and all(c in _BYTE_LEVEL for c in piece):
+        return [_BYTE_LEVEL[c] for c in piece]
+    return None
+
+
 def _entry(tokenizer: Any, tid: int, lp: float) -> dict[str, Any]:
     token = tokenizer.decode([tid])
-    return {"token": token, "logprob": lp, "bytes": list(token.encode("utf-8"))}
+    return {"token": token, "logprob": lp, "bytes": token_bytes(tokenizer, tid, token)}
 
 
 def chat_logprob_entries(
