@@ -25,7 +25,7 @@ import logging
 import random
 import sys
 import time
-from contextlib import ExitStack
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -239,9 +239,7 @@ def train(cfg: Config, *, resources: TrainResources | None = None, progress: boo
     """Run (or resume) training for the root config ``cfg``; returns the summary written to ``summary.json``.
 
     ``progress``: progress bars on stderr for the evaluations and the steps (log lines print above them)."""
-    with ExitStack() as stack:
-        if progress:
-            stack.enter_context(logging_redirect_tqdm())
+    with logging_redirect_tqdm() if progress else nullcontext():
         return _train(cfg, resources, progress)
 
 
