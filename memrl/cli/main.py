@@ -14,6 +14,19 @@ import sys
 COMMANDS = ("run", "train", "report", "eval", "data", "bench", "inspect", "serve", "sandbox")
 # Commands that run a model: they set torch's thread count from the machine's load first (memrl.threads).
 MODEL_COMMANDS = frozenset({"run", "train", "eval", "bench", "serve"})
+# Libraries whose INFO lines read like failures or noise on every run: faiss reports each CPU-specific build it
+# could not load ("Could not load library with AVX512 support due to: ModuleNotFoundError"), httpx every request.
+# They log at WARNING and above unless -v.
+QUIET_LOGGERS = (
+    "faiss",
+    "httpx",
+    "httpcore",
+    "urllib3",
+    "sentence_transformers",
+    "numexpr",
+    "filelock",
+    "datasets",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,6 +44,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def configure_logging(verbose: bool) -> None:
+    """memrl's own INFO lines on stderr (DEBUG with ``-v``); third-party INFO only with ``-v``."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.NOTSET if verbose else logging.WARNING)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     # Commands that forward options (bench NAME ..., run/train key=value overrides) set accepts_extra.
@@ -38,11 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     if extra and not getattr(args, "accepts_extra", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     args.extra = extra
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    configure_logging(args.verbose)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -1,4 +1,5 @@
-"""``memrl serve``: an OpenAI-compatible ``/v1/completions`` endpoint over the in-process HF backend."""
+"""``memrl serve``: OpenAI-compatible ``/v1/completions`` and ``/v1/chat/completions`` (streaming too) over the
+in-process HF backend."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ logger = logging.getLogger(__name__)
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "serve",
-        help="serve the policy as an OpenAI-compatible /v1/completions endpoint (localhost)",
-        description="Serve policy.model (HF backend) on http://HOST:PORT/v1/completions. Extra key=value "
+        help="serve the policy as an OpenAI-compatible completions + chat endpoint (localhost)",
+        description="Serve policy.model (HF backend) on http://HOST:PORT/v1/completions and "
+        "/v1/chat/completions (stream=true as server-sent events). Extra key=value "
         "arguments override the config, e.g. policy.model=/path/to/model policy.lora_path=ckpt/adapter.",
     )
     p.add_argument("--config", help="YAML config (its policy section is used)")
@@ -37,6 +39,11 @@ def run(args: argparse.Namespace) -> int:
     policy_cfg = dataclasses.replace(cfg.policy, backend="hf")
     policy = make_policy(policy_cfg)
     app = create_app(policy, args.model_name or policy_cfg.model)
-    logger.info("serving %s on http://%s:%d/v1/completions", policy_cfg.model, args.host, args.port)
+    logger.info(
+        "serving %s on http://%s:%d/v1 (completions, chat/completions)",
+        policy_cfg.model,
+        args.host,
+        args.port,
+    )
     uvicorn.run(app, host=args.host, port=args.port, log_level="info")
     return 0

@@ -17,6 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--config", help="YAML config (see configs/synthetic_*.yaml)")
     p.add_argument("--name", help="run name: output_dir becomes runs/<name>")
     p.add_argument("--fresh", action="store_true", help="fail if output_dir already holds checkpoints")
+    p.add_argument("--no-progress", action="store_true", help="no tqdm bars (evaluations, steps)")
     p.set_defaults(func=run, accepts_extra=True)
 
 
@@ -38,6 +39,6 @@ def run(args: argparse.Namespace) -> int:
             f"memrl train: {cfg.output_dir} already has checkpoints (drop --fresh to resume)", file=sys.stderr
         )
         return 2
-    summary = train(cfg)
+    summary = train(cfg, progress=not args.no_progress)
     print(json.dumps(summary, indent=2, sort_keys=True))
     return 0

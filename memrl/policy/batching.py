@@ -141,15 +141,22 @@ class DecodeLoop:
     def busy(self) -> bool:
         return self.batch is not None or bool(self.waiting)
 
-    def run(self, pause: Callable[[list[DecodeRow]], bool] | None = None) -> None:
+    def run(
+        self,
+        pause: Callable[[list[DecodeRow]], bool] | None = None,
+        observe: Callable[[], None] | None = None,
+    ) -> None:
         """Decode until every row has finished, or until a step finishes rows and ``pause(those rows)`` says to
-        stop there (the batch then waits, with fresh logits, for the next call)."""
+        stop there (the batch then waits, with fresh logits, for the next call). ``observe()`` runs after every
+        step (a server streams the rows' new tokens from there)."""
         while self.busy:
             if self.batch is None:
                 self.batch = self.backend._start(self.waiting[: self.limit])
                 self.waiting = self.waiting[self.limit :]
                 self.live = list(range(len(self.batch.rows)))
             done = self._advance()
+            if observe is not None:
+                observe()
             if done and pause is not None and pause(done):
                 return
 

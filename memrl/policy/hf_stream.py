@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import torch
@@ -63,12 +63,19 @@ class HFStream:
         self.loop.add(queue)
         return ids
 
-    def wait(self) -> list[tuple[int, list[GenerationOutput]]]:
+    def wait(self, on_step: Callable[[], None] | None = None) -> list[tuple[int, list[GenerationOutput]]]:
+        """As :meth:`GenerationStream.wait`; ``on_step()`` runs after every decode step, when
+        :meth:`so_far` has each unfinished request's newest tokens."""
         if not self._ready and self.loop.busy:
             with torch.inference_mode():
-                self.loop.run(pause=self._note)
+                self.loop.run(pause=self._note, observe=on_step)
         ready, self._ready = self._ready, []
         return [(rid, self._outputs(rid)) for rid in ready]
+
+    def so_far(self, rid: int) -> list[GenerationOutput]:
+        """What an unfinished request's samples have generated so far, in sample order (a sample still
+        decoding reports ``finish_reason`` ABORT). Requests already handed back by :meth:`wait` have none."""
+        return [r.to_output() for r in self._rows.get(rid, [])]
 
     def close(self) -> None:
         """Forget unfinished rows (their cached prefixes are unlocked)."""

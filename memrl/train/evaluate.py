@@ -8,10 +8,12 @@ and decoding are used at every evaluation and for every rollout strategy, so run
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 from memrl.types import EpisodeStatus
 
@@ -25,16 +27,37 @@ def bootstrap_ci(values: list[float], resamples: int = 2000, seed: int = 0) -> t
     return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
 
 
-def evaluate(res: Any, inputs: list | None = None) -> dict[str, float]:
-    """Evaluate on ``inputs`` (default: the in-run subset ``res.eval_inputs``)."""
+def _score(episode: Any) -> float:
+    return episode.reward if episode.status is not EpisodeStatus.FAILED else 0.0
+
+
+def evaluate(
+    res: Any, inputs: list | None = None, desc: str | None = None, leave: bool = True
+) -> dict[str, float]:
+    """Evaluate on ``inputs`` (default: the in-run subset ``res.eval_inputs``). ``desc``: show a progress bar
+    over the episodes on stderr with this label (the start and final evaluations take minutes); ``leave``: keep
+    the finished bar on screen."""
     t0 = time.perf_counter()
     res.model.eval()
     inputs = res.eval_inputs if inputs is None else inputs
-    episodes = []
+    episodes: list = []
     size = max(1, res.cfg.episode.batch_size)
-    for i in range(0, len(inputs), size):
-        episodes.extend(res.eval_runner.run_batch(inputs[i : i + size]))
-    rewards = [e.reward if e.status is not EpisodeStatus.FAILED else 0.0 for e in episodes]
+    bar = tqdm(
+        total=len(inputs),
+        desc=desc,
+        unit="episode",
+        file=sys.stderr,
+        disable=not desc,
+        leave=leave,
+        dynamic_ncols=True,
+        mininterval=2.0,
+    )
+    with bar:
+        for i in range(0, len(inputs), size):
+            episodes.extend(res.eval_runner.run_batch(inputs[i : i + size]))
+            bar.set_postfix(em=f"{np.mean([_score(e) for e in episodes]):.3f}", refresh=False)
+            bar.update(len(inputs[i : i + size]))
+    rewards = [_score(e) for e in episodes]
     low, high = bootstrap_ci(rewards)
     return {
         "eval/em": float(np.mean(rewards)) if rewards else 0.0,

@@ -23,13 +23,17 @@ import hashlib
 import json
 import logging
 import random
+import sys
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from tqdm import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from memrl.config import Config
 from memrl.data.buffer import (
@@ -184,13 +188,15 @@ def _checkpoint(res: TrainResources, ckpt_root: Path, step: int, counters: dict[
     save_checkpoint(ckpt_root, res.model, res.updater.optimizer, state, keep=res.cfg.train.keep_checkpoints)
 
 
-def _eval(res: TrainResources, step: int, inputs: list | None = None) -> dict[str, float]:
+def _eval(
+    res: TrainResources, step: int, inputs: list | None = None, desc: str | None = None, leave: bool = True
+) -> dict[str, float]:
     # Evaluation gets its own fixed seed, so it never shifts the training stream.
     seed_everything(step_seed(res.cfg.seed, step, EVAL_STREAM), res)
-    return evaluate(res, inputs)
+    return evaluate(res, inputs, desc=desc, leave=leave)
 
 
-def _start_eval(res: TrainResources) -> dict[str, float]:
+def _start_eval(res: TrainResources, progress: bool = False) -> dict[str, float]:
     """The untrained model's evaluation on the final-evaluation episodes, computed once per (model, config,
     episodes) and reused from ``$MEMRL_CACHE_DIR/evals/`` by later runs and other seeds of the same setup."""
     key = start_eval_key(res)
@@ -198,7 +204,7 @@ def _start_eval(res: TrainResources) -> dict[str, float]:
     if path.is_file():
         logger.info("start evaluation reused from %s", path)
         return json.loads(path.read_text(encoding="utf-8"))
-    start = _eval(res, 0, res.final_eval_inputs)
+    start = _eval(res, 0, res.final_eval_inputs, desc="start eval" if progress else None)
     write_json_atomic(path, start)
     return start
 
@@ -231,8 +237,15 @@ def _counters_from_eval(counters: dict[str, float], name: str, result: dict[str,
     )
 
 
-def train(cfg: Config, *, resources: TrainResources | None = None) -> dict[str, Any]:
-    """Run (or resume) training for the root config ``cfg``; returns the summary written to ``summary.json``."""
+def train(cfg: Config, *, resources: TrainResources | None = None, progress: bool = False) -> dict[str, Any]:
+    """Run (or resume) training for the root config ``cfg``; returns the summary written to ``summary.json``.
+
+    ``progress``: progress bars on stderr for the evaluations and the steps (log lines print above them)."""
+    with logging_redirect_tqdm() if progress else nullcontext():
+        return _train(cfg, resources, progress)
+
+
+def _train(cfg: Config, resources: TrainResources | None, progress: bool) -> dict[str, Any]:
     run_dir = Path(cfg.output_dir)
     ckpt_root = run_dir / "checkpoints"
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -246,14 +259,14 @@ def train(cfg: Config, *, resources: TrainResources | None = None) -> dict[str, 
     try:
         if evaluating and "em_start" not in counters:
             t0 = time.perf_counter()
-            start = _start_eval(res)
+            start = _start_eval(res, progress)
             _counters_from_eval(counters, "em_start", start)
             counters["eval_wall_s"] = counters.get("eval_wall_s", 0.0) + time.perf_counter() - t0
             log.log(0, {**start, **{f"counters/{k}": v for k, v in counters.items()}})
-        step = _train_steps(res, state.step, counters, log, ckpt_root, evaluating)
+        step = _train_steps(res, state.step, counters, log, ckpt_root, evaluating, progress)
         if evaluating and (step != state.step or "em_final" not in counters):  # not again on a finished run
             t0 = time.perf_counter()
-            final = _eval(res, step, res.final_eval_inputs)
+            final = _eval(res, step, res.final_eval_inputs, desc="final eval" if progress else None)
             _counters_from_eval(counters, "em_final", final)
             counters["eval_wall_s"] = counters.get("eval_wall_s", 0.0) + time.perf_counter() - t0
             log.log(step, {**final, **{f"counters/{k}": v for k, v in counters.items()}})
@@ -270,6 +283,7 @@ def _train_steps(
     log: MetricsLogger,
     ckpt_root: Path,
     evaluating: bool,
+    progress: bool = False,
 ) -> int:
     """Steps ``done + 1 ..`` until ``train.steps`` or a budget ends; returns the last step run.
 
@@ -278,28 +292,41 @@ def _train_steps(
     cfg = res.cfg
     step = done
     tick = time.perf_counter()
-    for step in range(done + 1, cfg.train.steps + 1):
-        if not _budget_left(cfg.train, counters):
-            step -= 1
-            break
-        seed_everything(step_seed(cfg.seed, step), res)
-        metrics = run_step(res, step, counters).metrics
-        if evaluating and cfg.train.eval_every and step % cfg.train.eval_every == 0:
-            metrics.update(_eval(res, step))
-        now = time.perf_counter()
-        counters["wall_s"] = counters.get("wall_s", 0.0) + now - tick
-        tick = now
-        metrics.update({f"counters/{k}": v for k, v in counters.items()})
-        log.log(step, metrics)
-        logger.info(
-            "step %d: reward %.3f, eval %s, tokens %d",
-            step,
-            metrics["rollout/reward_mean"],
-            metrics.get("eval/em", "-"),
-            counters["generated_tokens"],
-        )
-        if cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0:
-            _checkpoint(res, ckpt_root, step, counters)
+    # Steps take seconds to minutes each: the bar shows how many are left and the last rewards.
+    bar = tqdm(
+        total=cfg.train.steps,
+        initial=done,
+        desc="train",
+        unit="step",
+        file=sys.stderr,
+        disable=not progress,
+        dynamic_ncols=True,
+    )
+    with bar:
+        for step in range(done + 1, cfg.train.steps + 1):
+            if not _budget_left(cfg.train, counters):
+                step -= 1
+                break
+            seed_everything(step_seed(cfg.seed, step), res)
+            metrics = run_step(res, step, counters).metrics
+            if evaluating and cfg.train.eval_every and step % cfg.train.eval_every == 0:
+                metrics.update(_eval(res, step, desc="eval" if progress else None, leave=False))
+            now = time.perf_counter()
+            counters["wall_s"] = counters.get("wall_s", 0.0) + now - tick
+            tick = now
+            metrics.update({f"counters/{k}": v for k, v in counters.items()})
+            log.log(step, metrics)
+            logger.info(
+                "step %d: reward %.3f, eval %s, tokens %d",
+                step,
+                metrics["rollout/reward_mean"],
+                metrics.get("eval/em", "-"),
+                counters["generated_tokens"],
+            )
+            if cfg.train.checkpoint_every and step % cfg.train.checkpoint_every == 0:
+                _checkpoint(res, ckpt_root, step, counters)
+            bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", refresh=False)
+            bar.update(1)
     return step
 
 

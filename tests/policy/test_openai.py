@@ -75,7 +75,7 @@ def test_http_4xx_is_not_retried(served):
     assert err.value.status == 400 and "temperature" in str(err.value)
     with pytest.raises(PolicyHTTPError) as err:
         client._post("/v1/completions", {"prompt": {"not": "a prompt"}})
-    assert err.value.status == 422
+    assert err.value.status == 400 and "prompt" in str(err.value)
     client.close()
 
 

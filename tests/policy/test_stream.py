@@ -85,3 +85,23 @@ def test_backends_without_a_stream_get_one_generate_call_per_wait():
     done = stream.wait()
     assert [rid for rid, _ in done] == ids and [len(outs) for _, outs in done] == [1, 2]
     assert pol.stats.batch_sizes == [2] and stream.wait() == []  # one generate call for both
+
+
+def test_on_step_sees_each_unfinished_request_grow_by_one_token_per_step(policy):
+    """The hook a server streams from: after every decode step ``so_far`` holds the tokens decoded so far,
+    which end as the finished output's tokens."""
+    req = _req(policy, "Erin reads.", 6, n=2)
+    [reference] = policy.generate([req])
+    stream = policy.stream()
+    seen: list[list[tuple[int, ...]]] = []
+    try:
+        [rid] = stream.add([req])
+        [(done_id, outs)] = stream.wait(
+            on_step=lambda: seen.append([o.token_ids for o in stream.so_far(rid)])
+        )
+    finally:
+        stream.close()
+    assert done_id == rid and stream.so_far(rid) == []  # handed back: nothing partial left
+    assert [[len(t) for t in step] for step in seen] == [[k, k] for k in range(1, 7)]  # step k: k tokens each
+    assert [o.token_ids for o in outs] == [o.token_ids for o in reference]
+    assert seen[-1] == [o.token_ids for o in outs]

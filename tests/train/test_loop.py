@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -206,3 +207,24 @@ def test_gold_demonstrations_reach_the_replay_sft_term_inside_the_loop(tmp_path,
     step2 = [r for r in _metrics(tmp_path / "gold") if "train/pg_loss" in r][1]
     assert step2["replay/demo_rows"] >= 1 and step2["replay/sft_rows"] == step2["replay/demo_rows"]
     assert step2["replay/demo_token_logp"] < 0
+
+
+def test_progress_bars_cover_the_evaluations_and_the_steps(tmp_path, tiny_model_dir, capsys):
+    """The start and final evaluations (minutes on real runs) and the steps each show a bar on stderr."""
+    from memrl.train.loop import train
+    from memrl.train.setup import build_resources
+
+    cfg = _in_process_cfg(
+        tmp_path, tiny_model_dir, "bars", "train.eval_every=1", "train.final_eval_episodes=3"
+    )
+    train(cfg, resources=build_resources(cfg), progress=True)
+    err = capsys.readouterr().err
+    assert "start eval: 100%" in err and "3/3" in err
+    assert "final eval: 100%" in err
+    assert "train: 100%" in err and "2/2" in err and "reward=" in err
+    # In-run evaluations (eval_every=1) open a bar too, cleared once done.
+    assert re.search(r"(?<!start )(?<!final )eval:\s+0%", err)
+    quiet = _in_process_cfg(tmp_path, tiny_model_dir, "quiet", "train.final_eval_episodes=3")
+    train(quiet, resources=build_resources(quiet))
+    err = capsys.readouterr().err
+    assert "eval:" not in err and "train:" not in err
