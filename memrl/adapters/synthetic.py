@@ -405,6 +405,8 @@ def synthetic(
     num_sessions, turns_per_session, n_persons = int(num_sessions), int(turns_per_session), int(n_persons)
     distractor_fraction = float(distractor_fraction)
     _validate(num_episodes, num_sessions, turns_per_session, n_persons, distractor_fraction, question_types)
+    if split == "validation":
+        raise ValueError("adapter 'synthetic' has splits train and test (and all), no validation split")
     splits = ("train", "test") if split == "all" else (split,)
     return [
         make_episode(

@@ -45,6 +45,8 @@ def test_unknown_option_is_rejected_with_valid_ones():
 
 def test_bad_split_rejected():
     with pytest.raises(ValueError, match="split must be one of"):
+        run_adapter("synthetic", None, split="dev", options={"num_episodes": 1})
+    with pytest.raises(ValueError, match="no validation split"):  # only datasets that define one have it
         run_adapter("synthetic", None, split="validation", options={"num_episodes": 1})
 
 
