@@ -120,7 +120,7 @@ def test_in_split_partitions_deterministically():
 
 
 def test_data_config_rejects_bad_split_and_limit():
-    with pytest.raises(ValueError, match="data.split='val'; valid: train, test, all"):
+    with pytest.raises(ValueError, match="data.split='val'; valid: train, validation"):
         DataConfig(split="val")
     with pytest.raises(ValueError, match="data.limit"):
         DataConfig(limit=-1)
