@@ -114,3 +114,51 @@ def test_llm_extractor_asks_the_runners_policy(setup):
     questions = sum("?" in t.text for t in inputs[0].history)
     assert ops.count(MemoryOpType.ADD) == len(inputs[0].history) - questions
     assert ops.count(MemoryOpType.NOOP) == questions
+
+
+def test_questions_of_one_conversation_ingest_it_once_and_get_the_same_facts():
+    from memrl.adapters import LOCOMO_FIXTURE
+
+    cfg = load_config(
+        None,
+        [
+            "data.adapter=locomo",
+            f"data.path={LOCOMO_FIXTURE}",
+            "data.options={}",
+            "tools.enabled=[]",
+            "rollout.n=1",
+            "rollout.max_response_tokens=64",
+            "episode.reward=locomo",
+        ],
+    )
+    inputs, _ = load_dataset(cfg.data)
+    policy = ScriptedPolicy(ByT5Tokenizer(), lambda ctx: "<answer>Not mentioned</answer>")
+    shared = build_runner(cfg, policy=policy)
+    extracted = []
+    extract = shared.memory.extractor.extract
+    shared.memory.extractor.extract = lambda requests: extracted.append(len(requests)) or extract(requests)
+    together = shared.run_batch(inputs[:4])
+    history = len(inputs[0].history)
+    assert sum(extracted) == history + 4  # the history once, then each question's answer
+    assert shared.metrics["memory/shared_ingests"] == 3
+
+    def facts(traj):
+        meta = traj.steps[-1].meta
+        ops = [op for s in traj.steps for op in s.meta.memory_ops if op.op is MemoryOpType.RETRIEVE]
+        return (
+            [
+                line
+                for line in policy.tokenizer.decode(list(traj.steps[-1].prompt_ids)).splitlines()
+                if line.startswith("- [")
+            ],
+            len(ops),
+            meta.retrieved_ids,
+        )
+
+    alone = [build_runner(cfg, policy=policy).run_batch([bi])[0] for bi in inputs[:4]]
+    for a, b in zip(together, alone, strict=True):
+        assert a.status is b.status is EpisodeStatus.COMPLETED
+        assert facts(a)[:2] == facts(b)[:2] and facts(a)[0]  # the same facts in the same prompt
+    ids = [set(facts(t)[2]) for t in together]
+    assert all(ids) and not ids[0] & ids[1]  # each episode owns its copy (renamed ids)
+    assert shared.memory.store.namespaces() == []
