@@ -162,3 +162,23 @@ def test_questions_of_one_conversation_ingest_it_once_and_get_the_same_facts():
     ids = [set(facts(t)[2]) for t in together]
     assert all(ids) and not ids[0] & ids[1]  # each episode owns its copy (renamed ids)
     assert shared.memory.store.namespaces() == []
+
+
+def test_a_failed_ingest_fails_the_episodes_sharing_its_history_and_no_other(setup):
+    cfg, inputs, policy = setup
+    bad_turn = dataclasses.replace(inputs[1].history[0], text="BOOM " + inputs[1].history[0].text)
+    bad = dataclasses.replace(inputs[1], turns=(bad_turn, *inputs[1].turns[1:]))
+    twin = dataclasses.replace(bad, episode_id="twin", group_id="twin")  # same history as `bad`
+    runner = build_runner(cfg, policy=policy)
+    extract = runner.memory.extractor.extract
+
+    def fragile(requests):
+        if any("BOOM" in r.turn.text for r in requests):
+            raise ValueError("unreadable turn")
+        return extract(requests)
+
+    runner.memory.extractor.extract = fragile
+    trajs = runner.run_batch([inputs[0], bad, twin])
+    assert [t.status for t in trajs] == [EpisodeStatus.COMPLETED, EpisodeStatus.FAILED, EpisodeStatus.FAILED]
+    assert "unreadable turn" in trajs[1].failure_reason
+    assert trajs[2].failure_reason.startswith("ingesting:") and bad.episode_id in trajs[2].failure_reason
