@@ -239,6 +239,7 @@ def locomo(
             if side == "test":
                 episodes = _stratified(episodes, float(test_sample))
             by_conversation.append((conv.sample_id, episodes))
-    if split_scheme == "memory_r1":  # a named split: the same episodes in the same order whatever the file order
+    if split_scheme == "memory_r1":
+        # A named split: the same episodes in the same order whatever the file's order.
         by_conversation.sort(key=lambda item: item[0])
     return [ep for _, episodes in by_conversation for ep in episodes]

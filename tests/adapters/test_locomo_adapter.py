@@ -133,7 +133,11 @@ def test_memory_r1_split_names_conversations_not_positions(tmp_path):
         b, _ = _load(shuffled, split=split, split_scheme="memory_r1")
         assert ids(a) == ids(b) and a
         splits[split] = convs(a)
-    assert splits == {"train": {"conv-26"}, "validation": {"conv-30"}, "test": {"conv-41", "conv-42", "conv-43"}}
+    assert splits == {
+        "train": {"conv-26"},
+        "validation": {"conv-30"},
+        "test": {"conv-41", "conv-42", "conv-43"},
+    }
     sample_a, _ = _load(forward, split="test", split_scheme="memory_r1", test_sample=0.5)
     sample_b, _ = _load(shuffled, split="test", split_scheme="memory_r1", test_sample=0.5)
     assert ids(sample_a) == ids(sample_b)
