@@ -130,7 +130,7 @@ def _episode_draw(
 
 
 def tokens_to_reach(run: RunRecord, target: float) -> float | None:
-    """Generated tokens at the first in-run evaluation with exact match >= ``target`` (None if never)."""
+    """Generated tokens at the first in-run evaluation scoring >= ``target`` (None if never)."""
     return next((tokens for tokens, em in run.curve if em >= target), None)
 
 
@@ -162,7 +162,7 @@ def summarize_arm(runs: list[RunRecord]) -> dict[str, Any]:
 
 
 def compare(arms: dict[str, list[RunRecord]]) -> dict[str, Any]:
-    """The report: every arm's summary, and each arm's tokens to reach the reference's final exact match."""
+    """The report: every arm's summary, and each arm's tokens to reach the reference's final score."""
     if not arms or any(not runs for runs in arms.values()):
         raise ReportError("every --arm needs at least one run directory")
     metrics = {r.metric for runs in arms.values() for r in runs}
