@@ -11,13 +11,31 @@ conversation, kept so nothing is lost), ``session_dates``, ``speakers``, ``qa_in
 adversarial (the premise is false; LoCoMo gives an ``adversarial_answer`` instead of ``answer``): their
 ``target_answer`` is ``None`` and ``metadata["adversarial"]`` is ``True``.
 
-Splits: ``all`` is the whole file; ``train``/``test`` split by conversation (hash of ``sample_id``,
-``test_fraction`` of conversations in test) so a test conversation is never seen in training.
+Splits are by conversation, named by ``sample_id`` (never by position in the file), so the questions of one
+conversation never cross splits and a test conversation is never seen in training. ``all`` is the whole file.
+Option ``split_scheme``:
+
+* ``hash`` (default): ``train``/``test`` by a hash of ``sample_id``, ``test_fraction`` of conversations in test.
+* ``memory_r1``: the split Memory-R1 reports on: ``train`` = ``conv-26`` (152 questions of categories 1–4),
+  ``validation`` = ``conv-30`` (81), ``test`` = the other eight conversations (1,307). Category-5 questions come
+  with their conversation (47 / 24 / 375); episodes are ordered by ``sample_id``, then question.
+
+Option ``test_sample`` (a share in (0, 1], default 1): the ``test`` split keeps that share of every
+(conversation, category) stratum, rounded up: the questions whose hash of ``sample_id:qa_index`` is lowest. The
+sample is stratified, fixed and independent of the file's order (``configs/locomo_train.yaml``: 0.25 of the
+memory_r1 test conversations = 339 questions of categories 1–4 and 96 adversarial).
+
+Option ``abstention_answer``: the ``target_answer`` category-5 questions get (default ``None``: no gold).
+The ``locomo`` reward scores them by abstention either way; a gold string lets gold demonstrations
+(``train.replay.demonstrations: gold``) teach the phrase the official scorer accepts.
 """
 
 from __future__ import annotations
 
+import hashlib
+import math
 import re
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +55,9 @@ from memrl.types import BatchInput, TurnRole, TurnSpec
 _SESSION_KEY = re.compile(r"session_(\d+)")
 _DIA_ID = re.compile(r"D\d+:\d+")
 ADVERSARIAL_CATEGORY = 5
+# Memory-R1 (Yan et al., 2025): the file's first conversation trains, its second validates, the rest test.
+MEMORY_R1_SPLIT = {"conv-26": "train", "conv-30": "validation"}
+SPLIT_SCHEMES = ("hash", "memory_r1")
 
 
 @dataclass(frozen=True)
@@ -108,7 +129,9 @@ def _evidence(view: RecordView, qa: Any, where: str, turn_ids: set[str]) -> dict
     }
 
 
-def _qa_episode(view: RecordView, conv: _Conversation, qi: int, qa: Any, turn_ids: set[str]) -> BatchInput:
+def _qa_episode(
+    view: RecordView, conv: _Conversation, qi: int, qa: Any, turn_ids: set[str], abstention: str | None
+) -> BatchInput:
     where = f"qa[{qi}]"
     question = view.get(qa, "question", str, where)
     if not question.strip():
@@ -127,7 +150,7 @@ def _qa_episode(view: RecordView, conv: _Conversation, qi: int, qa: Any, turn_id
         **_evidence(view, qa, where, turn_ids),
     }
     if adversarial:
-        answer = None
+        answer = abstention
         adv = view.get(qa, "adversarial_answer", (str, int, float), where, optional=True)
         meta["adversarial_answer"] = None if adv is None else view.text(adv, f"{where}.adversarial_answer")
         if (
@@ -150,6 +173,32 @@ def _qa_episode(view: RecordView, conv: _Conversation, qi: int, qa: Any, turn_id
     )
 
 
+def _conversation_split(sample_id: str, scheme: str, test_fraction: float) -> str:
+    if scheme == "memory_r1":
+        return MEMORY_R1_SPLIT.get(sample_id, "test")
+    return "test" if in_split(sample_id, "test", test_fraction) else "train"
+
+
+def _stratified(episodes: list[BatchInput], share: float) -> list[BatchInput]:
+    """``share`` of each category's questions (rounded up), those of lowest hash; the episodes' order is kept."""
+    if share >= 1.0:
+        return episodes
+    strata: dict[int, list[BatchInput]] = defaultdict(list)
+    for ep in episodes:
+        strata[ep.metadata["category"]].append(ep)
+
+    def rank(ep: BatchInput) -> str:
+        key = f"{ep.metadata['sample_id']}:{ep.metadata['qa_index']}"
+        return hashlib.sha1(key.encode("utf-8", "surrogateescape")).hexdigest()
+
+    kept = {
+        ep.episode_id
+        for group in strata.values()
+        for ep in sorted(group, key=rank)[: math.ceil(share * len(group))]
+    }
+    return [ep for ep in episodes if ep.episode_id in kept]
+
+
 @ADAPTERS.register("locomo")
 def locomo(
     path: str | None,
@@ -157,23 +206,40 @@ def locomo(
     split: str,
     lenient: bool,
     report: SkipReport,
+    split_scheme: str = "hash",
     test_fraction: float = 0.5,
+    test_sample: float = 1.0,
+    abstention_answer: str | None = None,
     include_captions: bool = True,
     max_turn_chars: int = DEFAULT_MAX_TURN_CHARS,
 ) -> list[BatchInput]:
-    """One episode per QA of every conversation in ``path`` (a LoCoMo JSON array)."""
+    """One episode per QA of every conversation in ``path`` (a LoCoMo JSON array) in ``split`` (module doc)."""
     if not path:
         raise AdapterError("<no path>", None, None, "the path of a LoCoMo JSON file (e.g. locomo10.json)")
-    episodes: list[BatchInput] = []
+    if split_scheme not in SPLIT_SCHEMES:
+        raise ValueError(f"locomo: split_scheme={split_scheme!r}; valid: {', '.join(SPLIT_SCHEMES)}")
+    if split == "validation" and split_scheme != "memory_r1":
+        raise ValueError("locomo: split 'validation' exists only with option split_scheme: memory_r1")
+    if not 0.0 < float(test_sample) <= 1.0:
+        raise ValueError(f"locomo: test_sample must be a share in (0, 1], got {test_sample}")
+    by_conversation: list[tuple[str, list[BatchInput]]] = []
     for idx, record in iter_json_records(path, lenient=lenient, report=report):
         view = RecordView(path, idx, int(max_turn_chars))
         with record_guard(report, lenient):
             conv = _parse_conversation(view, record, bool(include_captions))
             qas = view.json_list(record, "qa")
-            if not in_split(conv.sample_id, split, float(test_fraction)):
+            side = _conversation_split(conv.sample_id, split_scheme, float(test_fraction))
+            if split != "all" and side != split:
                 continue
             turn_ids = {t.turn_id for t in conv.history}
+            episodes: list[BatchInput] = []
             for qi, qa in enumerate(qas):
                 with record_guard(report, lenient):
-                    episodes.append(_qa_episode(view, conv, qi, qa, turn_ids))
-    return episodes
+                    episodes.append(_qa_episode(view, conv, qi, qa, turn_ids, abstention_answer))
+            if side == "test":
+                episodes = _stratified(episodes, float(test_sample))
+            by_conversation.append((conv.sample_id, episodes))
+    if split_scheme == "memory_r1":
+        # A named split: the same episodes in the same order whatever the file's order.
+        by_conversation.sort(key=lambda item: item[0])
+    return [ep for _, episodes in by_conversation for ep in episodes]

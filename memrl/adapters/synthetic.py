@@ -450,6 +450,8 @@ def synthetic(
     _validate(num_episodes, num_sessions, turns_per_session, n_persons, distractor_fraction, question_types)
     if phrasing not in PHRASINGS:
         raise ValueError(f"synthetic adapter: phrasing must be one of {PHRASINGS}, got {phrasing!r}")
+    if split == "validation":
+        raise ValueError("adapter 'synthetic' has splits train and test (and all), no validation split")
     splits = ("train", "test") if split == "all" else (split,)
     return [
         make_episode(

@@ -50,7 +50,11 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="dataset file: as given, else in $MEMRL_DATA_DIR, else fetched by `memrl data fetch` (default: "
         "the dataset's default file; '-' or omitted for synthetic)",
     )
-    p.add_argument("--split", default="all", help="train | test | all (default: all)")
+    p.add_argument(
+        "--split",
+        default="all",
+        help="train | validation (locomo --option split_scheme=memory_r1) | test | all (default: all)",
+    )
     p.add_argument(
         "--lenient", action="store_true", help="skip bad records and report them instead of failing"
     )

@@ -9,8 +9,9 @@ import json
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "report",
-        help="compare `memrl train` runs over seeds: mean EM with a seed bootstrap interval, tokens to reach the "
-        "reference's EM (the first --arm is the reference)",
+        help="compare `memrl train` runs over seeds by their evaluation reward (exact match, or LoCoMo F1): the "
+        "mean with a seed bootstrap interval, tokens to reach the reference's score (the first --arm is the "
+        "reference)",
     )
     p.add_argument(
         "--arm",

@@ -63,8 +63,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_TURN_CHARS = 200_000
-# Splits every built-in adapter understands; "all" = the whole dataset.
-SPLITS = ("train", "test", "all")
+# Split names an adapter may be asked for; "all" = the whole dataset. Every built-in adapter has train/test/all;
+# "validation" exists only where a dataset defines one (locomo's ``split_scheme: memory_r1``), the others refuse it.
+SPLITS = ("train", "validation", "test", "all")
 
 
 class AdapterFn(Protocol):
@@ -287,6 +288,8 @@ def in_split(key: str, split: str, test_fraction: float) -> bool:
     """
     if split == "all":
         return True
+    if split not in ("train", "test"):
+        raise ValueError(f"split {split!r}: a hash split has only train and test (and all)")
     if not 0.0 <= test_fraction <= 1.0:
         raise ValueError(f"test_fraction must be in [0, 1], got {test_fraction}")
     bucket = int(hashlib.sha1(key.encode("utf-8", "surrogateescape")).hexdigest()[:8], 16) / 2**32

@@ -40,8 +40,9 @@ class DataConfig:
     """Dataset side: which adapter reads which file, and how the data source samples it.
 
     ``options`` are passed to the adapter as keyword arguments (e.g. synthetic ``num_episodes``).
-    ``split``: ``train`` | ``test`` | ``all``; LoCoMo/LongMemEval split by conversation/question hash
-    (adapter option ``test_fraction``), synthetic draws test episodes from held-out names and values.
+    ``split``: ``train`` | ``validation`` | ``test`` | ``all``; LoCoMo/LongMemEval split by conversation/question
+    hash (adapter option ``test_fraction``; LoCoMo also by the published ``split_scheme: memory_r1``, the only
+    scheme with a validation split), synthetic draws test episodes from held-out names and values.
     ``lenient``: skip bad records (each skip is reported) instead of failing on the first one.
 
     A training step draws ``prompts_per_batch`` groups through the :class:`~memrl.data.buffer.RolloutBuffer`:
@@ -77,7 +78,10 @@ class DataConfig:
             raise ValueError(f"data.max_sampling_rounds must be >= 1, got {self.max_sampling_rounds}")
         if self.prompts_per_batch < 1:
             raise ValueError(f"data.prompts_per_batch must be >= 1, got {self.prompts_per_batch}")
-        if self.split not in ("train", "test", "all"):
-            raise ValueError(f"data.split={self.split!r}; valid: train, test, all (all = the whole dataset)")
+        if self.split not in ("train", "validation", "test", "all"):
+            raise ValueError(
+                f"data.split={self.split!r}; valid: train, validation (where the dataset defines one), test, all"
+                " (all = the whole dataset)"
+            )
         if self.limit is not None and self.limit < 0:
             raise ValueError(f"data.limit must be >= 0 or null (no limit), got {self.limit}")

@@ -6,6 +6,12 @@ once (greedy is the configs' choice) and every leaf-0 answer is scored with ``ep
 ``episode.eval_metrics``. Token accounting, per ablation: mean prompt tokens actually sent vs the tokens the whole
 raw history would take in the same chat format (what a memory-less long-context agent pays); ``full_context``
 also reports how many history turns and tokens its prompts carried vs the whole history.
+
+Each ablation's ``table`` holds the numbers a benchmark reports in one place, one row per group (LoCoMo
+category, LongMemEval question type), then ``answerable`` (when some questions are adversarial or abstention
+questions: LoCoMo's categories 1–4, the F1 the field reports) and ``all``; each row has every metric's mean,
+``prompt_token_share`` (mean over the row's questions of prompt tokens / the whole history's tokens) and
+``episodes``.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from memrl.episode.recent import turn_line
 from memrl.episode.rows import step_meta_of_row
 from memrl.policy.models import describe_policy
 from memrl.rewards.base import RewardContext, RewardInput, make_reward
-from memrl.rewards.benchmarks import LOCOMO_CATEGORY_NAMES
+from memrl.rewards.benchmarks import LOCOMO_CATEGORY_NAMES, is_abstention_question
 from memrl.templates import encode_chat
 from memrl.types import BatchInput, EpisodeTrajectory
 
@@ -62,9 +68,13 @@ def _reward_input(bi: BatchInput, t: EpisodeTrajectory | None) -> tuple[RewardIn
 
 
 def score_ablation(
-    inputs: Sequence[BatchInput], trajs: Sequence[EpisodeTrajectory], metric_fns: Mapping[str, Any]
+    inputs: Sequence[BatchInput],
+    trajs: Sequence[EpisodeTrajectory],
+    metric_fns: Mapping[str, Any],
+    history_tokens: Sequence[int] | None = None,
 ) -> dict[str, Any]:
-    """Per-metric means overall and per group, over leaf 0 of each input (failed episodes score 0).
+    """Per-metric means overall and per group, over leaf 0 of each input (failed episodes score 0), and the
+    ``table`` of them (module doc); ``history_tokens``: each input's :func:`full_history_tokens`.
 
     With several leaves per input (``rollout.n > 1``, sampled), also ``<metric>_pass@<n>`` (the best leaf's
     score, averaged over inputs: what reinforcement learning could at most sharpen the policy towards) and
@@ -86,6 +96,10 @@ def score_ablation(
         for by, groups in breakdowns.items():
             out[f"{name}_by_{by}"] = _group_means(vals, groups)
     out["group_sizes"] = {g: len(idx) for g, idx in sorted(breakdowns["group"].items())}
+    shares = None
+    if history_tokens is not None:
+        shares = [r[3] / h if h else 0.0 for r, h in zip(rows, history_tokens, strict=True)]
+    out["table"] = _table(inputs, breakdowns["group"], scores, [r[2] for r in rows], shares)
     out["prompt_tokens_mean"] = sum(r[3] for r in rows) / len(rows) if rows else 0.0
     out.update(_coverage([leaves[bi.episode_id][0] for bi in inputs if leaves.get(bi.episode_id)]))
     n_leaves = max((len(v) for v in leaves.values()), default=0)
@@ -93,6 +107,32 @@ def score_ablation(
         out["leaves_per_input"] = n_leaves
         out.update(_sampled_scores(inputs, leaves, metric_fns, n_leaves, breakdowns))
     return out
+
+
+def _table(
+    inputs: Sequence[BatchInput],
+    groups: Mapping[str, list[int]],
+    scores: Mapping[str, Sequence[float]],
+    failed: Sequence[bool],
+    shares: Sequence[float] | None,
+) -> dict[str, dict[str, float]]:
+    rows = dict(sorted(groups.items()))
+    answerable = [i for i, bi in enumerate(inputs) if not _unanswerable(bi.metadata)]
+    if 0 < len(answerable) < len(inputs):
+        rows["answerable"] = answerable
+    rows["all"] = list(range(len(inputs)))
+    table = {}
+    for name, idx in rows.items():
+        row = {m: sum(0.0 if failed[i] else v[i] for i in idx) / len(idx) for m, v in scores.items()}
+        if shares is not None:
+            row["prompt_token_share"] = sum(shares[i] for i in idx) / len(idx)
+        table[name] = {**row, "episodes": float(len(idx))}
+    return table
+
+
+def _unanswerable(metadata: Mapping[str, Any]) -> bool:
+    """LoCoMo's adversarial (category 5) and LongMemEval's abstention questions: the right answer abstains."""
+    return bool(metadata.get("adversarial")) or is_abstention_question(metadata)
 
 
 def _coverage(trajs: Sequence[EpisodeTrajectory]) -> dict[str, float]:
@@ -181,6 +221,7 @@ def evaluate(
         "policy": describe_policy(cfg.policy),
         "ablations": {},
     }
+    hist = [full_history_tokens(policy.tokenizer, bi) for bi in inputs]
     t0 = time.perf_counter()
     for ablation in cfg.episode.eval_ablations:
         if ablation not in ABLATIONS:
@@ -199,10 +240,9 @@ def evaluate(
         from memrl.episode.output import TrajectoryWriter
 
         trajs = _reload(TrajectoryWriter(out / ablation), inputs)
-        report["ablations"][ablation] = score_ablation(inputs, trajs, metric_fns)
+        report["ablations"][ablation] = score_ablation(inputs, trajs, metric_fns, hist)
         report["ablations"][ablation]["wall_time_s"] = time.perf_counter() - ta
         worker.close()
-    hist = [full_history_tokens(policy.tokenizer, bi) for bi in inputs]
     report["full_history_tokens_mean"] = sum(hist) / len(hist) if hist else 0.0
     full = report["full_history_tokens_mean"]
     if full:

@@ -6,6 +6,7 @@
     system.compress_batch([(m, recent_turns) for m in mems])
     hits = system.retrieve_batch([(m, question) for m in mems], k=10)  # one encode call
     mems[0].memory_ops                               # MemoryOp log → StepMeta.memory_ops
+    system.share(mems[0], mems[1])                   # mems[1] gets mems[0]'s memory without re-extracting
 
 Each per-manager verb (``extract_facts``, ``compress_short_term``, ``retrieve``, ``update_memory``) is the
 batched call with one item, so single-episode code and batched code share one implementation.
@@ -17,6 +18,7 @@ order, and a decision that names a fact deleted earlier in the same call becomes
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -67,6 +69,15 @@ class RetrievedFact:
     timestamp: str | None
     source_ids: tuple[str, ...]
     score: float
+
+
+def renamed(ops: Sequence[MemoryOp], ids: dict[int, int]) -> list[MemoryOp]:
+    """``ops`` with their fact ids renamed by ``ids`` (a copied namespace's); ids not in it are kept (a fact
+    deleted before the copy)."""
+    return [
+        dataclasses.replace(op, fact_ids=tuple(ids.get(f, f) for f in op.fact_ids)) if op.fact_ids else op
+        for op in ops
+    ]
 
 
 class MemoryManager:
@@ -330,14 +341,18 @@ class MemorySystem:
 
     def _fork_alternatives(self, mgr: MemoryManager, turns: Sequence[TurnSpec], alts) -> tuple[str, ...]:
         """One fork of ``mgr``'s store per reply, all taken before any reply is applied; reply j goes to fork j."""
-        names = []
+        forks = []
         for _ in alts:
             self._forks += 1
-            names.append(f"{mgr.episode_id}~fork{self._forks}")
-            self.fork(mgr, names[-1])
-        for name, alt in zip(names, alts, strict=True):
-            self.apply_decisions(self.manager(name), turns, alt.ops.decisions)
-        return tuple(names)
+            forks.append(self.fork(mgr, f"{mgr.episode_id}~fork{self._forks}"))
+        for (fork, ids), alt in zip(forks, alts, strict=True):
+            # The reply named the episode's fact ids; the fork holds the same facts under its own ids.
+            decisions = [
+                d if d.fact_id is None else dataclasses.replace(d, fact_id=ids[d.fact_id])
+                for d in alt.ops.decisions
+            ]
+            self.apply_decisions(fork, turns, decisions)
+        return tuple(fork.episode_id for fork, _ in forks)
 
     def apply_decisions(
         self, mgr: MemoryManager, turns: Sequence[TurnSpec], decisions: Sequence[FactDecision]
@@ -352,10 +367,11 @@ class MemorySystem:
     def current_facts(self, mgr: MemoryManager) -> list[FactRecord]:
         return [r for r in self.store.records(mgr.episode_id) if not is_superseded(r)]
 
-    def fork(self, mgr: MemoryManager, episode_id: str) -> MemoryManager:
-        """A manager over a copy of ``mgr``'s facts (released with :meth:`release` like any episode)."""
-        self.store.copy_namespace(mgr.episode_id, episode_id)
-        return self.manager(episode_id)
+    def fork(self, mgr: MemoryManager, episode_id: str) -> tuple[MemoryManager, dict[int, int]]:
+        """A manager over a copy of ``mgr``'s facts (released with :meth:`release` like any episode), and the
+        copy's ``{fact id: fork's fact id}``."""
+        ids = self.store.copy_namespace(mgr.episode_id, episode_id)
+        return self.manager(episode_id), ids
 
     # -- compression ----------------------------------------------------------------------------------
     def compress_batch(self, items: Sequence[tuple[MemoryManager, Sequence[TurnSpec]]]) -> list[MemoryOp]:
@@ -510,6 +526,18 @@ class MemorySystem:
         decisions = self.extractor.extract([ExtractionRequest(t) for t in turns])
         texts = [d.embed_text or d.text for ds in decisions for d in ds if d.op is MemoryOpType.ADD]
         return [p for ps in window_chunks(self.embedder, texts) for p in ps]
+
+    # -- sharing ----------------------------------------------------------------------------------------
+    def share(self, source: MemoryManager, target: MemoryManager) -> dict[int, int]:
+        """Give ``target`` (an episode with no memory yet) a copy of ``source``'s memory: its facts (new ids,
+        same texts, vectors, sources and order), summary and op log, ids renamed. Episodes over the same history
+        (the questions of one LoCoMo conversation) then extract it once. Returns ``{source id: target id}``."""
+        if target.memory_ops or self.store.records(target.episode_id):
+            raise ValueError(f"share: episode {target.episode_id!r} already has memory of its own")
+        ids = self.store.copy_namespace(source.episode_id, target.episode_id)
+        target.summary, target.summary_id = source.summary, source.summary_id
+        target._log(renamed(source.memory_ops, ids))
+        return ids
 
     # -- persistence ----------------------------------------------------------------------------------
     def save(self, path: str) -> None:

@@ -7,6 +7,7 @@ Contract (every implementation is tested against it, ``tests/memory/test_store.p
   docstring; we test the contract instead of trusting it.
 * Fact ids are stable int64s, unique across the whole store and never reused after a delete.
 * Namespaces (one per episode) are isolated: a search in one never returns another's facts.
+  ``copy_namespace`` gives a new namespace the same facts (texts, vectors, sources, order) under new ids.
 * ``update`` keeps the id; ``delete`` removes the fact from search and from ``records``.
 * A fact may hold several vectors (the chunks of a text longer than the embedder's window, see
   :func:`memrl.memory.embedder.window_chunks`): ``search`` scores it by its **best** vector (max over chunks) and
@@ -120,11 +121,10 @@ class FactStore(abc.ABC):
     @abc.abstractmethod
     def drop_namespace(self, namespace: str) -> None: ...
 
-    def copy_namespace(self, source: str, target: str) -> None:
-        """Fork ``source`` into a new namespace ``target``: same facts, same ids, own vectors and index, so
-        changes to either never reach the other (memory-step credit scores alternative writes on forks). The
-        only place one id lives in two namespaces; facts added later get fresh store-wide ids."""
-        raise NotImplementedError(f"{type(self).__name__} cannot fork a namespace")
+    @abc.abstractmethod
+    def copy_namespace(self, source: str, target: str) -> dict[int, int]:
+        """Copy every live fact of ``source`` into the new namespace ``target`` (which must not exist), keeping
+        their ingest order; returns ``{source fact id: target fact id}``. A missing ``source`` copies nothing."""
 
     @abc.abstractmethod
     def save(self, path: str) -> None:
@@ -365,15 +365,6 @@ class FaissFactStore(FactStore):
     def get(self, namespace: str, fact_id: int) -> FactRecord:
         return self._record(namespace, fact_id)
 
-    def copy_namespace(self, source: str, target: str) -> None:
-        if target in self._spaces:
-            raise FactStoreError(f"copy_namespace: namespace {target!r} already exists")
-        dst = self._space(target, create=True)
-        src = self._spaces.get(source)
-        for fid, rec in (src.records.items() if src else ()):
-            dst.records[fid] = replace(rec, namespace=target, extra=dict(rec.extra))
-            dst.put(fid, src.vectors[fid])
-        dst.revision = self._tick()
 
     def records(self, namespace: str) -> list[FactRecord]:
         space = self._spaces.get(namespace)
@@ -398,6 +389,25 @@ class FaissFactStore(FactStore):
 
     def drop_namespace(self, namespace: str) -> None:
         self._spaces.pop(namespace, None)
+
+    def copy_namespace(self, source: str, target: str) -> dict[int, int]:
+        if target in self._spaces:
+            raise FactStoreError(f"copy_namespace: target namespace {target!r} already exists")
+        src = self._spaces.get(source)
+        if src is None:
+            return {}
+        dst = self._space(target, create=True)
+        ids: dict[int, int] = {}
+        for rec in sorted(src.records.values(), key=lambda r: r.order):
+            ids[rec.fact_id] = fid = self._next_id
+            self._next_id += 1
+            dst.records[fid] = replace(
+                rec, fact_id=fid, namespace=target, order=self._next_order, extra=dict(rec.extra)
+            )
+            self._next_order += 1
+            dst.put(fid, src.vectors[rec.fact_id])  # the index is built from these on the first search
+        dst.revision = self._tick()
+        return ids
 
     # -- persistence (the file format is at the end of this module) -----------------------------------
     def save(self, path: str) -> None:

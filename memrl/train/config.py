@@ -119,6 +119,9 @@ class TrainConfig:
     # start evaluation of a given model and config is cached and reused across runs and seeds.
     final_eval_episodes: int | None = None
     eval_split: str = "test"
+    # Where the start and final evaluation draw from; None = eval_split (the in-run subset is then its head).
+    # LoCoMo's memory_r1 split evaluates in-run on the validation conversation and at the end on the test ones.
+    final_eval_split: str | None = None
     # Held-out scoring; None = episode.reward. Lets a run train on a shaped reward (e.g. exact match plus partial
     # credit) while eval/em stays the plain metric that em_start / em_final report.
     eval_reward: str | None = None

@@ -1,18 +1,20 @@
 """Compare training runs across seeds: ``memrl report --arm NAME RUN_DIR... [--arm ...]``.
 
 A run directory is what ``memrl train`` writes (``summary.json`` + ``metrics.jsonl``). Runs of one arm are seeds
-of one configuration; the first arm is the reference the others are compared with.
+of one configuration; the first arm is the reference the others are compared with. All runs share one
+evaluation reward (``train.eval_reward``), the report's ``metric``: strict exact match for the synthetic task,
+LoCoMo's official F1 (``locomo``) for ``configs/locomo_train.yaml``.
 
-Per arm: the mean start and final held-out exact match over seeds, the mean gain, and a 95 % interval from a
-two-level bootstrap (resample seeds, then each seed's evaluation episodes), so the interval carries both the
-seed-to-seed spread and the finite evaluation set. The episode level is redrawn from each run's score and
-episode count, which is exact for a 0/1 metric (strict exact match, the evaluation reward of the training
-configs); the report refuses runs whose evaluation reward is not 0/1.
+Per arm: the mean start and final held-out score over seeds, the mean gain, and a 95 % interval from a two-level
+bootstrap (resample seeds, then each seed's evaluation episodes), so the interval carries both the seed-to-seed
+spread and the finite evaluation set. The episode level is redrawn from each run's score and episode count: as a
+binomial for a 0/1 metric (exact), and for an F1 from a normal with the run's own standard error, read off the
+bootstrap interval its evaluation wrote (``(high - low) / 3.92``). Other rewards are refused.
 
 Token efficiency: for each arm, the generated tokens at which its in-run evaluation (the fixed subset evaluated
-every ``train.eval_every`` steps) first reaches the reference arm's mean final exact match, against the
-reference's own total tokens. In-run evaluations use fewer episodes than the final one, so a single crossing is
-noisy; the curve plot shows the whole trajectory.
+every ``train.eval_every`` steps) first reaches the reference arm's mean final score, against the reference's
+own total tokens. In-run evaluations use fewer episodes than the final one (or, as LoCoMo's, another split), so
+a single crossing is noisy; the curve plot shows the whole trajectory.
 """
 
 from __future__ import annotations
@@ -27,10 +29,13 @@ import numpy as np
 from memrl.train.metrics import read_metrics
 
 _BINARY_REWARDS = ("exact_match",)
+# Means of per-question scores in [0, 1]: redrawn from a normal (module doc).
+_F1_REWARDS = ("locomo", "token_f1", "longmemeval")
+_Z95 = 1.96
 
 
 class ReportError(ValueError):
-    """A run directory that cannot be reported (missing files, a non-0/1 evaluation reward)."""
+    """A run directory that cannot be reported (missing files, an evaluation reward it cannot resample)."""
 
 
 @dataclass(frozen=True)
@@ -39,9 +44,11 @@ class RunRecord:
 
     path: Path
     seed: int
+    metric: str  # train.eval_reward
     em_start: float
     em_final: float
     em_final_ci: tuple[float, float] | None
+    em_start_ci: tuple[float, float] | None
     eval_episodes: int
     generated_tokens: int
     wall_s: float
@@ -62,10 +69,14 @@ def load_run(path: str | Path) -> RunRecord:
                 f"{summary_path}: field {key!r} is missing or null (the run has no final evaluation)"
             )
     reward = summary.get("config", {}).get("eval_reward")
-    if reward not in _BINARY_REWARDS:
+    if reward not in _BINARY_REWARDS + _F1_REWARDS:
         raise ReportError(
             f"{summary_path}: train.eval_reward={reward!r}; the seed bootstrap needs a 0/1 metric "
-            f"({', '.join(_BINARY_REWARDS)})"
+            f"({', '.join(_BINARY_REWARDS)}) or an F1 ({', '.join(_F1_REWARDS)})"
+        )
+    if reward in _F1_REWARDS and not (summary.get("em_final_ci") and summary.get("em_start_ci")):
+        raise ReportError(
+            f"{summary_path}: an F1 run needs em_start_ci and em_final_ci (its standard errors)"
         )
     rows = read_metrics(path / "metrics.jsonl")
     full = int(summary["eval_episodes"])
@@ -75,13 +86,15 @@ def load_run(path: str | Path) -> RunRecord:
         for r in rows
         if "eval/em" in r and "counters/generated_tokens" in r and int(r.get("eval/episodes", 0)) != full
     )
-    ci = summary.get("em_final_ci")
+    ci, start_ci = summary.get("em_final_ci"), summary.get("em_start_ci")
     return RunRecord(
         path=path,
         seed=int(summary["seed"]),
+        metric=str(reward),
         em_start=float(summary["em_start"]),
         em_final=float(summary["em_final"]),
         em_final_ci=tuple(ci) if ci else None,
+        em_start_ci=tuple(start_ci) if start_ci else None,
         eval_episodes=full,
         generated_tokens=int(summary["generated_tokens"]),
         wall_s=float(summary.get("wall_s", 0.0)),
@@ -93,22 +106,31 @@ def load_run(path: str | Path) -> RunRecord:
 def seed_bootstrap(
     runs: list[RunRecord], resamples: int = 4000, seed: int = 0
 ) -> dict[str, tuple[float, float]]:
-    """95 % intervals of the mean final exact match and of the mean gain (final - start) over seeds."""
+    """95 % intervals of the mean final score and of the mean gain (final - start) over seeds."""
     rng = np.random.default_rng(seed)
-    n = np.array([r.eval_episodes for r in runs])
-    start = np.array([r.em_start for r in runs])
-    final = np.array([r.em_final for r in runs])
     picks = rng.integers(0, len(runs), size=(resamples, len(runs)))
-    final_draw = rng.binomial(n[picks], final[picks]) / n[picks]
-    start_draw = rng.binomial(n[picks], start[picks]) / n[picks]
+    final_draw = _episode_draw(rng, runs, picks, "final")
+    start_draw = _episode_draw(rng, runs, picks, "start")
     finals = final_draw.mean(axis=1)
     gains = (final_draw - start_draw).mean(axis=1)
     interval = lambda x: (round(float(np.percentile(x, 2.5)), 4), round(float(np.percentile(x, 97.5)), 4))  # noqa: E731
     return {"em_final_ci": interval(finals), "gain_ci": interval(gains)}
 
 
+def _episode_draw(
+    rng: np.random.Generator, runs: list[RunRecord], picks: np.ndarray, which: str
+) -> np.ndarray:
+    """The picked runs' scores ``[resamples, n_runs]`` with their evaluation sets redrawn (module doc)."""
+    mean = np.array([getattr(r, f"em_{which}") for r in runs])[picks]
+    if runs[0].metric in _BINARY_REWARDS:
+        n = np.array([r.eval_episodes for r in runs])[picks]
+        return rng.binomial(n, mean) / n
+    se = np.array([(hi - lo) / (2 * _Z95) for lo, hi in (getattr(r, f"em_{which}_ci") for r in runs)])
+    return rng.normal(mean, se[picks])
+
+
 def tokens_to_reach(run: RunRecord, target: float) -> float | None:
-    """Generated tokens at the first in-run evaluation with exact match >= ``target`` (None if never)."""
+    """Generated tokens at the first in-run evaluation scoring >= ``target`` (None if never)."""
     return next((tokens for tokens, em in run.curve if em >= target), None)
 
 
@@ -140,9 +162,14 @@ def summarize_arm(runs: list[RunRecord]) -> dict[str, Any]:
 
 
 def compare(arms: dict[str, list[RunRecord]]) -> dict[str, Any]:
-    """The report: every arm's summary, and each arm's tokens to reach the reference's final exact match."""
+    """The report: every arm's summary, and each arm's tokens to reach the reference's final score."""
     if not arms or any(not runs for runs in arms.values()):
         raise ReportError("every --arm needs at least one run directory")
+    metrics = {r.metric for runs in arms.values() for r in runs}
+    if len(metrics) > 1:
+        raise ReportError(
+            f"the runs were evaluated with different rewards {sorted(metrics)}; compare like with like"
+        )
     reference = next(iter(arms))
     summaries = {name: summarize_arm(runs) for name, runs in arms.items()}
     target = summaries[reference]["em_final_mean"]
@@ -159,7 +186,13 @@ def compare(arms: dict[str, list[RunRecord]]) -> dict[str, Any]:
             "tokens_mean": round(float(np.mean(reached)), 1) if reached else None,
             "ratio_to_reference_total": round(float(np.mean(reached)) / ref_tokens, 3) if reached else None,
         }
-    return {"reference": reference, "target_em": target, "arms": summaries, "tokens_to_reference_em": reach}
+    return {
+        "reference": reference,
+        "metric": metrics.pop(),
+        "target_em": target,
+        "arms": summaries,
+        "tokens_to_reference_em": reach,
+    }
 
 
 def plot_report(arms: dict[str, list[RunRecord]], out_png: str | Path) -> Path:
@@ -188,7 +221,8 @@ def plot_report(arms: dict[str, list[RunRecord]], out_png: str | Path) -> Path:
                 label=f"{name} (final, {run.eval_episodes} episodes)" if j == 0 else None,
             )
     ax.set_xlabel("generated tokens")
-    ax.set_ylabel("held-out strict exact match")
+    metric = next(iter(arms.values()))[0].metric
+    ax.set_ylabel(f"held-out {'strict exact match' if metric in _BINARY_REWARDS else metric + ' F1'}")
     ax.set_ylim(-0.02, 1.0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper right")  # the curves plateau below 0.6 on the left

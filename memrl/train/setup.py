@@ -44,8 +44,9 @@ class TrainResources:
     policy: PolicyClient  # generates the rollouts
     runner: EpisodeRunner  # training rollouts
     eval_runner: EpisodeRunner  # held-out evaluation (greedy, one chain per question)
-    eval_inputs: list[BatchInput]  # the in-run evaluation subset (train.eval_episodes)
-    # Start and final evaluation (train.final_eval_episodes); the in-run subset is its head.
+    eval_inputs: list[BatchInput]  # the in-run evaluation subset (train.eval_episodes of train.eval_split)
+    # Start and final evaluation (train.final_eval_episodes of train.final_eval_split); without a split of its
+    # own the in-run subset is its head.
     final_eval_inputs: list[BatchInput]
     buffer: RolloutBuffer  # over the training data source
     builder: TrajectoryBatchBuilder
@@ -85,6 +86,21 @@ def _load_dataset(data: DataConfig, split: str, limit: int | None) -> list[Batch
     return inputs
 
 
+def evaluation_inputs(cfg: Config) -> tuple[list[BatchInput], list[BatchInput]]:
+    """The in-run evaluation inputs (``train.eval_episodes`` of ``train.eval_split``) and the start/final ones
+    (``train.final_eval_episodes`` of ``train.final_eval_split``; without a split of their own, of the same split,
+    the in-run subset being their head)."""
+    tc = cfg.train
+    final_n = tc.final_eval_episodes or tc.eval_episodes
+    if tc.final_eval_split in (None, tc.eval_split):
+        inputs = _load_dataset(cfg.data, tc.eval_split, max(final_n, tc.eval_episodes))
+        return inputs[: tc.eval_episodes], inputs[:final_n]
+    return (
+        _load_dataset(cfg.data, tc.eval_split, tc.eval_episodes),
+        _load_dataset(cfg.data, tc.final_eval_split, final_n),
+    )
+
+
 def _model_and_policy(policy: PolicyConfig, lora: LoraConfig) -> tuple[PeftModel, PolicyClient, bool]:
     """The trained model, the client that generates with it, and whether the two share the module."""
     from memrl.policy.hf import HFPolicy, load_model_and_tokenizer
@@ -107,9 +123,7 @@ def build_resources(cfg: Config) -> TrainResources:
     torch.manual_seed(cfg.seed)
     model, policy, shares = _model_and_policy(cfg.policy, cfg.train.lora)
     train_inputs = _load_dataset(cfg.data, cfg.data.split, cfg.data.limit)
-    final_n = cfg.train.final_eval_episodes or cfg.train.eval_episodes
-    final_eval_inputs = _load_dataset(cfg.data, cfg.train.eval_split, max(final_n, cfg.train.eval_episodes))
-    eval_inputs = final_eval_inputs[: cfg.train.eval_episodes]
+    eval_inputs, final_eval_inputs = evaluation_inputs(cfg)
     runner = build_runner(cfg, policy=policy)
     eval_runner = build_runner(eval_config(cfg), policy=policy)
     builder = TrajectoryBatchBuilder(cfg.data.batch)
@@ -128,7 +142,7 @@ def build_resources(cfg: Config) -> TrainResources:
         runner=runner,
         eval_runner=eval_runner,
         eval_inputs=eval_inputs,
-        final_eval_inputs=final_eval_inputs[:final_n],
+        final_eval_inputs=final_eval_inputs,
         buffer=RolloutBuffer.from_config(cfg.data, RolloutDataSource.from_config(cfg.data, train_inputs)),
         builder=builder,
         updater=PolicyUpdater(model, cfg.train, temperature=cfg.rollout.temperature),

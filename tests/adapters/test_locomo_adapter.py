@@ -107,3 +107,68 @@ def test_real_file_gives_1986_episodes():
     assert cats[5] == 446 == sum(e.metadata["adversarial"] for e in episodes)
     assert len({e.episode_id for e in episodes}) == 1986
     assert len({e.metadata["sample_id"] for e in episodes}) == 10
+
+
+def _many(tmp_path, names, name="many.json"):
+    raw = json.loads(LOCOMO_FIXTURE.read_text())[0]
+    convs = []
+    for sid in names:
+        conv = json.loads(json.dumps(raw))
+        conv["sample_id"] = sid
+        convs.append(conv)
+    path = tmp_path / name
+    path.write_text(json.dumps(convs))
+    return path
+
+
+def test_memory_r1_split_names_conversations_not_positions(tmp_path):
+    names = ["conv-26", "conv-30", "conv-41", "conv-42", "conv-43"]
+    forward = _many(tmp_path, names, "forward.json")
+    shuffled = _many(tmp_path, [names[i] for i in (3, 1, 4, 0, 2)], "shuffled.json")
+    ids = lambda eps: [e.episode_id for e in eps]  # noqa: E731
+    convs = lambda eps: {e.metadata["sample_id"] for e in eps}  # noqa: E731
+    splits = {}
+    for split in ("train", "validation", "test"):
+        a, _ = _load(forward, split=split, split_scheme="memory_r1")
+        b, _ = _load(shuffled, split=split, split_scheme="memory_r1")
+        assert ids(a) == ids(b) and a
+        splits[split] = convs(a)
+    assert splits == {
+        "train": {"conv-26"},
+        "validation": {"conv-30"},
+        "test": {"conv-41", "conv-42", "conv-43"},
+    }
+    sample_a, _ = _load(forward, split="test", split_scheme="memory_r1", test_sample=0.5)
+    sample_b, _ = _load(shuffled, split="test", split_scheme="memory_r1", test_sample=0.5)
+    assert ids(sample_a) == ids(sample_b)
+
+
+def test_test_sample_keeps_every_category_of_every_conversation(tmp_path):
+    path = _many(tmp_path, ["conv-41", "conv-42"])
+    full, _ = _load(path, split="test", split_scheme="memory_r1")
+    half, _ = _load(path, split="test", split_scheme="memory_r1", test_sample=0.5)
+    strata = lambda eps: Counter((e.metadata["sample_id"], e.metadata["category"]) for e in eps)  # noqa: E731
+    assert set(strata(half)) == set(strata(full))
+    for key, n in strata(full).items():
+        assert strata(half)[key] == -(-n // 2)  # half of each stratum, rounded up
+    train, _ = _load(_many(tmp_path, ["conv-26"], "one.json"), split="train", split_scheme="memory_r1")
+    assert len(train) == 8  # the sample applies to the test split only
+
+
+def test_validation_needs_the_memory_r1_scheme_and_abstention_answer_is_the_cat5_gold():
+    with pytest.raises(ValueError, match="split_scheme: memory_r1"):
+        _load(split="validation")
+    episodes, _ = _load(abstention_answer="Not mentioned in the conversation")
+    adversarial = [e for e in episodes if e.metadata["adversarial"]]
+    assert adversarial and all(e.target_answer == "Not mentioned in the conversation" for e in adversarial)
+
+
+@pytest.mark.skipif(not REAL.is_file(), reason="real LoCoMo file not present")
+def test_real_file_memory_r1_split_is_152_81_1307():
+    answerable = {}
+    for split in ("train", "validation", "test"):
+        episodes, _ = _load(REAL, split=split, split_scheme="memory_r1")
+        answerable[split] = sum(1 <= e.metadata["category"] <= 4 for e in episodes)
+    assert answerable == {"train": 152, "validation": 81, "test": 1307}
+    sample, _ = _load(REAL, split="test", split_scheme="memory_r1", test_sample=0.25)
+    assert sum(1 <= e.metadata["category"] <= 4 for e in sample) == 339 and len(sample) == 435

@@ -45,6 +45,8 @@ def test_unknown_option_is_rejected_with_valid_ones():
 
 def test_bad_split_rejected():
     with pytest.raises(ValueError, match="split must be one of"):
+        run_adapter("synthetic", None, split="dev", options={"num_episodes": 1})
+    with pytest.raises(ValueError, match="no validation split"):  # only datasets that define one have it
         run_adapter("synthetic", None, split="validation", options={"num_episodes": 1})
 
 
@@ -118,7 +120,7 @@ def test_in_split_partitions_deterministically():
 
 
 def test_data_config_rejects_bad_split_and_limit():
-    with pytest.raises(ValueError, match="data.split='val'; valid: train, test, all"):
+    with pytest.raises(ValueError, match="data.split='val'; valid: train, validation"):
         DataConfig(split="val")
     with pytest.raises(ValueError, match="data.limit"):
         DataConfig(limit=-1)

@@ -195,3 +195,27 @@ def test_answer_kind_breakdown_and_pass_at_n_per_group():
     # Without the key on every input there is no answer-kind breakdown.
     partial = score_ablation(inputs[:1] + [_bi("d", "x")], [], {"em": make_reward("exact_match")})
     assert "em_by_answer_kind" not in partial and partial["em_by_group"] == {"all": 0.0, "lookup": 0.0}
+
+
+def test_table_has_a_row_per_category_the_answerable_ones_and_all():
+    inputs = [
+        _bi("a", "Oslo", category=4),
+        _bi("b", "Rome", category=4),
+        _bi("c", "Bergen", category=2),
+        _bi("d", None, category=5, adversarial=True),
+    ]
+    trajs = [
+        _traj("a", "<answer>Oslo</answer>"),
+        _traj("b", "Rome, I think"),
+        _traj("c", "", failed=True),
+        _traj("d", "<answer>Not mentioned in the conversation</answer>"),
+    ]
+    metrics = {name: make_reward(name) for name in ("locomo", "lenient_match", "answer_tag")}
+    table = score_ablation(inputs, trajs, metrics, history_tokens=[30, 60, 30, 15])["table"]
+    assert list(table) == ["adversarial", "single_hop", "temporal", "answerable", "all"]
+    assert table["single_hop"]["locomo"] == pytest.approx((1.0 + 0.5) / 2)  # F1 of "Rome I think" vs "Rome"
+    assert table["single_hop"]["lenient_match"] == 1.0 and table["single_hop"]["answer_tag"] == 0.5
+    assert table["temporal"]["locomo"] == 0.0 and table["adversarial"]["locomo"] == 1.0  # failed / abstained
+    assert table["answerable"]["locomo"] == pytest.approx(1.5 / 3) and table["answerable"]["episodes"] == 3
+    assert table["all"]["prompt_token_share"] == pytest.approx((3 / 30 + 3 / 60 + 0 + 3 / 15) / 4)
+    assert table["single_hop"]["prompt_token_share"] == pytest.approx((0.1 + 0.05) / 2)

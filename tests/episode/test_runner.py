@@ -114,3 +114,71 @@ def test_llm_extractor_asks_the_runners_policy(setup):
     questions = sum("?" in t.text for t in inputs[0].history)
     assert ops.count(MemoryOpType.ADD) == len(inputs[0].history) - questions
     assert ops.count(MemoryOpType.NOOP) == questions
+
+
+def test_questions_of_one_conversation_ingest_it_once_and_get_the_same_facts():
+    from memrl.adapters import LOCOMO_FIXTURE
+
+    cfg = load_config(
+        None,
+        [
+            "data.adapter=locomo",
+            f"data.path={LOCOMO_FIXTURE}",
+            "data.options={}",
+            "tools.enabled=[]",
+            "rollout.n=1",
+            "rollout.max_response_tokens=64",
+            "episode.reward=locomo",
+        ],
+    )
+    inputs, _ = load_dataset(cfg.data)
+    policy = ScriptedPolicy(ByT5Tokenizer(), lambda ctx: "<answer>Not mentioned</answer>")
+    shared = build_runner(cfg, policy=policy)
+    extracted = []
+    extract = shared.memory.extractor.extract
+    shared.memory.extractor.extract = lambda requests: extracted.append(len(requests)) or extract(requests)
+    together = shared.run_batch(inputs[:4])
+    history = len(inputs[0].history)
+    assert sum(extracted) == history + 4  # the history once, then each question's answer
+    assert shared.metrics["memory/shared_ingests"] == 3
+
+    def facts(traj):
+        meta = traj.steps[-1].meta
+        ops = [op for s in traj.steps for op in s.meta.memory_ops if op.op is MemoryOpType.RETRIEVE]
+        return (
+            [
+                line
+                for line in policy.tokenizer.decode(list(traj.steps[-1].prompt_ids)).splitlines()
+                if line.startswith("- [")
+            ],
+            len(ops),
+            meta.retrieved_ids,
+        )
+
+    alone = [build_runner(cfg, policy=policy).run_batch([bi])[0] for bi in inputs[:4]]
+    for a, b in zip(together, alone, strict=True):
+        assert a.status is b.status is EpisodeStatus.COMPLETED
+        assert facts(a)[:2] == facts(b)[:2] and facts(a)[0]  # the same facts in the same prompt
+    ids = [set(facts(t)[2]) for t in together]
+    assert all(ids) and not ids[0] & ids[1]  # each episode owns its copy (renamed ids)
+    assert shared.memory.store.namespaces() == []
+
+
+def test_a_failed_ingest_fails_the_episodes_sharing_its_history_and_no_other(setup):
+    cfg, inputs, policy = setup
+    bad_turn = dataclasses.replace(inputs[1].history[0], text="BOOM " + inputs[1].history[0].text)
+    bad = dataclasses.replace(inputs[1], turns=(bad_turn, *inputs[1].turns[1:]))
+    twin = dataclasses.replace(bad, episode_id="twin", group_id="twin")  # same history as `bad`
+    runner = build_runner(cfg, policy=policy)
+    extract = runner.memory.extractor.extract
+
+    def fragile(requests):
+        if any("BOOM" in r.turn.text for r in requests):
+            raise ValueError("unreadable turn")
+        return extract(requests)
+
+    runner.memory.extractor.extract = fragile
+    trajs = runner.run_batch([inputs[0], bad, twin])
+    assert [t.status for t in trajs] == [EpisodeStatus.COMPLETED, EpisodeStatus.FAILED, EpisodeStatus.FAILED]
+    assert "unreadable turn" in trajs[1].failure_reason
+    assert trajs[2].failure_reason.startswith("ingesting:") and bad.episode_id in trajs[2].failure_reason

@@ -100,6 +100,25 @@ def test_delete_removes_from_search_and_ids_are_never_reused(store_name, index, 
 
 
 @pytest.mark.parametrize("store_name,index", KINDS)
+def test_copy_namespace_gives_the_same_facts_under_new_ids(store_name, index, vecs):
+    store = make(store_name, index)
+    ids = fill(store, vecs, "leader")
+    store.delete("leader", [ids[1]])
+    store.search("leader", vecs[:1], 2)  # an index already built must not be shared
+    copied = store.copy_namespace("leader", "copy")
+    assert list(copied) == [i for i in ids if i != ids[1]] and not set(copied.values()) & set(ids)
+    strip = lambda r: (r.text, r.speaker, r.timestamp, r.source_ids, r.created_turn)  # noqa: E731
+    assert [strip(r) for r in store.records("copy")] == [strip(r) for r in store.records("leader")]
+    hits = lambda ns: [(f, round(s, 4)) for f, s in store.search(ns, vecs, k=4)[0]]  # noqa: E731
+    assert hits("copy") == [(copied[f], s) for f, s in hits("leader")]
+    store.add("copy", [NewFact("Only in the copy.")], vecs[:1])  # the two stay isolated afterwards
+    assert len(store.records("leader")) == len(SENTENCES) - 1
+    with pytest.raises(FactStoreError, match="already exists"):
+        store.copy_namespace("leader", "copy")
+    assert store.copy_namespace("never-seen", "empty") == {}
+
+
+@pytest.mark.parametrize("store_name,index", KINDS)
 def test_namespaces_are_isolated(store_name, index, vecs):
     store = make(store_name, index)
     a = fill(store, vecs, "episode-a")

@@ -6,12 +6,15 @@ from memrl.cli.main import main
 from memrl.train.report import ReportError, compare, load_run, seed_bootstrap, tokens_to_reach
 
 
-def _write_run(path, *, seed, em_start, em_final, curve, tokens, eval_reward="exact_match", episodes=200):
+def _write_run(
+    path, *, seed, em_start, em_final, curve, tokens, eval_reward="exact_match", episodes=200, half_ci=0.07
+):
     path.mkdir(parents=True)
     summary = {
         "em_start": em_start,
         "em_final": em_final,
-        "em_final_ci": [em_final - 0.07, em_final + 0.07],
+        "em_final_ci": [em_final - half_ci, em_final + half_ci],
+        "em_start_ci": [em_start - half_ci, em_start + half_ci],
         "eval_episodes": episodes,
         "generated_tokens": tokens,
         "seed": seed,
@@ -113,3 +116,33 @@ def test_cli_prints_json_and_draws_the_plot(tmp_path, capsys):
     assert png.stat().st_size > 1000
     with pytest.raises(SystemExit, match="names no run directory"):
         main(["report", "--arm", "memory"])
+
+
+def test_f1_runs_are_compared_by_f1_with_their_own_standard_errors(tmp_path):
+    def arm(name, final, half_ci):
+        return [
+            load_run(
+                _write_run(
+                    tmp_path / f"{name}{i}",
+                    seed=i,
+                    em_start=0.10,
+                    em_final=final,
+                    curve=[],
+                    tokens=1,
+                    eval_reward="locomo",
+                    half_ci=half_ci,
+                )
+            )
+            for i in range(3)
+        ]
+
+    precise, noisy = arm("p", 0.2, 0.01), arm("n", 0.2, 0.1)
+    report = compare({"memory": precise, "recent": noisy})
+    assert report["metric"] == "locomo" and report["arms"]["memory"]["em_final_mean"] == 0.2
+    tight, wide = report["arms"]["memory"]["em_final_ci"], report["arms"]["recent"]["em_final_ci"]
+    assert tight[0] < 0.2 < tight[1] and tight[1] - tight[0] < 0.03  # three seeds, each +-0.01
+    assert wide[1] - wide[0] > 0.08  # each run's interval carries into the arm's
+    assert report["arms"]["memory"]["gain_ci"][0] > 0.07  # the gain 0.10 is resolved
+    em = [load_run(_write_run(tmp_path / "em", seed=0, em_start=0.0, em_final=0.5, curve=[], tokens=1))]
+    with pytest.raises(ReportError, match="different rewards"):
+        compare({"memory": precise, "em": em})

@@ -65,3 +65,37 @@ def test_evaluation_scores_with_eval_reward_when_training_on_a_shaped_one():
     assert (ev.episode.reward, ev.episode.reward_options) == ("exact_match", {})
     assert cfg.episode.reward == "composite"
     make_reward(ev.episode.reward, ev.episode.reward_options)  # the options fit the eval reward
+
+
+def test_in_run_and_final_evaluation_draw_from_their_own_splits(tmp_path):
+    """LoCoMo's memory_r1 split: the in-run curve on the validation conversation, start/final on the test ones."""
+    import json
+
+    from memrl.adapters import LOCOMO_FIXTURE
+    from memrl.config import load_config
+    from memrl.train.setup import evaluation_inputs
+
+    raw = json.loads(LOCOMO_FIXTURE.read_text())[0]
+    path = tmp_path / "locomo.json"
+    path.write_text(
+        json.dumps([{**raw, "sample_id": s} for s in ("conv-26", "conv-30", "conv-41", "conv-42")])
+    )
+    common = ["data.adapter=locomo", f"data.path={path}", "data.options={split_scheme: memory_r1}"]
+    cfg = load_config(
+        None,
+        [
+            *common,
+            "train.eval_split=validation",
+            "train.eval_episodes=5",
+            "train.final_eval_split=test",
+            "train.final_eval_episodes=12",
+        ],
+    )
+    in_run, final = evaluation_inputs(cfg)
+    assert len(in_run) == 5 and {bi.metadata["sample_id"] for bi in in_run} == {"conv-30"}
+    assert len(final) == 12 and {bi.metadata["sample_id"] for bi in final} == {"conv-41", "conv-42"}
+    cfg = load_config(
+        None, [*common, "train.eval_split=test", "train.eval_episodes=3", "train.final_eval_episodes=10"]
+    )
+    in_run, final = evaluation_inputs(cfg)  # one split: the in-run subset is the head of the final one
+    assert [bi.episode_id for bi in in_run] == [bi.episode_id for bi in final[:3]] and len(final) == 10
