@@ -183,6 +183,36 @@ def _leaf_html(leaf: LeafView) -> str:
     )
 
 
+def _lines(items) -> str:
+    return "<br>".join(escape(x) for x in items) or '<span class="src">–</span>'
+
+
+def _writes_html(view: EpisodeView) -> str:
+    """The policy's memory writes: what it read, its reply and ops, the current facts before and after, credit."""
+    rows = []
+    for w in view.writes:
+        label = f"{w.index}" + (f".{w.alternative}" if w.alternatives > 1 else "")
+        wrote = (
+            _ops_html(w.ops) if w.applied else '<span class="src">not applied (snapshot alternative)</span>'
+        )
+        errors = "".join(f'<div class="rb">✗ {escape(e)}</div>' for e in w.errors)
+        right = "" if w.op_right is None else f'<div class="src">ops right: {w.op_right}</div>'
+        gold = f'<div class="src">gold: {escape(w.gold_ops)}</div>' if w.gold_ops else ""
+        credit = "–" if w.credit is None else f"{w.credit:.2f}"
+        if w.snapshot_reward is not None:
+            credit += f'<div class="src">answer {w.snapshot_reward:.2f}</div>'
+        rows.append(
+            f'<tr><td class="mono">{label}</td><td><div class="src">{_lines(w.read_facts)}</div>'
+            f'{_lines(w.read_turns)}</td><td><div class="resp">{escape(w.reply)}</div>{wrote}{errors}{right}{gold}</td>'
+            f"<td>{_lines(w.store_before)}</td><td>{_lines(w.store_after)}</td><td>{credit}</td></tr>"
+        )
+    head = (
+        "<tr><th>write</th><th>read (facts shown, new turns)</th><th>reply and operations</th>"
+        "<th>current facts before</th><th>after</th><th>credit</th></tr>"
+    )
+    return f'<table id="writes">{head}{"".join(rows)}</table>'
+
+
 def render_html(view: EpisodeView) -> str:
     """The whole page as one string."""
     rewards = " ".join(
@@ -190,6 +220,11 @@ def render_html(view: EpisodeView) -> str:
         for r in view.rewards
     )
     failed = f'<p class="rb">FAILED: {escape(view.failure_reason)}</p>' if view.failure_reason else ""
+    writes = (
+        f'<h2>Memory writes (the policy\'s own)</h2><div class="card">{_writes_html(view)}</div>'
+        if view.writes
+        else ""
+    )
     legend = (
         '<div class="legend"><span><span class="op" style="background:#7b2cbf;color:#fff">H</span>branch point,'
         " entropy after it</span><span>box = generation segment (teal border: has tool output)</span>"
@@ -206,7 +241,7 @@ def render_html(view: EpisodeView) -> str:
 <h2>Retrieved facts</h2><div class="card">{_retrieved_html(view)}</div>
 <h2>Final memory ({sum(not f.deleted for f in view.facts)} live facts)</h2><div class="card">{_facts_html(view)}</div>
 <h2>Leaves</h2>{"".join(_leaf_html(leaf) for leaf in view.leaves)}
-<h2>History turns and the memory ops they caused</h2><div class="card">{_history_html(view)}</div>
+{writes}<h2>History turns and the memory ops they caused</h2><div class="card">{_history_html(view)}</div>
 </body></html>"""
 
 

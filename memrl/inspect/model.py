@@ -24,6 +24,7 @@ class FactView:
     written_at: str  # turn id of the last ADD/UPDATE
     updates: int = 0
     deleted: bool = False
+    superseded: bool = False  # an UPDATE of the policy writer replaced it; kept as history
 
 
 @dataclass
@@ -36,6 +37,29 @@ class HistoryTurnView:
     ops: tuple[MemoryOp, ...]
     memory_credit: float | None  # step_rewards_ext of this history step
     facts_after: int  # live facts once this turn's ops are applied
+
+
+@dataclass
+class MemoryWriteView:
+    """One memory write of the policy (``memory.extractor: policy``): what it read, what it wrote, the current
+    facts before and after (applied replies only) and its credit. Snapshot writes have one view per alternative."""
+
+    index: int
+    alternative: int
+    alternatives: int
+    applied: bool
+    read_turns: list[str]
+    read_facts: list[str]
+    reply: str
+    decisions: list[str]
+    errors: list[str]
+    ops: tuple[MemoryOp, ...]
+    op_right: bool | None
+    gold_ops: str | None
+    credit: float | None
+    snapshot_reward: float | None
+    store_before: list[str]
+    store_after: list[str]
 
 
 @dataclass
@@ -116,6 +140,7 @@ class EpisodeView:
     leaves: list[LeafView]
     tree: dict[str, TreeNodeView]  # uid → node; the root has parent None
     answer_ops: tuple[MemoryOp, ...]  # what the answer wrote back into memory
+    writes: list[MemoryWriteView] = field(default_factory=list)  # the policy's own memory writes, in order
 
     @property
     def root(self) -> TreeNodeView | None:
@@ -154,6 +179,12 @@ class _Memory:
         if op.op is MemoryOpType.ADD:
             for fid in op.fact_ids:
                 self.facts[fid] = FactView(fid, op.text, tuple(op.source_ids), op.turn_id)
+        elif op.op is MemoryOpType.UPDATE and len(op.fact_ids) == 2:
+            # A superseding UPDATE (fact ids: old, new): the old fact stays as history.
+            old, new = op.fact_ids
+            if old in self.facts:
+                self.facts[old].superseded = True
+            self.facts[new] = FactView(new, op.text, tuple(op.source_ids), op.turn_id)
         elif op.op is MemoryOpType.UPDATE:
             for fid in op.fact_ids:
                 old = self.facts.get(fid)
@@ -169,6 +200,53 @@ class _Memory:
     @property
     def live(self) -> int:
         return sum(not f.deleted for f in self.facts.values())
+
+    def current(self) -> list[str]:
+        return [
+            f.text
+            for f in sorted(self.facts.values(), key=lambda f: f.fact_id)
+            if not (f.deleted or f.superseded)
+        ]
+
+
+def _credit(row: dict[str, Any]) -> float | None:
+    credit = row.get("step_reward_ext")
+    return None if credit is None or credit != credit else float(credit)  # NaN = None
+
+
+def _writes(rows: list[tuple[dict, StepMeta]], memory: _Memory) -> list[MemoryWriteView]:
+    """Replay the applied writes' ops in order, recording the current facts around each write."""
+    out = []
+    ordered = sorted(
+        rows, key=lambda rm: (rm[1].extra.get("write_index", 0), rm[1].extra.get("alternative", 0))
+    )
+    for row, meta in ordered:
+        x = dict(meta.extra)
+        before = memory.current()
+        if x.get("applied", True):
+            for op in meta.memory_ops:
+                memory.apply(op)
+        out.append(
+            MemoryWriteView(
+                index=int(x.get("write_index", 0)),
+                alternative=int(x.get("alternative", 0)),
+                alternatives=int(x.get("alternatives", 1)),
+                applied=bool(x.get("applied", True)),
+                read_turns=list(x.get("read_turns", [])),
+                read_facts=list(x.get("read_facts", [])),
+                reply=meta.response_text,
+                decisions=list(x.get("decisions", [])),
+                errors=list(x.get("format_errors", [])),
+                ops=meta.memory_ops,
+                op_right=x.get("op_right"),
+                gold_ops=x.get("gold_ops"),
+                credit=_credit(row),
+                snapshot_reward=x.get("snapshot_reward"),
+                store_before=before,
+                store_after=memory.current() if x.get("applied", True) else before,
+            )
+        )
+    return out
 
 
 def _spans(extra: dict[str, Any]) -> list[SpanView]:
@@ -200,7 +278,7 @@ def _history(rows: list[tuple[dict, StepMeta]], memory: _Memory) -> list[History
     for i, (row, meta) in enumerate(rows):
         for op in meta.memory_ops:
             memory.apply(op)
-        credit = row.get("step_reward_ext")
+        credit = _credit(row)
         out.append(
             HistoryTurnView(
                 index=i,
@@ -209,7 +287,7 @@ def _history(rows: list[tuple[dict, StepMeta]], memory: _Memory) -> list[History
                 text=str(meta.extra.get("text", "")),
                 timestamp=meta.extra.get("timestamp"),
                 ops=meta.memory_ops,
-                memory_credit=None if credit is None or credit != credit else float(credit),  # NaN = None
+                memory_credit=credit,
                 facts_after=memory.live,
             )
         )
@@ -269,12 +347,15 @@ def build_episode_view(manifest: list[dict[str, Any]], rows: list[dict[str, Any]
     """One :class:`EpisodeView` from the manifest entries and parsed step rows of one source episode."""
     first = manifest[0] if manifest else rows[0]
     typed = [(r, step_meta_of_row(r)) for r in rows]
-    hist = [(r, m) for r, m in typed if r["turn_role"] == "history"]
+    hist = [(r, m) for r, m in typed if r["turn_role"] == "history" and m.extra.get("role") != "memory"]
+    write_rows = [(r, m) for r, m in typed if r["turn_role"] == "history" and m.extra.get("role") == "memory"]
     targets = sorted(
         [(r, m) for r, m in typed if r["turn_role"] == "target"], key=lambda rm: rm[1].leaf_index
     )
     memory = _Memory()
-    history = _history(hist, memory)
+    writes = _writes(write_rows, memory)
+    # With policy writes, the turns' ops are the writes' (already replayed): show the turns, replay nothing twice.
+    history = _history(hist, _Memory() if writes else memory)
     extra = dict(targets[0][1].extra) if targets else {}
     gold = tuple(str(g) for g in extra.get("gold_evidence", ()))
     retrieved = _retrieved(targets[0][1], memory, set(gold)) if targets else []
@@ -302,4 +383,5 @@ def build_episode_view(manifest: list[dict[str, Any]], rows: list[dict[str, Any]
         leaves=leaves,
         tree=build_tree(leaves, paths) if leaves else {},
         answer_ops=answer_ops,
+        writes=writes,
     )

@@ -168,10 +168,42 @@ def tree_view(view: EpisodeView) -> Tree | Text:
     return tree
 
 
+def writes_table(view: EpisodeView) -> Table:
+    """The policy's memory writes: what it read, its operations, the current facts after, its credit."""
+    table = Table(title="Memory writes (the policy's own)", expand=True, show_lines=True)
+    table.add_column("write", justify="right")
+    table.add_column("read", ratio=3)
+    table.add_column("wrote", ratio=3)
+    table.add_column("current facts after", ratio=3)
+    table.add_column("credit", justify="right")
+    for w in view.writes:
+        read = Text("\n".join(w.read_facts or ["(no facts shown)"]), style="dim")
+        read.append("\n" + "\n".join(w.read_turns))
+        wrote = Text()
+        for op in w.ops:
+            wrote.append_text(_op_text(op))
+            wrote.append("\n")
+        if not w.applied:
+            wrote.append("not applied (snapshot alternative): " + "; ".join(w.decisions), style="dim")
+        for err in w.errors:
+            wrote.append(f"\n✗ {err}", style="red")
+        if w.op_right is not None:
+            wrote.append(f"\nops right: {w.op_right}", style="green" if w.op_right else "yellow")
+        credit = "-" if w.credit is None else f"{w.credit:.2f}"
+        if w.snapshot_reward is not None:
+            credit += f"\n(answer {w.snapshot_reward:.2f})"
+        label = f"{w.index}" + (f".{w.alternative}" if w.alternatives > 1 else "")
+        after = "\n".join(w.store_after) or "(empty)"
+        table.add_row(label, read, wrote, Text(after), Text(credit, style=_reward_style(w.credit)))
+    return table
+
+
 def render(view: EpisodeView, console: Console | None = None) -> None:
     """Print the whole episode view."""
     console = console or Console()
     console.print(header(view))
+    if view.writes:
+        console.print(writes_table(view))
     if view.history:
         console.print(history_table(view))
     console.print(memory_panel(view))

@@ -70,6 +70,22 @@ def check_lengths(rollout: RolloutConfig, rollout_config: DictConfig) -> None:
         )
 
 
+def check_memory_writer(cfg: Config) -> None:
+    """Refuse a policy-written memory: verl's agent loop returns one sample (one sequence, one reward) per
+    prompt sample, so the episode's memory writes, each a trainable step with its own credit and group, have no
+    way into verl's batch (per-turn advantages are verl's open RFC #7244). Train the memory writer with
+    ``memrl train``; verl trains the answer policy over a rule- or llm-written memory."""
+    from memrl.memory.extract import EXTRACTORS
+
+    if getattr(EXTRACTORS.get(cfg.memory.extractor), "writes_steps", False):
+        raise VerlConfigError(
+            "memrl memory.extractor=policy is not supported in verl's agent loop: its memory writes are trainable "
+            "steps with their own rewards and groups, and a verl agent loop returns one sequence with one reward "
+            "per sample. Train the memory writer with `memrl train` (configs/synthetic_memory.yaml), or set "
+            "+memrl.overrides=[memory.extractor=rule] to train the answer policy in verl"
+        )
+
+
 def check_worker_split(verl_config: DictConfig) -> None:
     """Warn at start-up when verl's legacy trainer will split some ``uid``'s samples across agent-loop workers.
 
@@ -233,6 +249,7 @@ def service_for(agent: AgentLoopBase) -> EpisodeService:
     if service is None:
         cfg = memrl_config(agent.config)
         check_lengths(cfg.rollout, agent.rollout_config)
+        check_memory_writer(cfg)
         check_worker_split(agent.config)
         rc = agent.rollout_config
         policy = VerlServerPolicy(

@@ -201,3 +201,6 @@ class PolicyWriter:
 @EXTRACTORS.register("policy")
 def _policy(cfg: MemoryConfig, generate_text: TextGenerator | None = None) -> PolicyWriter:
     return PolicyWriter(cfg, generate_text)
+
+
+_policy.writes_steps = True  # type: ignore[attr-defined]  # (verl's agent loop refuses extractors that do)

@@ -66,6 +66,10 @@ logger = logging.getLogger(__name__)
 
 TRAIN_STREAM, EVAL_STREAM = 0, 1
 DECODED = "rollout/decode_tokens"  # the runner's cumulative count of tokens the policy decoded
+PHASE_TIMES = {
+    "episode/time_ingest_s": "time/memory_rollout_s",
+    "episode/time_generate_s": "time/answer_rollout_s",
+}
 
 
 def step_seed(seed: int, step: int, stream: int = TRAIN_STREAM) -> int:
@@ -112,6 +116,7 @@ def run_step(res: TrainResources, step: int, counters: dict[str, float]) -> Step
     cfg = res.cfg
     t0 = time.perf_counter()
     decoded_before = res.runner.metrics.get(DECODED, 0.0)
+    phases_before = {k: res.runner.metrics.get(k, 0.0) for k in PHASE_TIMES}
     rollout = _draw(res, step)
     episodes, usable = rollout.episodes, rollout.usable
     t_rollout = time.perf_counter() - t0
@@ -130,6 +135,8 @@ def run_step(res: TrainResources, step: int, counters: dict[str, float]) -> Step
         "rollout/groups_trained": float(len(rollout.groups)),
         "rollout/sampling_rounds": float(rollout.rounds),
         "time/rollout_s": t_rollout,
+        # The step profile: memory writes (ingest, snapshot scoring included) and answer generation.
+        **{name: res.runner.metrics.get(k, 0.0) - phases_before[k] for k, name in PHASE_TIMES.items()},
         **memory_rollout_metrics(episodes),
     }
     replay_sample = None

@@ -210,3 +210,28 @@ def test_parse_statement_reads_back_every_attribute_turn_and_nothing_else():
         text = next(t.text for t in ep.history if t.turn_id == tid)
         person, attr, value, _ = syn.parse_statement(text)
         assert syn.ask(attr, person) == ep.final_query and value == ep.target_answer
+
+
+def test_varied_phrasing_words_changes_many_ways_with_held_out_wordings():
+    from memrl.adapters.synthetic import make_episode
+    from memrl.adapters.synthetic_phrasing import _VARIED, _pool
+
+    for first, changes in _VARIED.values():
+        for entries in (first, changes):
+            if len(entries) > 1:  # test-split wordings are never train-split wordings
+                assert not set(_pool(entries, "train")) & set(_pool(entries, "test"))
+    eps = [make_episode(0, "test", i, phrasing="varied") for i in range(60)]
+    turns = [t for ep in eps for t in ep.history]
+    updates = [t for t in turns if t.metadata["memory_op"] == "UPDATE"]
+    assert updates
+    assert any(t.text.startswith(("I ", "My ")) for t in turns)  # first person
+    assert any(t.metadata["memory_stale"] in t.text for t in updates)  # the old value named ...
+    assert any(t.metadata["memory_stale"] not in t.text for t in updates)  # ... or not
+    assert len({t.text.split(" ", 1)[1][:12] for t in updates}) > 5  # many wordings, not one keyword
+    for t in turns:  # every turn has its gold operation; a fact turn says who and what
+        assert t.metadata["memory_op"] in ("ADD", "UPDATE", "NOOP")
+        if "memory_fact" in t.metadata:
+            assert t.metadata["memory_value"] in t.text
+    # The answer is still the latest value, and the fixed phrasing is what it always was.
+    assert all(ep.target_answer for ep in eps)
+    assert make_episode(0, "test", 1).turns == make_episode(0, "test", 1, phrasing="fixed").turns

@@ -211,3 +211,14 @@ def test_lengths_that_cannot_fit_verl_fail_at_start(tmp_path, tok):
     finally:
         shutdown_services()
     assert MemrlAgentLoop.__name__ == "MemrlAgentLoop"
+
+
+def test_policy_written_memory_is_refused_with_the_limit_named(tmp_path, tok):
+    _, rows = _rows_through_verl_dataset(tmp_path, tok)
+    server = PolicyServerClient(ScriptedPolicy(tok, rollback_script))
+    config = _verl_config(overrides=[*OVERRIDES, "memory.extractor=policy"])
+    try:
+        with pytest.raises(VerlConfigError, match="memory.extractor=policy is not supported.*one reward"):
+            asyncio.run(_agent(config, server, tok).run({"temperature": 1.0}, uid="u", **rows[0]))
+    finally:
+        shutdown_services()

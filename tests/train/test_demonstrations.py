@@ -169,3 +169,35 @@ def test_state_dict_round_trip_rebuilds_the_same_demonstrations():
 def test_bad_demonstrations_value_lists_the_choices(value):
     with pytest.raises(ValueError, match=r"train\.replay\.demonstrations must be one of 'none', 'gold'"):
         ReplayConfig(demonstrations=value)
+
+
+def _with_write(ep: EpisodeTrajectory, op_right: bool | None) -> EpisodeTrajectory:
+    """``ep`` with one applied memory write before its target step (its ops right, wrong or unknown)."""
+    from memrl.types import StepMeta, StepTrajectory, TurnRole
+
+    extra = {"role": "memory", "applied": True, "op_right": op_right, "credit_group": f"{ep.group_id}/memory",
+             "gold_ops": None if op_right is None else "ADD Ann lives in Oslo.\nNOOP"}  # fmt: skip
+    write = StepTrajectory(
+        f"{ep.episode_id}/w0", (5, 6, 7), (8, 9), (1, 1), (-0.3, -0.4), "D1:2", TurnRole.HISTORY,
+        StepMeta(turn_id="D1:2", turn_role=TurnRole.HISTORY, extra=extra),
+    )  # fmt: skip
+    return dataclasses.replace(ep, steps=(write, *ep.steps), step_rewards_ext=(0.5, None))
+
+
+def test_memory_demonstrations_imitate_the_gold_operations_of_wrong_writes():
+    tok = byte_tokenizer()
+    group = [_with_write(e, op_right=False) for e in _group(_episodes(rewards=(1.0, 0.0, 0.0, 0.0)))]
+    demo = GoldDemonstrations(tok, min_reward=1.0, memory=True)(group)
+    # The group reached min_reward (no answer demonstration), but its writes got their operations wrong.
+    assert demo is not None and all(s.meta.extra["role"] == "memory" for s in demo.steps)
+    step = demo.steps[0]
+    gold_ids = tok("ADD Ann lives in Oslo.\nNOOP", add_special_tokens=False)["input_ids"]
+    assert step.prompt_ids == (5, 6, 7) and list(step.response_ids) == [*gold_ids, tok.eos_token_id]
+    assert step.response_mask == (1,) * len(step.response_ids) and all(math.isnan(x) for x in step.logprobs)
+    batch = BUILD([demo])  # a trainable row of its own (SFT reads it; no policy-gradient ratio)
+    assert batch.step_ids == [s.step_id for s in demo.steps] and len(demo.steps) == len(group)
+    assert set(batch.group_ids) == {f"{group[0].group_id}/memory/gold"}
+    # Right or unknown operations need no demonstration; nor does anything with memory demonstrations off.
+    assert GoldDemonstrations(tok, min_reward=1.0, memory=True)([_with_write(e, True) for e in _group(
+        _episodes(rewards=(1.0, 0.0, 0.0, 0.0)))]) is None  # fmt: skip
+    assert GoldDemonstrations(tok, min_reward=1.0, memory=False)(group) is None

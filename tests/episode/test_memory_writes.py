@@ -1,0 +1,170 @@
+"""Episodes whose memory the policy writes (memory.extractor: policy): steps, step credit, snapshot groups,
+batching. A scripted policy (deterministic), real MiniLM + FAISS."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+from transformers import ByT5Tokenizer
+
+from memrl.config import load_config
+from memrl.data.adapters import load_dataset
+from memrl.data.batch import TrajectoryBatchBuilder, unpack
+from memrl.data.config import BatchConfig
+from memrl.episode.build import build_runner
+from memrl.episode.credit import written_ids
+from memrl.testing.scripted import ScriptedPolicy
+from memrl.types import TurnRole
+
+_TURN = re.compile(r"^\[[^\]]*\] [A-Z][a-z]+: (.*)$", re.M)
+
+
+def script(ctx):
+    """Writes: ADD every turn that states something about a person (else NOOP). Answers: the last word of the
+    newest fact line naming the person asked about."""
+    if re.search(r"Operations:\s*(<\|assistant\|>)?\s*$", ctx.text):  # a memory write (plain chat format)
+        new = ctx.text.rsplit("New:", 1)[-1]
+        lines = [
+            f"ADD {t}" if re.search(r"\b(is|has|lives|called)\b", t) and "?" not in t else "NOOP"
+            for t in _TURN.findall(new)
+        ]
+        return "\n".join(lines) or "NOOP"
+    question = ctx.text.rsplit("?", 1)[0]
+    names = re.findall(r"\b([A-Z][a-z]+)\b", question.split("\n")[-1])
+    facts = re.findall(r"^- \[[^\]]*\] (.*?)$", ctx.text, re.M)
+    hits = [f for f in facts if any(n in f for n in names[1:])]
+    return f"<answer>{hits[-1].rstrip('.').split()[-1] if hits else 'unknown'}</answer>"
+
+
+def _cfg(*extra):
+    return load_config(
+        None,
+        [
+            "data.options={num_episodes: 4}",
+            "tools.enabled=[]",
+            "rollout.n=2",
+            "rollout.max_response_tokens=48",
+            "memory.extractor=policy",
+            "memory.write_max_tokens=400",
+            "memory.top_k=4",
+            "memory.neighbour_turns=0",
+            "episode.history_steps=none",
+            "episode.ingest_chunk_turns=6",
+            "episode.memory_credit.format_weight=0.0",
+            "episode.memory_credit.op_weight=0.0",
+            *extra,
+        ],
+    )
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return ScriptedPolicy(ByT5Tokenizer(), script)
+
+
+@pytest.fixture(scope="module")
+def used_run(policy):
+    cfg = _cfg()
+    inputs, _ = load_dataset(cfg.data)
+    return cfg, build_runner(cfg, policy=policy).run_batch(inputs)
+
+
+def _writes(traj):
+    return [
+        (s, r)
+        for s, r in zip(traj.steps, traj.step_rewards_ext, strict=True)
+        if s.turn_role is TurnRole.HISTORY and s.meta.extra.get("role") == "memory"
+    ]
+
+
+def test_each_write_is_a_trainable_history_step(used_run):
+    cfg, trajs = used_run
+    leaf0 = [t for t in trajs if t.episode_id.endswith("#0")]
+    assert len(leaf0) == 4
+    for traj in leaf0:
+        writes = _writes(traj)
+        assert len(writes) == 3  # 18 history turns, 6 per write
+        for step, _ in writes:
+            assert step.response_mask == (1,) * len(step.response_ids) and len(step.logprobs) == len(
+                step.response_ids
+            )
+            assert step.meta.extra["read_turns"] and step.meta.extra["credit_group"].endswith("/memory")
+            assert step.trainable
+    # Only leaf 0 carries the writes (the memory is the episode's, shared by its leaves).
+    assert all(not _writes(t) for t in trajs if t.episode_id.endswith("#1"))
+
+
+def test_used_credit_reaches_exactly_the_writes_whose_facts_were_in_the_prompt(used_run):
+    _, trajs = used_run
+    seen_used = seen_unused = 0
+    for traj in (t for t in trajs if t.episode_id.endswith("#0")):
+        source = traj.source_episode_id
+        leaves = [t for t in trajs if t.source_episode_id == source]
+        outcome = sum(t.reward for t in leaves) / len(leaves)
+        used = set(traj.steps[-1].meta.included_fact_ids)
+        for step, credit in _writes(traj):
+            if written_ids(step) & used:
+                assert credit == pytest.approx(outcome)
+                seen_used += 1
+            else:
+                assert credit == 0.0
+                seen_unused += 1
+    assert seen_used and seen_unused  # both cases occur
+
+
+def test_memory_rows_round_trip_through_the_batch_builder(used_run):
+    _, trajs = used_run
+    batch = TrajectoryBatchBuilder(BatchConfig(layout="packed")).build(trajs)
+    rows = {r.step_id: r for r in unpack(batch)}
+    for traj in trajs:
+        for step, credit in _writes(traj):
+            row = rows[step.step_id]
+            assert row.response_ids == step.response_ids and row.response_mask == step.response_mask
+            assert row.logprobs == pytest.approx(step.logprobs)
+            i = batch.step_ids.index(step.step_id)
+            assert float(batch.rewards[i]) == pytest.approx(credit)
+            assert batch.group_ids[i] == step.meta.extra["credit_group"] != traj.group_id
+
+
+def test_broadcast_gives_every_write_the_outcome(policy):
+    cfg = _cfg("episode.memory_credit.name=broadcast")
+    inputs, _ = load_dataset(cfg.data)
+    trajs = build_runner(cfg, policy=policy).run_batch(inputs[:2])
+    for traj in (t for t in trajs if t.episode_id.endswith("#0")):
+        leaves = [t for t in trajs if t.source_episode_id == traj.source_episode_id]
+        outcome = sum(t.reward for t in leaves) / len(leaves)
+        assert [c for _, c in _writes(traj)] == pytest.approx([outcome] * 3)
+
+
+def test_snapshot_groups_k_alternatives_scored_on_forks(policy):
+    cfg = _cfg("episode.memory_credit.name=snapshot", "episode.memory_credit.snapshot_k=3",
+               "episode.memory_credit.snapshot_writes=1", "rollout.temperature=1.0")  # fmt: skip
+    inputs, _ = load_dataset(cfg.data)
+    runner = build_runner(cfg, policy=policy)
+    trajs = runner.run_batch(inputs[:2])
+    for traj in (t for t in trajs if t.episode_id.endswith("#0")):
+        writes = _writes(traj)
+        alts = [(s, c) for s, c in writes if s.meta.extra["alternatives"] == 3]
+        assert len(alts) == 3 and len({s.meta.extra["credit_group"] for s, _ in alts}) == 1
+        assert [s.meta.extra["applied"] for s, _ in alts] == [True, False, False]
+        assert all(c == s.meta.extra["snapshot_reward"] for s, c in alts)
+        # The writes that were not sampled as a group train nothing under snapshot credit.
+        assert all(c is None for s, c in writes if s.meta.extra["alternatives"] == 1)
+        # The planned write is the one that read the question's evidence turn.
+        inp = next(bi for bi in inputs if bi.episode_id == traj.source_episode_id)
+        i = alts[0][0].meta.extra["write_index"]
+        read_ids = {t.turn_id for t in inp.history[6 * i : 6 * (i + 1)]}
+        assert read_ids & set(inp.metadata["evidence_turn_ids"])
+    assert not [ns for ns in runner.memory.store.namespaces() if "~fork" in ns]  # forks released
+    assert runner.metrics["episode/time_snapshot_s"] > 0
+
+
+def test_a_policy_writer_never_shares_ingest_between_identical_histories(policy):
+    cfg = _cfg()
+    inputs, _ = load_dataset(cfg.data)
+    twin = dataclasses.replace(inputs[0], episode_id=inputs[0].episode_id + "-twin")
+    trajs = build_runner(cfg, policy=policy).run_batch([inputs[0], twin])
+    own = {t.source_episode_id: len(_writes(t)) for t in trajs if t.episode_id.endswith("#0")}
+    assert own == {inputs[0].episode_id: 3, twin.episode_id: 3}

@@ -1,0 +1,52 @@
+"""``memrl inspect`` shows the policy's own memory writes: what it read, its operations, the store before and
+after, its credit (terminal and HTML)."""
+
+from __future__ import annotations
+
+import pytest
+from rich.console import Console
+
+from memrl.config import load_config
+from memrl.episode.pipeline import run_episodes
+from memrl.inspect import load_run
+from memrl.inspect.html import render_html
+from memrl.inspect.terminal import render
+from memrl.testing import byte_tokenizer
+from memrl.testing.scripted import ScriptedPolicy
+from tests.episode.test_memory_writes import script
+
+
+@pytest.fixture(scope="module")
+def view(tmp_path_factory):
+    out = tmp_path_factory.mktemp("writes")
+    cfg = load_config(
+        None,
+        [
+            "data.options={num_episodes: 1}", "tools.enabled=[]", "rollout.n=1", "rollout.max_response_tokens=48",
+            "memory.extractor=policy", "memory.write_max_tokens=400", "memory.top_k=4", "memory.neighbour_turns=0",
+            "episode.history_steps=none", "episode.ingest_chunk_turns=6", f"output_dir={out}",
+        ],
+    )  # fmt: skip
+    run_episodes(cfg, out, policy=ScriptedPolicy(byte_tokenizer(), script), progress=False)
+    (view,) = load_run(out).episode_views()
+    return view
+
+
+def test_view_replays_each_write_with_the_store_before_and_after(view):
+    assert [w.index for w in view.writes] == [0, 1, 2]
+    for prev, w in zip(view.writes, view.writes[1:], strict=False):
+        assert w.store_before == prev.store_after  # writes chain: each starts where the last one left
+    first = view.writes[0]
+    assert first.store_before == [] and first.read_turns and first.reply.startswith(("ADD", "NOOP"))
+    added = [op.text for op in first.ops if op.op.value == "ADD"]
+    assert added and added == first.store_after
+    assert all(w.credit is not None for w in view.writes)
+
+
+def test_terminal_and_html_show_the_writes(view):
+    console = Console(record=True, width=200)
+    render(view, console)
+    text = console.export_text()
+    assert "Memory writes (the policy's own)" in text and view.writes[0].read_turns[0][:30] in text
+    html = render_html(view)
+    assert '<table id="writes">' in html and "current facts before" in html
