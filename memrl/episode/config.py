@@ -49,9 +49,13 @@ class MemoryCreditConfig:
 
     def __post_init__(self) -> None:
         if self.snapshot_k < 2:
-            raise ValueError(f"episode.memory_credit.snapshot_k must be >= 2 (a group), got {self.snapshot_k}")
+            raise ValueError(
+                f"episode.memory_credit.snapshot_k must be >= 2 (a group), got {self.snapshot_k}"
+            )
         if self.snapshot_writes < 1:
-            raise ValueError(f"episode.memory_credit.snapshot_writes must be >= 1, got {self.snapshot_writes}")
+            raise ValueError(
+                f"episode.memory_credit.snapshot_writes must be >= 1, got {self.snapshot_writes}"
+            )
 
 
 FACT_ORDERS = ("time", "score")

@@ -77,7 +77,6 @@ class FactExtractor(Protocol):
 ExtractorFactory = Callable[[MemoryConfig, "TextGenerator | None"], FactExtractor]
 
 
-
 def _populate() -> None:
     import memrl.memory.writer  # noqa: F401 -- registers "policy"
 

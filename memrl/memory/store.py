@@ -365,7 +365,6 @@ class FaissFactStore(FactStore):
     def get(self, namespace: str, fact_id: int) -> FactRecord:
         return self._record(namespace, fact_id)
 
-
     def records(self, namespace: str) -> list[FactRecord]:
         space = self._spaces.get(namespace)
         return sorted(space.records.values(), key=lambda r: r.order) if space else []

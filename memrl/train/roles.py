@@ -38,7 +38,9 @@ def keep_roles(episodes: Sequence[EpisodeTrajectory], roles: Sequence[str]) -> l
     for ep in episodes:
         ext = ep.step_rewards_ext or (None,) * len(ep.steps)
         kept: list[tuple[StepTrajectory, float | None]] = [
-            (s, r) for s, r in zip(ep.steps, ext, strict=True) if step_role(s.meta) in roles or not s.trainable
+            (s, r)
+            for s, r in zip(ep.steps, ext, strict=True)
+            if step_role(s.meta) in roles or not s.trainable
         ]
         if any(s.trainable for s, _ in kept):
             out.append(

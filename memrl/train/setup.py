@@ -132,7 +132,9 @@ def build_resources(cfg: Config) -> TrainResources:
     if rc.batch_size > 0:
         # Demonstrations are tokenized exactly as the policy reads and writes text: with its own tokenizer.
         demonstrate = (
-            GoldDemonstrations(policy.tokenizer, rc.min_reward, memory=rc.memory_demonstrations) if rc.demonstrations == "gold" else None
+            GoldDemonstrations(policy.tokenizer, rc.min_reward, memory=rc.memory_demonstrations)
+            if rc.demonstrations == "gold"
+            else None
         )
         replay = ReplayBuffer(rc.capacity, builder.build, seed=cfg.seed, demonstrate=demonstrate)
     return TrainResources(
