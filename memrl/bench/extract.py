@@ -46,6 +46,7 @@ from memrl.bench.memory import memory_overrides
 from memrl.memory.config import MemoryConfig
 from memrl.memory.embedder import Embedder, build_embedder
 from memrl.memory.extract import MALFORMED_REASON, TextGenerator
+from memrl.memory.gold import holds as gold_holds
 from memrl.memory.manager import MemorySystem, is_superseded
 from memrl.memory.writer import FORMAT_REASON
 from memrl.types import BatchInput, MemoryOp, MemoryOpType, TurnSpec
@@ -297,6 +298,21 @@ def question_key(ep: BatchInput) -> tuple[str, str] | None:
     return None if parsed is None else parsed[:2]
 
 
+def attribute(turns: Sequence[TurnSpec], ops: Sequence[MemoryOp]) -> list[list[MemoryOp]]:
+    """A chunk write's ops, per turn: line k is turn k's when the reply has one line per turn (what the writer
+    is taught); otherwise each op goes to the turn whose person and value it names (none: it is dropped)."""
+    if len(ops) == len(turns):
+        return [[op] for op in ops]
+    out: list[list[MemoryOp]] = [[] for _ in turns]
+    for op in ops:
+        for k, turn in enumerate(turns):
+            m = turn.metadata
+            if m.get("memory_person") and gold_holds(op.text, m["memory_person"], m.get("memory_value", "")):
+                out[k].append(op)
+                break
+    return out
+
+
 def run_extractor(
     episodes: Sequence[BatchInput],
     cfg: MemoryConfig,
@@ -304,33 +320,44 @@ def run_extractor(
     embedder: Embedder,
     generate_text: TextGenerator | None = None,
     desc: str = "",
+    chunk: int = 1,
 ) -> dict:
     """Ingest ``episodes`` with ``cfg.extractor`` and score every history turn's decisions (see the module doc).
-    ``desc``: show a progress bar with this label."""
+    ``desc``: show a progress bar with this label. ``chunk``: turns per policy write (as
+    ``episode.ingest_chunk_turns`` in training)."""
     recorder = _Recorder(generate_text) if generate_text is not None else None
     system = MemorySystem(cfg, embedder=embedder, generate_text=recorder)
     mgrs = [system.manager(ep.episode_id) for ep in episodes]
     truths = [expected_decisions(ep.history) for ep in episodes]
     scores = ExtractScores()
     steps = max((len(ep.history) for ep in episodes), default=0)
-    seconds = 0.0
-    for i in tqdm(range(steps), desc=desc, unit="turn", file=sys.stderr, disable=not desc, mininterval=2.0):
+    size = chunk if getattr(system.extractor, "writes_steps", False) else 1
+    seconds, writes_done, bad_writes = 0.0, 0, 0
+    for i in tqdm(
+        range(0, steps, size), desc=desc, unit="write", file=sys.stderr, disable=not desc, mininterval=2.0
+    ):
         live = [j for j, ep in enumerate(episodes) if i < len(ep.history)]
         before = [{f.fact_id: f.text for f in mgrs[j].facts()} for j in live]
         if recorder is not None:
             recorder.last = []
         t0 = time.perf_counter()
-        # One turn per episode per call: an update has to see the fact its earlier statement left.
-        items = [(mgrs[j], episodes[j].history[i]) for j in live]
-        if getattr(system.extractor, "writes_steps", False):  # the policy writes, as in training
-            writes = system.write_batch([(m, [t]) for m, t in items])
-            results, replies = [list(w.ops) for w in writes], [w.samples[0].text for w in writes]
+        # One turn (or one chunk) per episode per call: an update has to see the fact its earlier statement left.
+        if size > 1 or getattr(system.extractor, "writes_steps", False):  # the policy writes, as in training
+            writes = system.write_batch([(mgrs[j], episodes[j].history[i : i + size]) for j in live])
+            per_turn = [attribute(w.turns, w.ops) for w in writes]
+            replies = [w.samples[0].text for w in writes]
+            writes_done += len(writes)
+            bad_writes += sum(bool(w.samples[0].ops.errors) for w in writes)
         else:
-            results = system.extract_facts_batch(items)
+            results = system.extract_facts_batch([(mgrs[j], episodes[j].history[i]) for j in live])
+            per_turn = [[ops] for ops in results]
             replies = recorder.last if recorder is not None and recorder.last else [""] * len(live)
         seconds += time.perf_counter() - t0
-        for j, ops, facts, reply in zip(live, results, before, replies, strict=True):
-            scores.add_turn(episodes[j].history[i], truths[j][i], ops, facts, reply)
+        for j, turn_ops, facts, reply in zip(live, per_turn, before, replies, strict=True):
+            for k, ops in enumerate(turn_ops):
+                scores.add_turn(
+                    episodes[j].history[i + k], truths[j][i + k], ops, facts, reply if k == 0 else ""
+                )
     for ep, mgr, truth in zip(episodes, mgrs, truths, strict=True):
         current = [f.text for f in mgr.facts() if not is_superseded(f)]
         old = [f.text for f in mgr.facts() if is_superseded(f)]
@@ -342,6 +369,9 @@ def run_extractor(
         wall_seconds=round(seconds, 3),
         seconds_per_turn=round(seconds / max(1, turns), 4),
     )
+    if writes_done:  # policy writes: replies with any invalid line, and the batch size each call had
+        result.update(writes=writes_done, malformed_write_rate=_ratio(bad_writes, writes_done),
+                      episodes_per_call=len(episodes))  # fmt: skip
     for ep in episodes:
         system.release(ep.episode_id)
     return result
@@ -392,6 +422,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--extractor", choices=EXTRACTOR_CHOICES, default="both")
     p.add_argument("--seed", type=int, default=0, help="the synthetic adapter's data seed")
     p.add_argument(
+        "--chunk",
+        type=int,
+        default=1,
+        help="turns per policy write (episode.ingest_chunk_turns of the training)",
+    )
+    p.add_argument(
         "--phrasing",
         choices=PHRASINGS,
         default="fixed",
@@ -433,6 +469,7 @@ def bench_extract(argv: list[str]) -> dict:
         "history_turns": sum(len(ep.history) for ep in episodes),
         "seed": args.seed,
         "phrasing": args.phrasing,
+        "chunk": args.chunk,
         "overrides": {**overrides, **{f"policy.{k}": v for k, v in policy_overrides.items()}},
     }
     for name in names:
@@ -447,7 +484,12 @@ def bench_extract(argv: list[str]) -> dict:
         extract_log.setLevel(logging.ERROR)
         try:
             scores = run_extractor(
-                episodes, cfg, embedder=embedder, generate_text=generate_text, desc=f"bench extract ({name})"
+                episodes,
+                cfg,
+                embedder=embedder,
+                generate_text=generate_text,
+                desc=f"bench extract ({name})",
+                chunk=args.chunk,
             )
         finally:
             extract_log.setLevel(level)

@@ -127,3 +127,37 @@ def test_bench_with_smollm2_reports_tokens_per_turn():
     result = BENCHES.get("extract")(["--episodes", "1", "--extractor", "llm"])["llm"]
     assert result["turns"] == 18 and result["completion_tokens_per_turn"] > 0
     assert 0.0 <= result["malformed_rate"] <= 1.0
+
+
+def test_a_perfect_policy_writer_scores_perfectly_on_varied_wordings_in_session_chunks(embedder):
+    """The policy extractor's bench path (session writes, ops attributed to turns by line) against a scripted
+    writer that replies with the gold operations: every decision right, no stale value among the current facts,
+    every superseded value kept as history."""
+    from memrl.memory.gold import gold_text
+    from memrl.memory.llm import policy_text_generator
+    from memrl.memory.store import FactRecord
+    from memrl.testing.models import byte_tokenizer
+    from memrl.testing.scripted import ScriptedPolicy
+
+    episodes = [make_episode(0, "test", i, phrasing="varied") for i in range(3)]
+    by_line = {f"[{t.timestamp}] {t.speaker}: {t.text}": t for ep in episodes for t in ep.history}
+
+    def writer(ctx):
+        user = ctx.text.rsplit("Memory:", 1)[-1]
+        shown = [FactRecord(int(i), "ep", text) for i, text in _SHOWN.findall(user.split("New:")[0])]
+        turns = [by_line[line] for line in user.split("New:")[1].split("Operations:")[0].strip().splitlines()]
+        return gold_text(turns, shown)
+
+    client = ScriptedPolicy(byte_tokenizer(), writer)
+    cfg = MemoryConfig(extractor="policy", write_neighbours=8, write_max_tokens=400)
+    got = run_extractor(
+        episodes, cfg, embedder=embedder, generate_text=policy_text_generator(client), chunk=6
+    )
+    assert got["recall"] == {"ADD": 1.0, "UPDATE": 1.0, "DELETE": None, "NOOP": 1.0}
+    assert got["update_recall_right_target"] == 1.0 and got["malformed_write_rate"] == 0.0
+    assert got["writes"] == 9 and got["malformed_replies"] == 0
+    end = got["end_state"]
+    assert end["changed_keys"] > 0 and end["correct"] == 1.0 and end["stale_kept_as_history"] == 1.0
+
+
+_SHOWN = re.compile(r"^(\d+)\. \[[^\]]*\] (.*)$", re.MULTILINE)
