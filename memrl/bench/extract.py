@@ -294,7 +294,10 @@ def question_key(ep: BatchInput) -> tuple[str, str] | None:
     if ep.metadata.get("question_type") != "update":
         return None
     turns = {t.turn_id: t for t in ep.history}
-    parsed = parse_statement(turns[ep.metadata["evidence_turn_ids"][0]].text)
+    evidence = turns[ep.metadata["evidence_turn_ids"][0]]
+    if evidence.metadata.get("memory_attr"):  # the adapter says (any wording)
+        return evidence.metadata["memory_person"], evidence.metadata["memory_attr"]
+    parsed = parse_statement(evidence.text)
     return None if parsed is None else parsed[:2]
 
 
