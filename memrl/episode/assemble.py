@@ -1,9 +1,13 @@
 """Turn a finished :class:`EpisodeState` into ``EpisodeTrajectory`` objects (one per leaf).
 
-Step-wise memory rewards (``step_rewards_ext``, never in the PPO loss): a history step whose turn produced a
-fact that made it into the final prompt gets the episode's mean leaf reward (credit for remembering something
-used); a history step whose facts were not used gets 0; steps without ADD/UPDATE ops and target steps get
-``None``. It is a simple retrieval-credit placeholder for memory-agent training.
+Leaf 0 carries the episode's memory steps before its target step:
+
+* policy writes (``memory.extractor: policy``): one trainable step per write, one per alternative at snapshot
+  writes (:func:`memory_steps`); ``step_rewards_ext`` holds each write's credit (:mod:`memrl.episode.credit`),
+  which the batch builder trains on in the write's own GRPO group;
+* with ``episode.history_steps: turn``, one untrainable step per history turn carrying its memory ops; its
+  ``step_rewards_ext`` says whether a fact it wrote reached the answer's prompt (the episode's mean leaf reward
+  if so, 0 if not, ``None`` when it wrote nothing), for inspection: no loss reads it.
 """
 
 from __future__ import annotations
