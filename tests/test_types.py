@@ -104,7 +104,9 @@ def test_step_trajectory_checks_mask_alignment_and_values():
     with pytest.raises(ContractError, match="values must be 0 or 1; position 1 is 2"):
         _step(response_mask=[1, 2, 1])
     assert not _step(response_mask=[0, 0, 0]).trainable
-    assert _step(turn_role="history").trainable  # model tokens of a history step: a memory write the policy made
+    assert _step(
+        turn_role="history"
+    ).trainable  # model tokens of a history step: a memory write the policy made
 
 
 def test_memory_op_rules():
