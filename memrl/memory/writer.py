@@ -89,10 +89,15 @@ def parse_ops(reply: str, neighbours: Sequence[FactRecord], speaker: str = "") -
     errors: list[str] = []
     if not lines:
         return ParsedOps((_invalid(errors, "empty reply"),), tuple(errors))
-    if len(lines) > MAX_OPS:
-        errors.append(f"{len(lines)} operations, more than {MAX_OPS}: the rest were ignored")
-        lines = lines[:MAX_OPS]
-    decisions = tuple(_parse_line(ln, neighbours, speaker, errors) for ln in lines)
+    # A small model that loops repeats its last line until the token cap: a repeated write is an error, not a new
+    # fact (NOOP lines repeat rightly, one per turn with nothing to remember).
+    seen: set[str] = set()
+    unique = [ln for ln in lines if ln.upper().startswith("NOOP") or not (ln in seen or seen.add(ln))]
+    if len(unique) < len(lines):
+        errors.append(f"{len(lines) - len(unique)} repeated line(s) ignored")
+    if len(unique) > MAX_OPS:
+        errors.append(f"{len(unique)} operations, more than {MAX_OPS}: the rest were ignored")
+    decisions = tuple(_parse_line(ln, neighbours, speaker, errors) for ln in unique[:MAX_OPS])
     return ParsedOps(decisions, tuple(errors))
 
 

@@ -53,8 +53,14 @@ def test_malformed_operation_becomes_noop_with_its_reason(reply, why):
 
 
 def test_too_many_lines_are_cut_and_counted_as_a_format_error():
-    got = parse_ops("\n".join(["NOOP"] * 12), ())
+    got = parse_ops("\n".join(f"ADD Ann has {i} pets." for i in range(12)), ())
     assert len(got.decisions) == 8 and any("more than 8" in e for e in got.errors)
+
+
+def test_a_looping_reply_adds_its_line_once_and_loses_its_format_term():
+    got = parse_ops("ADD Ann lives in Oslo.\n" * 6 + "NOOP", ())
+    assert [d.op for d in got.decisions] == [ADD, NOOP] and not got.valid
+    assert got.errors == ("5 repeated line(s) ignored",)
 
 
 def test_render_user_shows_local_ids_and_the_new_turns():
