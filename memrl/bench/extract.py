@@ -47,7 +47,7 @@ from memrl.memory.config import MemoryConfig
 from memrl.memory.embedder import Embedder, build_embedder
 from memrl.memory.extract import MALFORMED_REASON, TextGenerator
 from memrl.memory.gold import holds as gold_holds
-from memrl.memory.manager import MemorySystem, is_superseded
+from memrl.memory.manager import MemorySystem
 from memrl.memory.writer import FORMAT_REASON
 from memrl.types import BatchInput, MemoryOp, MemoryOpType, TurnSpec
 
@@ -334,7 +334,8 @@ def run_extractor(
     truths = [expected_decisions(ep.history) for ep in episodes]
     scores = ExtractScores()
     steps = max((len(ep.history) for ep in episodes), default=0)
-    size = chunk if getattr(system.extractor, "writes_steps", False) else 1
+    policy_writes = getattr(system.extractor, "writes_steps", False)
+    size = chunk if policy_writes else 1
     seconds, writes_done, bad_writes = 0.0, 0, 0
     for i in tqdm(
         range(0, steps, size), desc=desc, unit="write", file=sys.stderr, disable=not desc, mininterval=2.0
@@ -345,7 +346,7 @@ def run_extractor(
             recorder.last = []
         t0 = time.perf_counter()
         # One turn (or one chunk) per episode per call: an update has to see the fact its earlier statement left.
-        if size > 1 or getattr(system.extractor, "writes_steps", False):  # the policy writes, as in training
+        if policy_writes:  # the policy writes, as in training
             writes = system.write_batch([(mgrs[j], episodes[j].history[i : i + size]) for j in live])
             per_turn = [attribute(w.turns, w.ops) for w in writes]
             replies = [w.samples[0].text for w in writes]
@@ -362,8 +363,8 @@ def run_extractor(
                     episodes[j].history[i + k], truths[j][i + k], ops, facts, reply if k == 0 else ""
                 )
     for ep, mgr, truth in zip(episodes, mgrs, truths, strict=True):
-        current = [f.text for f in mgr.facts() if not is_superseded(f)]
-        old = [f.text for f in mgr.facts() if is_superseded(f)]
+        current = [f.text for f in mgr.facts() if not f.superseded]
+        old = [f.text for f in mgr.facts() if f.superseded]
         scores.add_end_state(truth, current, question_key(ep), old)
     turns = sum(len(ep.history) for ep in episodes)
     result = scores.summary()

@@ -144,9 +144,7 @@ class EpisodeRunner:
                     self.memory.release(st.episode_id)
 
     def _timed(self, name: str, fn: Callable[[list[EpisodeState]], None], states: list[EpisodeState]) -> None:
-        t0 = time.perf_counter()
-        fn(states)
-        self.metrics[f"episode/time_{name}_s"] += time.perf_counter() - t0
+        self._timed_call(name, lambda: fn(states))
 
     def _guarded(
         self, phase: Phase, states: Sequence[EpisodeState], call: Callable[[list[EpisodeState]], None]
@@ -189,7 +187,7 @@ class EpisodeRunner:
                 st.advance(Phase.PROMPTING)
             return
         chunk = self.cfg.ingest_chunk_turns
-        if getattr(self.memory.extractor, "writes_steps", False):
+        if self._policy_writes:
             # Policy-written memory is sampled per episode (each write is a trainable step): never shared.
             if self.snapshot is not None:
                 for st in states:
@@ -224,6 +222,11 @@ class EpisodeRunner:
         st.cursor = leader.cursor
         self.metrics["memory/shared_ingests"] += 1
         st.advance(Phase.PROMPTING)
+
+    @property
+    def _policy_writes(self) -> bool:
+        """``memory.extractor: policy``: the policy writes the memory, each write a trainable step."""
+        return bool(getattr(self.memory.extractor, "writes_steps", False))
 
     def _write_chunk(self, live: list[EpisodeState], chunk: int) -> None:
         """The policy writes memory: one write per episode (its next ``chunk`` turns) in one generate call;
@@ -362,7 +365,7 @@ class EpisodeRunner:
     def _update(self, states: list[EpisodeState]) -> None:
         # A policy-written memory records the conversation only: writing the answer back would be one more
         # generation per episode for a fact no question asks about.
-        if self.cfg.context != "memory" or getattr(self.memory.extractor, "writes_steps", False):
+        if self.cfg.context != "memory" or self._policy_writes:
             for st in states:
                 st.advance(Phase.SCORING)
             return

@@ -40,10 +40,6 @@ from memrl.types import MemoryOp, MemoryOpType, TurnRole, TurnSpec
 logger = logging.getLogger(__name__)
 
 
-def is_superseded(rec: FactRecord) -> bool:
-    return rec.extra.get("superseded_by") is not None
-
-
 @dataclass(frozen=True)
 class WriteResult:
     """One policy write: what the writer read (``turns``, ``neighbours`` with local id = index, ``prompt_ids``),
@@ -57,6 +53,14 @@ class WriteResult:
     facts_before: tuple[int, ...]
     facts_after: tuple[int, ...]
     alternatives: tuple[str, ...] = ()  # namespaces of the store forks, one per sample (snapshot credit)
+
+
+def _use_order(samples) -> list:
+    """The decision lists of a write batch in the order ``write_batch`` applies them: per item, every fork's reply
+    (snapshot writes), then reply 0 to the episode's own store."""
+    return [
+        alt.ops.decisions for alts in samples for alt in ((*alts, alts[0]) if len(alts) > 1 else alts[:1])
+    ]
 
 
 @dataclass(frozen=True)
@@ -298,7 +302,7 @@ class MemorySystem:
             return ()
         hits = self.store.search(mgr.episode_id, vecs, 3 * k)[0]
         recs = (self.store.get(mgr.episode_id, fid) for fid, _ in hits)
-        return tuple(r for r in recs if not is_superseded(r))[:k]
+        return tuple(r for r in recs if not r.superseded)[:k]
 
     def write_batch(
         self,
@@ -326,11 +330,13 @@ class MemorySystem:
             for i, (mgr, turns) in enumerate(items)
         ]
         prompts, samples = writer.sample(requests, n or [1] * len(items), temperature, seed)
+        # One encode call for the facts of every reply that gets applied (forks first, then reply 0, per item).
+        vecs = self._decision_vectors([d for ds in _use_order(samples) for d in ds])
         out = []
         for (mgr, turns), req, prompt, alts in zip(items, requests, prompts, samples, strict=True):
             before = tuple(r.fact_id for r in self.current_facts(mgr))
-            forks = self._fork_alternatives(mgr, turns, alts) if len(alts) > 1 else ()
-            ops = self.apply_decisions(mgr, turns, alts[0].ops.decisions)
+            forks = self._fork_alternatives(mgr, turns, alts, vecs) if len(alts) > 1 else ()
+            ops = self.apply_decisions(mgr, turns, alts[0].ops.decisions, vecs)
             after = tuple(r.fact_id for r in self.current_facts(mgr))
             out.append(
                 WriteResult(
@@ -339,7 +345,9 @@ class MemorySystem:
             )
         return out
 
-    def _fork_alternatives(self, mgr: MemoryManager, turns: Sequence[TurnSpec], alts) -> tuple[str, ...]:
+    def _fork_alternatives(
+        self, mgr: MemoryManager, turns: Sequence[TurnSpec], alts, vecs
+    ) -> tuple[str, ...]:
         """One fork of ``mgr``'s store per reply, all taken before any reply is applied; reply j goes to fork j."""
         forks = []
         for _ in alts:
@@ -351,21 +359,26 @@ class MemorySystem:
                 d if d.fact_id is None else dataclasses.replace(d, fact_id=ids[d.fact_id])
                 for d in alt.ops.decisions
             ]
-            self.apply_decisions(fork, turns, decisions)
+            self.apply_decisions(fork, turns, decisions, vecs)
         return tuple(fork.episode_id for fork, _ in forks)
 
-    def apply_decisions(
-        self, mgr: MemoryManager, turns: Sequence[TurnSpec], decisions: Sequence[FactDecision]
-    ) -> list[MemoryOp]:
-        """Embed and apply decisions about ``turns`` (dated at the last turn) to ``mgr``'s store; logs the ops."""
+    def _decision_vectors(self, decisions: Sequence[FactDecision]):
+        """The vectors of the ADD/UPDATE decisions among ``decisions``, in order, from one encode call."""
         texts = [d.embed_text or d.text for d in decisions if d.op in (MemoryOpType.ADD, MemoryOpType.UPDATE)]
-        vecs = iter(self.encode_chunked(texts))
+        return iter(self.encode_chunked(texts))
+
+    def apply_decisions(
+        self, mgr: MemoryManager, turns: Sequence[TurnSpec], decisions: Sequence[FactDecision], vecs=None
+    ) -> list[MemoryOp]:
+        """Apply decisions about ``turns`` (dated at the last turn) to ``mgr``'s store; logs the ops. ``vecs``:
+        an iterator already holding their ADD/UPDATE vectors in order (default: encode them now)."""
+        vecs = self._decision_vectors(decisions) if vecs is None else vecs
         ops = self._apply(mgr, turns[-1], decisions, vecs, tuple(t.turn_id for t in turns))
         mgr._log(ops)
         return ops
 
     def current_facts(self, mgr: MemoryManager) -> list[FactRecord]:
-        return [r for r in self.store.records(mgr.episode_id) if not is_superseded(r)]
+        return [r for r in self.store.records(mgr.episode_id) if not r.superseded]
 
     def fork(self, mgr: MemoryManager, episode_id: str) -> tuple[MemoryManager, dict[int, int]]:
         """A manager over a copy of ``mgr``'s facts (released with :meth:`release` like any episode), and the

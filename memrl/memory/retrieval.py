@@ -431,17 +431,17 @@ def supersede_rescore(ranked: Ranked, records: dict[int, FactRecord], query: str
     """Multiply the score of facts an UPDATE superseded (``extra["superseded_by"]``) by ``weight``, unless the
     query asks about the past: the current value wins "where does Mia live?", the old one stays findable for
     "where did Mia live before?" (validity intervals, as Zep's facts carry)."""
-    if weight == 1.0 or not any(records[f].extra.get("superseded_by") is not None for f, _ in ranked):
+    if weight == 1.0 or not any(records[f].superseded for f, _ in ranked):
         return ranked
     if _PAST_WORDS & set(_TOKEN.findall(query.lower())):
         return ranked
-    out = [(f, s * weight if records[f].extra.get("superseded_by") is not None else s) for f, s in ranked]
+    out = [(f, s * weight if records[f].superseded else s) for f, s in ranked]
     return sorted(out, key=lambda kv: -kv[1])
 
 
 def as_history(rec: FactRecord) -> FactRecord:
     """A superseded fact as the prompt shows it: its text with the date it stopped being true."""
-    until = rec.extra.get("valid_until")
-    if rec.extra.get("superseded_by") is None:
+    if not rec.superseded:
         return rec
+    until = rec.extra.get("valid_until")
     return dataclasses.replace(rec, text=f"{rec.text} (no longer true since {until}; replaced)")

@@ -55,6 +55,11 @@ class FactRecord:
     order: int = 0
     extra: dict = field(default_factory=dict, compare=False)
 
+    @property
+    def superseded(self) -> bool:
+        """An UPDATE replaced it; it stays as history (``extra``: ``superseded_by``, ``valid_until``)."""
+        return self.extra.get("superseded_by") is not None
+
 
 @dataclass(frozen=True)
 class NewFact:

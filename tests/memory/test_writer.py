@@ -6,7 +6,7 @@ import pytest
 
 from memrl.memory.config import MemoryConfig
 from memrl.memory.llm import policy_text_generator
-from memrl.memory.manager import MemorySystem, is_superseded
+from memrl.memory.manager import MemorySystem
 from memrl.memory.store import FactRecord
 from memrl.memory.writer import FORMAT_REASON, WriteRequest, parse_ops, render_user
 from memrl.testing.models import byte_tokenizer
@@ -84,7 +84,7 @@ def test_update_supersedes_keeps_history_and_retrieval_prefers_the_current_value
     assert [o.op for o in first.ops] == [ADD] and [o.op for o in second.ops] == [UPDATE]
     old, new = second.ops[0].fact_ids
     records = {r.fact_id: r for r in mgr.facts()}
-    assert records[old].text == "Ann lives in Paris." and is_superseded(records[old])
+    assert records[old].text == "Ann lives in Paris." and records[old].superseded
     assert (
         records[old].extra["valid_until"] == "2023-03-05 09:00" and records[old].extra["superseded_by"] == new
     )
@@ -106,17 +106,23 @@ def test_a_malformed_write_is_a_logged_noop_and_never_raises(minilm):
     assert mgr.memory_ops[-1].op is NOOP
 
 
-def test_writes_of_a_batch_are_one_generate_call(minilm):
-    policy = ScriptedPolicy(byte_tokenizer(), lambda ctx: "NOOP")
+def test_writes_of_a_batch_are_one_generate_call_and_two_encode_calls(counting):
+    policy = ScriptedPolicy(
+        byte_tokenizer(), lambda ctx: ["ADD Ann is a baker.", "ADD Bo is a pilot."][ctx.sample_index]
+    )
     calls = []
     inner = policy.generate
     policy.generate = lambda reqs: calls.append(len(reqs)) or inner(reqs)
     system = MemorySystem(
-        MemoryConfig(extractor="policy"), embedder=minilm, generate_text=policy_text_generator(policy)
+        MemoryConfig(extractor="policy"), embedder=counting, generate_text=policy_text_generator(policy)
     )
     items = [(system.manager(f"ep{i}"), [turn("Hello.", "D1:1")]) for i in range(3)]
-    out = system.write_batch(items)
+    out = system.write_batch(items, [1, 2, 1], temperature=1.0)  # the second write is a snapshot group
     assert calls == [3] and len(out) == 3
+    # One encode for the neighbour lookup, one for every fact written: the forks' and the episodes' own.
+    assert counting.calls == [3, 5]  # item 1: its two forks and its own store
+    assert [len(system.current_facts(m)) for m, _ in items] == [1, 1, 1]
+    assert [len(system.current_facts(system.manager(ns))) for ns in out[1].alternatives] == [1, 1]
     assert all(len(r.samples[0].response_ids) == len(r.samples[0].logprobs) > 0 for r in out)
 
 
@@ -141,7 +147,7 @@ def test_snapshot_alternatives_start_from_one_state_and_never_touch_each_other(m
     assert not {r.fact_id for r in mgr.facts()} & {r.fact_id for f in forks for r in f.facts()}
     # The episode's own store got reply 0 only.
     assert [r.text for r in system.current_facts(mgr)] == ["Ann lives in Rome."]
-    assert sum(1 for r in mgr.facts() if is_superseded(r)) == 1
+    assert sum(1 for r in mgr.facts() if r.superseded) == 1
     for ns in res.alternatives:
         system.release(ns)
     assert [r.text for r in system.current_facts(mgr)] == ["Ann lives in Rome."]
