@@ -23,7 +23,7 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -36,6 +36,9 @@ from memrl.memory.extract import EXTRACTORS, ExtractionRequest, FactDecision, Te
 from memrl.memory.retrieval import RETRIEVERS, Query, as_history, supersede_rescore, time_rescore
 from memrl.memory.store import FACT_STORES, FactRecord, FactStore, FactStoreError, NewFact
 from memrl.types import MemoryOp, MemoryOpType, TurnRole, TurnSpec
+
+if TYPE_CHECKING:
+    from memrl.memory.writer import WriteRequest
 
 logger = logging.getLogger(__name__)
 
@@ -311,10 +314,12 @@ class MemorySystem:
         *,
         temperature: float = 0.0,
         seed: int | None = None,
+        teacher: Callable[[WriteRequest], str] | None = None,
     ) -> list[WriteResult]:
         """One policy write per (episode, new turns), all in one generate call (``memory.extractor: policy``).
         ``n[i]`` replies are sampled for item i; the first is applied to the episode's store, the others are
-        alternatives for step credit (:mod:`memrl.episode.snapshot`)."""
+        alternatives for step credit (:mod:`memrl.episode.snapshot`). With ``teacher`` nothing is generated: each
+        write's reply is ``teacher(request)`` (a demonstration, as the imitation warm start writes gold ones)."""
         writer = self.extractor
         if not getattr(writer, "writes_steps", False):
             raise ValueError(f"memory.extractor={self.cfg.extractor!r} writes no steps; use 'policy'")
@@ -329,7 +334,10 @@ class MemorySystem:
             )
             for i, (mgr, turns) in enumerate(items)
         ]
-        prompts, samples = writer.sample(requests, n or [1] * len(items), temperature, seed)
+        if teacher is None:
+            prompts, samples = writer.sample(requests, n or [1] * len(items), temperature, seed)
+        else:
+            prompts, samples = writer.forced(requests, [teacher(r) for r in requests])
         # One encode call for the facts of every reply that gets applied (forks first, then reply 0, per item).
         vecs = self._decision_vectors([d for ds in _use_order(samples) for d in ds])
         out = []

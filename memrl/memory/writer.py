@@ -23,6 +23,7 @@ current value (:func:`memrl.memory.retrieval.supersede_rescore`).
 from __future__ import annotations
 
 import logging
+import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -190,6 +191,20 @@ class PolicyWriter:
                     )
                 )
             out.append(samples)
+        return prompts, out
+
+    def forced(
+        self, requests: Sequence[WriteRequest], replies: Sequence[str]
+    ) -> tuple[list[tuple[int, ...]], list[list[WriteSample]]]:
+        """Teacher forcing: ``replies[i]`` is request i's reply (a demonstration, e.g. the gold operations),
+        tokenized as the policy would write it and ended with eos; nothing sampled it, so its log-probs are NaN."""
+        prompts, out = [self.prompt_ids(r) for r in requests], []
+        for req, text in zip(requests, replies, strict=True):
+            ids = (*self.tokenizer(text, add_special_tokens=False)["input_ids"], *self.stop_ids)
+            speaker = req.turns[-1].speaker if len({t.speaker for t in req.turns}) == 1 else ""
+            out.append(
+                [WriteSample(ids, (math.nan,) * len(ids), text, parse_ops(text, req.neighbours, speaker))]
+            )
         return prompts, out
 
     def extract(self, requests: Sequence[ExtractionRequest]) -> list[list[FactDecision]]:

@@ -74,6 +74,27 @@ class ReplayConfig:
 
 
 @dataclass
+class WarmStartConfig:
+    """Imitation warm start of the memory writer (:mod:`memrl.train.warm_start`): before the first RL step, SFT on
+    the gold memory writes of the first ``episodes`` training episodes (0 = off), ``batch_size`` writes per
+    optimizer step, ``epochs`` passes. Needs gold operations in the data (the synthetic task has them)."""
+
+    episodes: int = 0
+    batch_size: int = 8
+    epochs: int = 1
+
+    def __post_init__(self) -> None:
+        if self.episodes < 0:
+            raise ValueError(
+                f"train.warm_start.episodes must be >= 0 (0 = no warm start), got {self.episodes}"
+            )
+        if self.batch_size < 1 or self.epochs < 1:
+            raise ValueError(
+                f"train.warm_start.batch_size and epochs must be >= 1, got {self.batch_size}, {self.epochs}"
+            )
+
+
+@dataclass
 class TrainConfig:
     """LoRA GRPO training.
 
@@ -113,6 +134,7 @@ class TrainConfig:
     micro_batch_size: int = 8
     lora: LoraConfig = field(default_factory=LoraConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     eval_every: int = 5
     eval_episodes: int = 64
     # Start and final evaluation (em_start / em_final with bootstrap intervals); None = eval_episodes. The

@@ -270,6 +270,8 @@ def _train(cfg: Config, resources: TrainResources | None, progress: bool) -> dic
             _counters_from_eval(counters, "em_start", start)
             counters["eval_wall_s"] = counters.get("eval_wall_s", 0.0) + time.perf_counter() - t0
             log.log(0, {**start, **{f"counters/{k}": v for k, v in counters.items()}})
+        if cfg.train.warm_start.episodes and "warm_start_s" not in counters and not cfg.train.train_only:
+            _warm_start(res, counters, log, ckpt_root, progress)
         step = _train_steps(res, state.step, counters, log, ckpt_root, evaluating, progress)
         if evaluating and (step != state.step or "em_final" not in counters):  # not again on a finished run
             t0 = time.perf_counter()
@@ -281,6 +283,21 @@ def _train(cfg: Config, resources: TrainResources | None, progress: bool) -> dic
     finally:
         log.close()
     return _finish(cfg, run_dir, step, counters)
+
+
+def _warm_start(
+    res: TrainResources, counters: dict[str, float], log: MetricsLogger, ckpt_root: Path, progress: bool
+) -> None:
+    """Imitation warm start of the memory writer (``train.warm_start``), logged and checkpointed as step 0. Its
+    time counts in the training budget (``wall_s``), so arms with and without it get the same budget."""
+    from memrl.train.warm_start import warm_start
+
+    metrics = warm_start(res, progress)
+    publish_adapter(res, 0)
+    counters["warm_start_s"] = metrics["time/warm_start_s"]
+    counters["wall_s"] = counters.get("wall_s", 0.0) + metrics["time/warm_start_s"]
+    log.log(0, {**metrics, **{f"counters/{k}": v for k, v in counters.items()}})
+    _checkpoint(res, ckpt_root, 0, counters)
 
 
 def _train_steps(

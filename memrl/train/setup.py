@@ -75,7 +75,7 @@ def eval_config(cfg: Config) -> Config:
     return dataclasses.replace(cfg, rollout=rollout, episode=episode)
 
 
-def _load_dataset(data: DataConfig, split: str, limit: int | None) -> list[BatchInput]:
+def load_split(data: DataConfig, split: str, limit: int | None) -> list[BatchInput]:
     from memrl.data.adapters import load_dataset
 
     inputs, report = load_dataset(dataclasses.replace(data, split=split, limit=limit))
@@ -93,11 +93,11 @@ def evaluation_inputs(cfg: Config) -> tuple[list[BatchInput], list[BatchInput]]:
     tc = cfg.train
     final_n = tc.final_eval_episodes or tc.eval_episodes
     if tc.final_eval_split in (None, tc.eval_split):
-        inputs = _load_dataset(cfg.data, tc.eval_split, max(final_n, tc.eval_episodes))
+        inputs = load_split(cfg.data, tc.eval_split, max(final_n, tc.eval_episodes))
         return inputs[: tc.eval_episodes], inputs[:final_n]
     return (
-        _load_dataset(cfg.data, tc.eval_split, tc.eval_episodes),
-        _load_dataset(cfg.data, tc.final_eval_split, final_n),
+        load_split(cfg.data, tc.eval_split, tc.eval_episodes),
+        load_split(cfg.data, tc.final_eval_split, final_n),
     )
 
 
@@ -122,7 +122,7 @@ def build_resources(cfg: Config) -> TrainResources:
 
     torch.manual_seed(cfg.seed)
     model, policy, shares = _model_and_policy(cfg.policy, cfg.train.lora)
-    train_inputs = _load_dataset(cfg.data, cfg.data.split, cfg.data.limit)
+    train_inputs = load_split(cfg.data, cfg.data.split, cfg.data.limit)
     eval_inputs, final_eval_inputs = evaluation_inputs(cfg)
     runner = build_runner(cfg, policy=policy)
     eval_runner = build_runner(eval_config(cfg), policy=policy)

@@ -228,3 +228,33 @@ def test_progress_bars_cover_the_evaluations_and_the_steps(tmp_path, tiny_model_
     train(quiet, resources=build_resources(quiet))
     err = capsys.readouterr().err
     assert "eval:" not in err and "train:" not in err
+
+
+def test_warm_start_imitates_gold_writes_before_the_first_step_as_step_zero(tmp_path, tiny_model_dir):
+    """train.warm_start in the real loop: the gold writes of the first episodes are imitated before step 1,
+    logged and checkpointed as step 0, and their time counts in the training budget."""
+    from memrl.train.checkpoint import latest_checkpoint
+    from memrl.train.loop import train
+    from memrl.train.setup import build_resources
+
+    cfg = _in_process_cfg(
+        tmp_path,
+        tiny_model_dir,
+        "warm",
+        "memory.extractor=policy",
+        "memory.write_max_tokens=8",
+        "episode.ingest_chunk_turns=2",
+        "train.warm_start={episodes: 3, batch_size: 2}",
+        "train.steps=1",
+        "train.final_eval_episodes=1",
+    )
+    summary = train(cfg, resources=build_resources(cfg))
+    rows = [json.loads(line) for line in (tmp_path / "warm" / "metrics.jsonl").read_text().splitlines()]
+    warm = next(r for r in rows if "warm_start/demonstrations" in r)
+    assert warm["step"] == 0
+    assert (
+        warm["warm_start/demonstrations"] == 3 * 2
+    )  # 3 episodes, 2 sessions of 2 turns, one write per session
+    assert warm["warm_start/steps"] == 3 and warm["warm_start/loss_last"] > 0
+    assert summary["wall_s"] >= warm["counters/warm_start_s"] > 0
+    assert summary["steps"] == 1 and latest_checkpoint(tmp_path / "warm" / "checkpoints") is not None

@@ -1,0 +1,169 @@
+"""Imitation warm start of the memory writer: supervised steps on gold memory writes before reinforcement learning.
+
+The untrained policy follows the memory-operation format in almost no write (SmolLM2-135M: 0 of 72), so the RL
+signal of its writes is mostly the format term, and the gold operations that the replay SFT term adds reach the
+writer a few rows per update. As in SFT-then-RL cold starts (DeepSeek-R1) and Memory-R1's recipe, the warm start
+first imitates the writes a perfect writer makes on training episodes whose turns carry gold operations
+(:mod:`memrl.memory.gold`; the synthetic task knows them for every turn):
+
+1. *Teacher-forced ingest.* Each episode's history is written chunk by chunk (``episode.ingest_chunk_turns``)
+   exactly as the runner writes it: the same neighbours, the same prompt, but the reply is the gold operations
+   (:meth:`~memrl.memory.manager.MemorySystem.write_batch` with a ``teacher``), which are then applied, so every
+   later write reads the store a right writer would have built.
+2. *SFT.* ``-mean log p(gold reply | prompt)`` per sequence, averaged over ``batch_size`` writes per optimizer
+   step, for ``epochs`` passes, with the training run's optimizer (its learning rate and clipping).
+
+A dataset without gold operations (LoCoMo, LongMemEval) has nothing to imitate: the warm start refuses it, and the
+writer learns from its credit alone (outcome-only).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from tqdm import tqdm
+
+from memrl.memory.gold import gold_text
+from memrl.memory.manager import MemorySystem
+from memrl.train.losses import LOSS_AGGREGATIONS
+from memrl.train.microbatch import SeqRecord, collate, forward_logits, token_logprobs
+from memrl.types import BatchInput
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Demonstration:
+    """One gold write: the prompt the writer read and the gold reply's ids (eos included)."""
+
+    prompt_ids: tuple[int, ...]
+    response_ids: tuple[int, ...]
+    episode_id: str
+
+
+def _teacher(req) -> str:
+    text = gold_text(req.turns, req.neighbours)
+    if text is None:
+        ids = ", ".join(t.turn_id for t in req.turns if not t.metadata.get("memory_op"))
+        raise ValueError(
+            f"train.warm_start imitates gold memory writes, but turn(s) {ids} carry no gold operation "
+            "(metadata 'memory_op'); use a dataset that knows them (the synthetic task) or "
+            "train.warm_start.episodes=0 (outcome-only credit)"
+        )
+    return text
+
+
+def gold_writes(memory: MemorySystem, inputs: Sequence[BatchInput], chunk: int) -> list[Demonstration]:
+    """The gold writes of ``inputs``' histories, written batch-wise (one write per episode per call) into
+    scratch namespaces of ``memory`` that are released afterwards."""
+    managers = [memory.manager(f"warm-start/{bi.episode_id}") for bi in inputs]
+    out: list[Demonstration] = []
+    try:
+        cursor = 0
+        while True:
+            items, owners = [], []
+            for bi, mgr in zip(inputs, managers, strict=True):
+                stop = len(bi.history) if chunk <= 0 else min(len(bi.history), cursor + chunk)
+                if stop > cursor:
+                    items.append((mgr, bi.history[cursor:stop]))
+                    owners.append(bi)
+            if not items:
+                return out
+            for bi, res in zip(owners, memory.write_batch(items, teacher=_teacher), strict=True):
+                out.append(Demonstration(res.prompt_ids, res.samples[0].response_ids, bi.episode_id))
+            cursor = max(len(bi.history) for bi in owners) if chunk <= 0 else cursor + chunk
+    finally:
+        for mgr in managers:
+            memory.release(mgr.episode_id)
+
+
+def _records(demos: Sequence[Demonstration]) -> list[SeqRecord]:
+    out = []
+    for i, d in enumerate(demos):
+        zeros, ones = torch.zeros(len(d.prompt_ids)), torch.ones(len(d.response_ids))
+        out.append(
+            SeqRecord(
+                ids=torch.tensor([*d.prompt_ids, *d.response_ids], dtype=torch.long),
+                prompt_len=len(d.prompt_ids),
+                loss_mask=torch.cat([zeros, ones]),
+                old_logp=torch.zeros(len(d.prompt_ids) + len(d.response_ids)),
+                adv=torch.cat([zeros, ones]),  # the SFT coefficient rides in the advantage slot, as in replay
+                index=i,
+            )
+        )
+    return out
+
+
+def sft_step(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, demos: Sequence[Demonstration],
+    micro_batch_size: int, max_grad_norm: float,
+) -> float:  # fmt: skip
+    """One optimizer step of ``-mean over demos of (mean token log p(reply | prompt))``; returns that loss."""
+    agg = LOSS_AGGREGATIONS.get("seq-mean-token-mean")
+    records = _records(demos)
+    total, loss = float(len(records)), 0.0
+    model.train()
+    for i in range(0, len(records), micro_batch_size):
+        mb = collate(records[i : i + micro_batch_size])
+        logp = token_logprobs(forward_logits(model, mb), mb.input_ids)
+        part = (-mb.adv * logp * agg.weights(mb.loss_mask, mb.seq_index)).sum() / total
+        part.backward()
+        loss += float(part.detach())
+    params = [p for p in model.parameters() if p.requires_grad]
+    torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    model.eval()
+    return loss
+
+
+def warm_start(res, progress: bool = False) -> dict[str, float]:
+    """Run ``train.warm_start`` on ``res`` (:class:`~memrl.train.setup.TrainResources`): gold writes of the first
+    ``episodes`` training episodes, then ``epochs`` shuffled passes of SFT; returns ``warm_start/*`` metrics."""
+    cfg, wc = res.cfg, res.cfg.train.warm_start
+    t0 = time.perf_counter()
+    from memrl.train.setup import load_split
+
+    # The head of the training split (as loaded, before the data source shuffles): the data source's position
+    # is untouched, so a resumed run draws exactly what an uninterrupted one would.
+    inputs = load_split(cfg.data, cfg.data.split, wc.episodes)
+    demos = gold_writes(res.runner.memory, inputs, cfg.episode.ingest_chunk_turns)
+    t_ingest = time.perf_counter() - t0
+    rng = random.Random(cfg.seed)
+    losses: list[float] = []
+    steps = wc.epochs * -(-len(demos) // wc.batch_size)
+    with tqdm(total=steps, desc="warm start", unit="step", file=sys.stderr, disable=not progress) as bar:
+        for _ in range(wc.epochs):
+            order = list(demos)
+            rng.shuffle(order)
+            for i in range(0, len(order), wc.batch_size):
+                losses.append(
+                    sft_step(
+                        res.model, res.updater.optimizer, order[i : i + wc.batch_size],
+                        cfg.train.micro_batch_size, cfg.train.max_grad_norm,
+                    )
+                )  # fmt: skip
+                bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
+                bar.update(1)
+    tail = losses[-max(1, len(losses) // 10) :]
+    metrics = {
+        "warm_start/demonstrations": float(len(demos)),
+        "warm_start/steps": float(len(losses)),
+        "warm_start/loss_first": losses[0] if losses else 0.0,
+        "warm_start/loss_last": sum(tail) / len(tail) if tail else 0.0,
+        "warm_start/reply_tokens": float(sum(len(d.response_ids) for d in demos)),
+        "time/warm_start_ingest_s": t_ingest,
+        "time/warm_start_s": time.perf_counter() - t0,
+    }
+    logger.info(
+        "warm start: %d gold writes of %d episodes, %d SFT steps, loss %.3f -> %.3f (%.0f s)",
+        len(demos), len(inputs), len(losses), metrics["warm_start/loss_first"], metrics["warm_start/loss_last"],
+        metrics["time/warm_start_s"],
+    )  # fmt: skip
+    return metrics

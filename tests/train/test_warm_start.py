@@ -1,0 +1,110 @@
+"""Imitation warm start of the memory writer: teacher-forced gold writes (real MiniLM + FAISS) and their SFT."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import ByT5Tokenizer
+
+from memrl.config import load_config
+from memrl.data.adapters import load_dataset
+from memrl.episode.build import build_runner
+from memrl.memory.writer import WriteRequest
+from memrl.testing.scripted import ScriptedPolicy
+from memrl.train.config import LoraConfig, WarmStartConfig
+from memrl.train.lora import attach_lora
+from memrl.train.warm_start import Demonstration, _teacher, gold_writes, sft_step
+from memrl.types import TurnRole, TurnSpec
+from tests.train.train_fixtures import tiny_llama
+
+
+def _never(ctx):
+    raise AssertionError("a teacher-forced write must not generate")
+
+
+@pytest.fixture(scope="module")
+def forced():
+    cfg = load_config(
+        None,
+        [
+            "data.options={num_episodes: 6, phrasing: varied}",
+            "tools.enabled=[]",
+            "memory.extractor=policy",
+            "memory.write_neighbours=8",
+            "episode.ingest_chunk_turns=6",
+        ],
+    )
+    inputs, _ = load_dataset(cfg.data)
+    tok = ByT5Tokenizer()
+    runner = build_runner(cfg, policy=ScriptedPolicy(tok, _never))
+    return inputs, tok, runner.memory, gold_writes(runner.memory, inputs, 6)
+
+
+def test_every_chunk_of_every_episode_gets_its_gold_write(forced):
+    inputs, tok, memory, demos = forced
+    assert len(demos) == sum(-(-len(bi.history) // 6) for bi in inputs) == 6 * 3
+    for d in demos:
+        assert d.response_ids[-1] == tok.eos_token_id
+        reply = tok.decode(list(d.response_ids[:-1]))
+        assert reply and all(line.split()[0] in ("ADD", "UPDATE", "NOOP") for line in reply.splitlines())
+        assert len(reply.splitlines()) == 6  # one operation per turn of the chunk
+    assert not [ns for ns in memory.store.namespaces() if ns.startswith("warm-start/")]  # scratch released
+
+
+def test_later_writes_read_the_store_the_gold_writes_built(forced):
+    """Teacher forcing applies each gold reply: a later write of an episode shows the facts earlier gold ADDs
+    wrote, and a gold UPDATE names the shown id of the fact holding the stale value."""
+    inputs, tok, _, demos = forced
+    first, second = demos[0], demos[len(inputs)]  # episode 0's writes 1 and 2 (writes go batch-wise)
+    assert first.episode_id == second.episode_id == inputs[0].episode_id
+    added = [ln[4:] for ln in tok.decode(list(first.response_ids[:-1])).splitlines() if ln.startswith("ADD ")]
+    assert added and "Memory:\n(empty)" in tok.decode(list(first.prompt_ids))
+    assert any(fact in tok.decode(list(second.prompt_ids)) for fact in added)
+    updates = [
+        (d, ln)
+        for d in demos
+        for ln in tok.decode(list(d.response_ids[:-1])).splitlines()
+        if ln.startswith("UPDATE")
+    ]
+    assert updates, "varied synthetic episodes restate values: some gold write must be an UPDATE"
+    d, line = updates[0]
+    local = int(line.split()[1])
+    shown = tok.decode(list(d.prompt_ids)).rsplit("Memory:\n", 1)[1].split("\nNew:", 1)[0].splitlines()
+    person = line.split()[2]  # gold facts start with the person: "UPDATE 3 Mia lives in Rome."
+    assert shown[local].startswith(f"{local}. ") and person in shown[local]
+
+
+def test_a_turn_without_gold_operations_is_refused_by_name():
+    turn = TurnSpec(turn_id="conv-26/s1/t3", role=TurnRole.HISTORY, text="I went hiking.", speaker="Ann")
+    with pytest.raises(ValueError, match=r"conv-26/s1/t3.*memory_op.*warm_start.episodes=0"):
+        _teacher(WriteRequest((turn,)))
+
+
+def test_sft_steps_raise_the_likelihood_of_the_gold_replies_and_train_only_the_adapter():
+    tiny = tiny_llama()
+    with (
+        torch.no_grad()
+    ):  # a random head of init scale caps every logit near 0: let the adapter reach the tokens
+        tiny.lm_head.weight.mul_(30)
+    model = attach_lora(tiny, LoraConfig(r=4, alpha=8))
+    base = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
+    gen = torch.Generator().manual_seed(0)
+    demos = [
+        Demonstration(
+            tuple(torch.randint(3, 300, (12,), generator=gen).tolist()),
+            tuple(torch.randint(3, 300, (5,), generator=gen).tolist()) + (1,),
+            f"e{i}",
+        )
+        for i in range(4)
+    ]
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-2)
+    losses = [sft_step(model, opt, demos, micro_batch_size=3, max_grad_norm=1.0) for _ in range(30)]
+    assert losses[-1] < 0.1 * losses[0]
+    assert all(torch.equal(p, base[n]) for n, p in model.named_parameters() if not p.requires_grad)
+
+
+def test_warm_start_config_rejects_nonsense():
+    with pytest.raises(ValueError, match="episodes must be >= 0"):
+        WarmStartConfig(episodes=-1)
+    with pytest.raises(ValueError, match="batch_size and epochs"):
+        WarmStartConfig(episodes=4, batch_size=0)
