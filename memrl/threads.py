@@ -6,8 +6,11 @@ thread. So every ``memrl`` command that runs a model picks its count once, at st
 
 1. ``$MEMRL_THREADS`` if set (a whole number ≥ 1);
 2. else ``$OMP_NUM_THREADS`` if set (the usual OpenMP setting, respected as the user's choice);
-3. else the cores the 1-minute load average leaves idle, rounded, at least 1 and at most every core (2 cores:
-   2 threads when the machine is quiet, 1 as soon as another job keeps a core busy).
+3. else the cores other processes leave idle *now*, rounded, at least 1 and at most every core (2 cores: 2 threads
+   when the machine is quiet, 1 as soon as another job keeps a core busy). "Now" is the CPU time the machine
+   spent busy over a quarter of a second (``/proc/stat``), not the 1-minute load average, which lags: a job that
+   ended seconds ago still counts as one busy core for a minute, so the next job in a queue would run on half the
+   cores for its whole life. Where ``/proc/stat`` is missing, the load average is the fallback.
 """
 
 from __future__ import annotations
@@ -36,11 +39,39 @@ def load_average() -> float:
         return 0.0
 
 
+def _cpu_times() -> tuple[float, float] | None:
+    """(busy, total) jiffies of all CPUs since boot, from ``/proc/stat``; ``None`` where it is unreadable."""
+    try:
+        with open("/proc/stat", encoding="ascii") as fh:
+            fields = [float(x) for x in fh.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    if len(fields) < 5:
+        return None
+    idle = fields[3] + fields[4]  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def busy_cores(window_s: float = 0.25, cores: int | None = None) -> float:
+    """How many cores the machine keeps busy now (CPU time over ``window_s``; this process sleeps meanwhile),
+    else the 1-minute load average."""
+    import time
+
+    first = _cpu_times()
+    if first is not None:
+        time.sleep(window_s)
+        second = _cpu_times()
+        if second is not None and second[1] > first[1]:
+            share = (second[0] - first[0]) / (second[1] - first[1])
+            return share * ((os.cpu_count() or 1) if cores is None else cores)
+    return load_average()
+
+
 def choose_threads(
     env: Mapping[str, str] | None = None, load: float | None = None, cores: int | None = None
 ) -> tuple[int, str]:
-    """``(threads, why)`` by the rules in the module docstring; ``env``, ``load`` and ``cores`` default to this
-    process's environment, the load average and :func:`available_cores`."""
+    """``(threads, why)`` by the rules in the module docstring; ``env``, ``load`` (busy cores) and ``cores``
+    default to this process's environment, :func:`busy_cores` and :func:`available_cores`."""
     env = os.environ if env is None else env
     value = env.get(THREADS_ENV, "").strip()
     if value:
@@ -51,7 +82,7 @@ def choose_threads(
     if omp.isdigit() and int(omp) >= 1:
         return int(omp), f"OMP_NUM_THREADS={omp}"
     cores = available_cores() if cores is None else cores
-    load = load_average() if load is None else load
+    load = busy_cores() if load is None else load
     threads = max(1, min(cores, round(cores - load)))
     return threads, f"load {load:.2f} on {cores} cores; set {THREADS_ENV} to choose"
 

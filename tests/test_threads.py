@@ -47,7 +47,7 @@ def test_model_commands_set_and_log_the_threads_once(monkeypatch, caplog, tmp_pa
 
     monkeypatch.delenv("MEMRL_THREADS", raising=False)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.setattr(threads, "load_average", lambda: 3.0)
+    monkeypatch.setattr(threads, "busy_cores", lambda: 3.0)
     monkeypatch.setattr(threads, "available_cores", lambda: 2)
     before = torch.get_num_threads()
     torch.set_num_threads(2)
@@ -69,3 +69,16 @@ def test_a_malformed_override_is_a_usage_error(monkeypatch, capsys):
     with pytest.raises(SystemExit) as info:
         main(["eval", "--config", "configs/synthetic.yaml"])
     assert info.value.code == 2 and "MEMRL_THREADS='lots'" in capsys.readouterr().err
+
+
+def test_busy_cores_reads_the_cpu_time_of_the_last_moment_not_the_lagging_load_average(monkeypatch):
+    """A job that ended a second ago still holds the 1-minute load average at ~1: the next job must see the cores
+    as they are now."""
+    samples = iter([(1000.0, 4000.0), (1050.0, 4100.0)])  # 50 of 100 jiffies busy over the window
+    monkeypatch.setattr(threads, "_cpu_times", lambda: next(samples))
+    monkeypatch.setattr(threads, "load_average", lambda: 1.9)
+    assert threads.busy_cores(window_s=0.0, cores=2) == pytest.approx(1.0)
+    monkeypatch.setattr(threads, "_cpu_times", lambda: None)  # no /proc/stat: the load average
+    assert threads.busy_cores(window_s=0.0, cores=2) == 1.9
+    real = threads.busy_cores(window_s=0.05)  # this machine, for real
+    assert 0.0 <= real <= (threads.os.cpu_count() or 1) + 1e-6
