@@ -117,7 +117,7 @@ def _table(
     shares: Sequence[float] | None,
 ) -> dict[str, dict[str, float]]:
     rows = dict(sorted(groups.items()))
-    answerable = [i for i, bi in enumerate(inputs) if not _unanswerable(bi.metadata)]
+    answerable = [i for i, bi in enumerate(inputs) if not unanswerable(bi.metadata)]
     if 0 < len(answerable) < len(inputs):
         rows["answerable"] = answerable
     rows["all"] = list(range(len(inputs)))
@@ -130,7 +130,7 @@ def _table(
     return table
 
 
-def _unanswerable(metadata: Mapping[str, Any]) -> bool:
+def unanswerable(metadata: Mapping[str, Any]) -> bool:
     """LoCoMo's adversarial (category 5) and LongMemEval's abstention questions: the right answer abstains."""
     return bool(metadata.get("adversarial")) or is_abstention_question(metadata)
 

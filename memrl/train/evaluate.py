@@ -66,4 +66,28 @@ def evaluate(
         "eval/episodes": float(len(episodes)),
         "eval/failed": float(sum(e.status is EpisodeStatus.FAILED for e in episodes)),
         "eval/time_s": time.perf_counter() - t0,
+        **breakdown(inputs, episodes),
     }
+
+
+def breakdown(inputs: list, episodes: list) -> dict[str, float]:
+    """``eval/em/<group>`` per question type or LoCoMo category, and ``eval/em/answerable`` /
+    ``eval/em/unanswerable`` (adversarial, abstention) with the interval of the answerable mean (LoCoMo's F1 over
+    categories 1–4, the number papers report); only the splits that have more than one part."""
+    from memrl.episode.evaluate import group_key, unanswerable
+
+    meta = {bi.episode_id: bi.metadata for bi in inputs}
+    by_group: dict[str, list[float]] = {}
+    by_answer: dict[str, list[float]] = {}
+    for e in episodes:
+        md = meta.get(e.source_episode_id, {})
+        by_group.setdefault(group_key(md), []).append(_score(e))
+        by_answer.setdefault("unanswerable" if unanswerable(md) else "answerable", []).append(_score(e))
+    out: dict[str, float] = {}
+    for parts in (by_group, by_answer):
+        if len(parts) > 1:
+            out.update({f"eval/em/{name}": float(np.mean(v)) for name, v in sorted(parts.items())})
+    if len(by_answer) > 1:
+        low, high = bootstrap_ci(by_answer["answerable"])
+        out.update({"eval/em/answerable_ci_low": low, "eval/em/answerable_ci_high": high})
+    return out

@@ -1,0 +1,42 @@
+"""The training evaluation's breakdown: per LoCoMo category / question type, and answerable vs adversarial."""
+
+from __future__ import annotations
+
+import pytest
+
+from memrl.train.evaluate import breakdown
+from memrl.types import BatchInput, EpisodeStatus, EpisodeTrajectory, TurnRole, TurnSpec
+
+
+def _input(i: int, category: int) -> BatchInput:
+    turns = (
+        TurnSpec(turn_id=f"q{i}/h", role=TurnRole.HISTORY, text="hi", speaker="A"),
+        TurnSpec(turn_id=f"q{i}/t", role=TurnRole.TARGET, text="what?"),
+    )
+    meta = {"category": category, "adversarial": category == 5}
+    return BatchInput(episode_id=f"q{i}", group_id=f"q{i}", turns=turns, final_query="what?", metadata=meta)
+
+
+def _episode(i: int, reward: float, status=EpisodeStatus.COMPLETED) -> EpisodeTrajectory:
+    why = "policy crashed" if status is EpisodeStatus.FAILED else None
+    return EpisodeTrajectory(
+        episode_id=f"q{i}", group_id=f"q{i}", steps=(), reward=reward, status=status, failure_reason=why
+    )
+
+
+def test_locomo_scores_split_by_category_and_answerable_questions():
+    inputs = [_input(0, 1), _input(1, 1), _input(2, 2), _input(3, 5)]
+    episodes = [_episode(0, 0.5), _episode(1, 1.0), _episode(2, 0.2, EpisodeStatus.FAILED), _episode(3, 1.0)]
+    out = breakdown(inputs, episodes)
+    assert out["eval/em/multi_hop"] == pytest.approx(0.75) and out["eval/em/temporal"] == 0.0  # failed: 0
+    assert sorted(k for k in out if not k.endswith(("_low", "_high"))) == [
+        "eval/em/adversarial", "eval/em/answerable", "eval/em/multi_hop", "eval/em/temporal",
+        "eval/em/unanswerable",
+    ]  # fmt: skip
+    assert out["eval/em/answerable"] == pytest.approx(0.5)  # (0.5 + 1.0 + 0 failed) / 3
+    assert out["eval/em/unanswerable"] == 1.0
+    assert out["eval/em/answerable_ci_low"] <= 0.5 <= out["eval/em/answerable_ci_high"]
+
+
+def test_one_group_adds_nothing():
+    assert breakdown([_input(0, 1)], [_episode(0, 1.0)]) == {}
