@@ -145,6 +145,27 @@ def collate_shared(records: Sequence[SeqRecord]) -> MicroBatch:
     return mb
 
 
+def collate_common(records: Sequence[SeqRecord]) -> MicroBatch:
+    """Records whose prompts differ but start alike (memory writes share their instructions) → one micro-batch
+    that forwards the longest common prefix once (at most every prompt minus its last token), then right-padded
+    tails on top of it: the same logits as :func:`collate`, for one prefix forward instead of one per row."""
+    first = records[0].ids
+    p = min(r.prompt_len for r in records) - 1
+    for r in records[1:]:
+        same = (r.ids[:p] == first[:p]).long()
+        p = int(same.cumprod(0).sum()) if p else 0
+    if p <= 0:
+        return collate(records)
+    tails = [
+        SeqRecord(r.ids[p:], r.prompt_len - p, r.loss_mask[p:], r.old_logp[p:], r.adv[p:], r.index)
+        for r in records
+    ]
+    mb = collate(tails)
+    mb.prefix_ids = first[:p].unsqueeze(0)
+    mb.position_ids = mb.position_ids + p
+    return mb
+
+
 def _prompt_groups(records: Sequence[SeqRecord]) -> list[list[SeqRecord]]:
     """Consecutive runs of records with the same prompt (GRPO groups arrive adjacent)."""
     groups: list[list[SeqRecord]] = []

@@ -32,7 +32,7 @@ from tqdm import tqdm
 from memrl.memory.gold import gold_text
 from memrl.memory.manager import MemorySystem
 from memrl.train.losses import LOSS_AGGREGATIONS
-from memrl.train.microbatch import SeqRecord, collate, forward_logits, token_logprobs
+from memrl.train.microbatch import SeqRecord, collate_common, forward_logits, token_logprobs
 from memrl.types import BatchInput
 
 logger = logging.getLogger(__name__)
@@ -110,7 +110,8 @@ def sft_step(
     total, loss = float(len(records)), 0.0
     model.train()
     for i in range(0, len(records), micro_batch_size):
-        mb = collate(records[i : i + micro_batch_size])
+        # Every write's prompt starts with the same instructions: forwarded once per micro-batch.
+        mb = collate_common(records[i : i + micro_batch_size])
         logp = token_logprobs(forward_logits(model, mb), mb.input_ids)
         part = (-mb.adv * logp * agg.weights(mb.loss_mask, mb.seq_index)).sum() / total
         part.backward()

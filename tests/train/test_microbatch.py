@@ -11,7 +11,9 @@ import torch
 from memrl.data.batch import TrajectoryBatchBuilder
 from memrl.data.config import BatchConfig
 from memrl.train.microbatch import (
+    SeqRecord,
     collate,
+    collate_common,
     collate_shared,
     forward_logits,
     split_micro_batches,
@@ -157,3 +159,40 @@ def test_shared_prefix_refuses_rows_with_another_prompt():
     records = unpack(batch, torch.zeros(2), torch.ones(2))
     with pytest.raises(ValueError, match="row 1 has another prompt than row 0"):
         collate_shared(records)
+
+
+def _common_prefix_records():
+    """Prompts that start alike (shared instructions) and then differ, ragged responses; one prompt is a prefix
+    of another, so the common part stops at the shorter prompt minus its last token."""
+    rng = random.Random(5)
+    head = [rng.randrange(3, VOCAB) for _ in range(9)]
+    out = []
+    for i, (extra, resp) in enumerate([(4, 3), (7, 5), (0, 2), (5, 6)]):
+        ids = (
+            head
+            + [rng.randrange(3, VOCAB) for _ in range(extra)]
+            + [rng.randrange(3, VOCAB) for _ in range(resp)]
+        )
+        pl = len(head) + extra
+        zeros, ones = torch.zeros(pl), torch.ones(resp)
+        out.append(SeqRecord(torch.tensor(ids), pl, torch.cat([zeros, ones]), torch.zeros(len(ids)),
+                             torch.cat([zeros, ones]), i))  # fmt: skip
+    return out
+
+
+def test_a_common_prompt_prefix_is_forwarded_once_with_the_padded_logprobs_and_gradient():
+    records = _common_prefix_records()
+    mb = collate_common(records)
+    assert mb.prefix_ids.shape == (1, 8)  # the shortest prompt (9 tokens) minus its last token
+    results = {}
+    for name, batch in (("common", mb), ("padded", collate(records))):
+        model = tiny_llama()
+        logp = token_logprobs(forward_logits(model, batch), batch.input_ids)
+        (-(logp * batch.loss_mask).sum()).backward()
+        rows = [logp[(batch.seq_index == k) & (batch.loss_mask > 0)].detach() for k in range(len(records))]
+        results[name] = (rows, torch.cat([p.grad.flatten() for p in model.parameters()]))
+    for got, ref in zip(results["common"][0], results["padded"][0], strict=True):
+        assert got.shape == ref.shape and torch.allclose(got, ref, atol=1e-5)
+    assert torch.allclose(results["common"][1], results["padded"][1], atol=1e-5, rtol=1e-4)
+    lone = collate_common(records[:1] + [SeqRecord(torch.tensor([7, 8, 9]), 2, *[torch.zeros(3)] * 3, 9)])
+    assert lone.prefix_ids is None  # nothing in common: plain padded rows
