@@ -36,6 +36,7 @@ from memrl.episode.prompt import PromptBuilder, PromptTooLongError, order_facts
 from memrl.episode.recent import RecentHistory
 from memrl.episode.snapshot import SnapshotScorer
 from memrl.episode.state import EpisodeState, Phase
+from memrl.memory.writer import chunk_end
 from memrl.rewards.base import RewardFn, RewardInput
 from memrl.rollout.base import RolloutRequest, run_rollout
 from memrl.rollout.config import RolloutConfig
@@ -233,7 +234,7 @@ class EpisodeRunner:
         writes planned as snapshot groups sample ``k`` alternatives, each scored on a copy of the store."""
         items, owners = [], []
         for st in live:
-            stop = len(st.inp.history) if chunk <= 0 else min(len(st.inp.history), st.cursor + chunk)
+            stop = chunk_end(len(st.inp.history), st.cursor, chunk)
             if stop > st.cursor:
                 items.append((st.manager, st.inp.history[st.cursor : stop]))
                 owners.append(st)

@@ -109,6 +109,17 @@ class WriteRequest:
     turns: tuple[TurnSpec, ...]
     neighbours: tuple[FactRecord, ...] = ()
 
+    @property
+    def speaker(self) -> str:
+        """Who an ADD is attributed to: the speaker of every new turn, or "" when several speak."""
+        return self.turns[-1].speaker if len({t.speaker for t in self.turns}) == 1 else ""
+
+
+def chunk_end(length: int, cursor: int, chunk: int) -> int:
+    """Where the write that starts at turn ``cursor`` of a ``length``-turn history stops: ``chunk`` turns on
+    (``episode.ingest_chunk_turns``), or the whole rest when ``chunk`` <= 0."""
+    return length if chunk <= 0 else min(length, cursor + chunk)
+
 
 @dataclass(frozen=True)
 class WriteSample:
@@ -181,7 +192,7 @@ class PolicyWriter:
             raise RuntimeError(f"policy returned {len(outputs)} results for {len(requests)} memory writes")
         out = []
         for req, outs in zip(requests, outputs, strict=True):
-            speaker = req.turns[-1].speaker if len({t.speaker for t in req.turns}) == 1 else ""
+            speaker = req.speaker
             samples = []
             for o in outs:
                 text = self.tokenizer.decode(list(o.token_ids), skip_special_tokens=True)
@@ -201,9 +212,8 @@ class PolicyWriter:
         prompts, out = [self.prompt_ids(r) for r in requests], []
         for req, text in zip(requests, replies, strict=True):
             ids = (*self.tokenizer(text, add_special_tokens=False)["input_ids"], *self.stop_ids)
-            speaker = req.turns[-1].speaker if len({t.speaker for t in req.turns}) == 1 else ""
             out.append(
-                [WriteSample(ids, (math.nan,) * len(ids), text, parse_ops(text, req.neighbours, speaker))]
+                [WriteSample(ids, (math.nan,) * len(ids), text, parse_ops(text, req.neighbours, req.speaker))]
             )
         return prompts, out
 

@@ -31,6 +31,8 @@ from tqdm import tqdm
 
 from memrl.memory.gold import gold_text
 from memrl.memory.manager import MemorySystem
+from memrl.memory.writer import chunk_end
+from memrl.train.lora import trainable_parameters
 from memrl.train.losses import LOSS_AGGREGATIONS
 from memrl.train.microbatch import SeqRecord, collate_common, forward_logits, token_logprobs
 from memrl.types import BatchInput
@@ -69,7 +71,7 @@ def gold_writes(memory: MemorySystem, inputs: Sequence[BatchInput], chunk: int) 
         while True:
             items, owners = [], []
             for bi, mgr in zip(inputs, managers, strict=True):
-                stop = len(bi.history) if chunk <= 0 else min(len(bi.history), cursor + chunk)
+                stop = chunk_end(len(bi.history), cursor, chunk)
                 if stop > cursor:
                     items.append((mgr, bi.history[cursor:stop]))
                     owners.append(bi)
@@ -77,7 +79,7 @@ def gold_writes(memory: MemorySystem, inputs: Sequence[BatchInput], chunk: int) 
                 return out
             for bi, res in zip(owners, memory.write_batch(items, teacher=_teacher), strict=True):
                 out.append(Demonstration(res.prompt_ids, res.samples[0].response_ids, bi.episode_id))
-            cursor = max(len(bi.history) for bi in owners) if chunk <= 0 else cursor + chunk
+            cursor = max(chunk_end(len(bi.history), cursor, chunk) for bi in owners)
     finally:
         for mgr in managers:
             memory.release(mgr.episode_id)
@@ -116,8 +118,7 @@ def sft_step(
         part = (-mb.adv * logp * agg.weights(mb.loss_mask, mb.seq_index)).sum() / total
         part.backward()
         loss += float(part.detach())
-    params = [p for p in model.parameters() if p.requires_grad]
-    torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    torch.nn.utils.clip_grad_norm_(trainable_parameters(model), max_grad_norm)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     model.eval()
