@@ -28,6 +28,17 @@ memory_r1 test conversations = 339 questions of categories 1–4 and 96 adversar
 Option ``abstention_answer``: the ``target_answer`` category-5 questions get (default ``None``: no gold).
 The ``locomo`` reward scores them by abstention either way; a gold string lets gold demonstrations
 (``train.replay.demonstrations: gold``) teach the phrase the official scorer accepts.
+
+Option ``question_format``:
+
+* ``plain`` (default): the question as written.
+* ``official``: as LoCoMo's own evaluation asks (``task_eval/gpt_utils.py``). A temporal question (category 2)
+  ends with ``Use DATE of CONVERSATION to answer with an approximate date.``; an adversarial one becomes a
+  two-way choice, ``Select the correct answer: (a) … (b) …``, between ``Not mentioned in the conversation`` and
+  its ``adversarial_answer``. The official script draws the order at random; here it is fixed by a hash of
+  ``sample_id:qa_index``, so every run asks the same question. ``metadata["choices"]`` maps ``a``/``b`` to the
+  options, and the ``locomo`` reward reads a letter answer as the option it names. A category-5 question
+  without an ``adversarial_answer`` stays plain.
 """
 
 from __future__ import annotations
@@ -58,6 +69,9 @@ ADVERSARIAL_CATEGORY = 5
 # Memory-R1 (Yan et al., 2025): the file's first conversation trains, its second validates, the rest test.
 MEMORY_R1_SPLIT = {"conv-26": "train", "conv-30": "validation"}
 SPLIT_SCHEMES = ("hash", "memory_r1")
+QUESTION_FORMATS = ("plain", "official")
+NOT_MENTIONED = "Not mentioned in the conversation"
+TEMPORAL_HINT = " Use DATE of CONVERSATION to answer with an approximate date."
 
 
 @dataclass(frozen=True)
@@ -129,8 +143,28 @@ def _evidence(view: RecordView, qa: Any, where: str, turn_ids: set[str]) -> dict
     }
 
 
+def _official_question(question: str, meta: dict[str, Any]) -> str:
+    """The question as LoCoMo's evaluation asks it (module doc); records the choices in ``meta``."""
+    if meta["category"] == 2:
+        return question + TEMPORAL_HINT
+    trap = meta.get("adversarial_answer")
+    if not meta["adversarial"] or not trap:
+        return question
+    key = f"{meta['sample_id']}:{meta['qa_index']}".encode("utf-8", "surrogateescape")
+    first = hashlib.sha1(key).digest()[0] % 2 == 0
+    a, b = (NOT_MENTIONED, trap) if first else (trap, NOT_MENTIONED)
+    meta["choices"] = {"a": a, "b": b}
+    return f"{question} Select the correct answer: (a) {a} (b) {b}."
+
+
 def _qa_episode(
-    view: RecordView, conv: _Conversation, qi: int, qa: Any, turn_ids: set[str], abstention: str | None
+    view: RecordView,
+    conv: _Conversation,
+    qi: int,
+    qa: Any,
+    turn_ids: set[str],
+    abstention: str | None,
+    question_format: str,
 ) -> BatchInput:
     where = f"qa[{qi}]"
     question = view.get(qa, "question", str, where)
@@ -159,6 +193,8 @@ def _qa_episode(
             meta["original_answer"] = view.text(qa["answer"], f"{where}.answer")
     else:
         answer = view.text(view.get(qa, "answer", (str, int, float), where), f"{where}.answer")
+    if question_format == "official":
+        question = _official_question(question, meta)
     episode_id = f"locomo-{conv.sample_id}-q{qi}"
     target = TurnSpec(role=TurnRole.TARGET, text=question, turn_id="Q", speaker="User")
     return build_episode(
@@ -210,6 +246,7 @@ def locomo(
     test_fraction: float = 0.5,
     test_sample: float = 1.0,
     abstention_answer: str | None = None,
+    question_format: str = "plain",
     include_captions: bool = True,
     max_turn_chars: int = DEFAULT_MAX_TURN_CHARS,
 ) -> list[BatchInput]:
@@ -218,6 +255,8 @@ def locomo(
         raise AdapterError("<no path>", None, None, "the path of a LoCoMo JSON file (e.g. locomo10.json)")
     if split_scheme not in SPLIT_SCHEMES:
         raise ValueError(f"locomo: split_scheme={split_scheme!r}; valid: {', '.join(SPLIT_SCHEMES)}")
+    if question_format not in QUESTION_FORMATS:
+        raise ValueError(f"locomo: question_format={question_format!r}; valid: {', '.join(QUESTION_FORMATS)}")
     if split == "validation" and split_scheme != "memory_r1":
         raise ValueError("locomo: split 'validation' exists only with option split_scheme: memory_r1")
     if not 0.0 < float(test_sample) <= 1.0:
@@ -235,7 +274,9 @@ def locomo(
             episodes: list[BatchInput] = []
             for qi, qa in enumerate(qas):
                 with record_guard(report, lenient):
-                    episodes.append(_qa_episode(view, conv, qi, qa, turn_ids, abstention_answer))
+                    episodes.append(
+                        _qa_episode(view, conv, qi, qa, turn_ids, abstention_answer, question_format)
+                    )
             if side == "test":
                 episodes = _stratified(episodes, float(test_sample))
             by_conversation.append((conv.sample_id, episodes))

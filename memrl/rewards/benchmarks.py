@@ -2,13 +2,15 @@
 
 LoCoMo (snap-research/locomo ``task_eval/evaluation.py``) categories: 1 multi-hop (comma-separated sub-answers,
 mean of best sub-answer F1), 2 temporal, 3 open-domain (only the part of the gold before ``;`` counts), 4
-single-hop (stemmed token F1), 5 adversarial (no gold; correct = the answer abstains).
+single-hop (stemmed token F1), 5 adversarial (no gold; correct = the answer abstains; asked as a two-way choice,
+a letter answer counts as the option it names).
 LongMemEval: questions whose id ends in ``_abs`` are unanswerable (correct = abstain); the rest are scored with a
 string metric (token F1 by default; the official judge is an LLM, see ``llm_judge``).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -51,10 +53,29 @@ def locomo_category(metadata: Mapping[str, Any]) -> int:
     return cat
 
 
+_CHOICE = re.compile(r"\(?([ab])\)")
+
+
+def chosen_option(answer: str, choices: Mapping[str, str] | None) -> str:
+    """The option a two-way answer picks (LoCoMo's ``question_format: official``): ``a``, ``(b)``, ``(a) text``
+    read as that option's text, as the official ``get_cat_5_answer`` does; other answers pass through. Stricter
+    than the official script in one case: an answer that repeats both options picks neither (""), so copying
+    the choice line never counts as abstaining."""
+    if not choices:
+        return answer
+    low = answer.strip().lower()
+    if all(str(opt).lower() in low for opt in choices.values()):
+        return ""
+    if low in choices:
+        return str(choices[low])
+    letter = _CHOICE.match(low)
+    return str(choices[letter.group(1)]) if letter and letter.group(1) in choices else answer
+
+
 def locomo_score(x: RewardInput, phrases: Sequence[str] = LOCOMO_ABSTENTION, stem: bool = True) -> float:
     cat = locomo_category(x.metadata)
     if cat == 5 or x.metadata.get("adversarial"):
-        return float(abstains(x.answer, phrases))
+        return float(abstains(chosen_option(x.answer, x.metadata.get("choices")), phrases))
     if x.gold is None:
         raise RewardConfigError(
             f"reward 'locomo': category {cat} question without a gold answer: {x.question!r}"

@@ -59,7 +59,7 @@ from memrl.train.metrics import MetricsLogger, plot_curves
 from memrl.train.replay import ReplayBuffer
 from memrl.train.roles import active_roles, keep_roles, memory_rollout_metrics
 from memrl.train.setup import TrainResources, build_resources, publish_adapter
-from memrl.types import EpisodeStatus, EpisodeTrajectory
+from memrl.types import BatchInput, EpisodeStatus, EpisodeTrajectory
 
 logger = logging.getLogger(__name__)
 
@@ -217,6 +217,9 @@ def _start_eval(res: TrainResources, progress: bool = False) -> dict[str, float]
 
 
 def start_eval_key(res: TrainResources) -> str:
+    """What the untrained evaluation depends on: the model, the evaluation-time config and the episodes' content
+    (not only their ids: a dataset option that rewords a question keeps its id). Not the seed: the evaluation is
+    greedy (``eval_config``), so every seed of one setup shares it."""
     cfg = res.cfg
     from memrl.train.setup import eval_config
 
@@ -228,11 +231,17 @@ def start_eval_key(res: TrainResources) -> str:
         "tools": dataclasses.asdict(cfg.tools),
         "episode": dataclasses.asdict(ecfg.episode),
         "rollout": dataclasses.asdict(ecfg.rollout),
-        "seed": cfg.seed,
-        "inputs": [bi.episode_id for bi in res.final_eval_inputs],
+        "inputs": episodes_digest(res.final_eval_inputs),
     }
     blob = json.dumps(payload, sort_keys=True, default=str).encode("utf-8")
     return hashlib.sha256(blob).hexdigest()[:20]
+
+
+def episodes_digest(inputs: list[BatchInput]) -> str:
+    h = hashlib.sha256()
+    for bi in inputs:  # a frozen dataclass's repr spells every field (10x faster than asdict + json here)
+        h.update(repr(bi).encode("utf-8", "surrogateescape"))
+    return h.hexdigest()
 
 
 def _counters_from_eval(counters: dict[str, float], name: str, result: dict[str, float]) -> None:

@@ -172,3 +172,39 @@ def test_real_file_memory_r1_split_is_152_81_1307():
     assert answerable == {"train": 152, "validation": 81, "test": 1307}
     sample, _ = _load(REAL, split="test", split_scheme="memory_r1", test_sample=0.25)
     assert sum(1 <= e.metadata["category"] <= 4 for e in sample) == 339 and len(sample) == 435
+
+
+def test_official_question_format_asks_as_locomo_does():
+    plain, _ = _load()
+    official, _ = _load(question_format="official")
+    assert [e.episode_id for e in plain] == [e.episode_id for e in official]
+    for p, o in zip(plain, official, strict=True):
+        cat = p.metadata["category"]
+        assert o.final_query == o.target.text
+        if cat == 2:
+            assert (
+                o.final_query
+                == p.final_query + " Use DATE of CONVERSATION to answer with an approximate date."
+            )
+        elif cat == 5:
+            choices = o.metadata["choices"]
+            assert sorted(choices.values()) == sorted(
+                ["Not mentioned in the conversation", p.metadata["adversarial_answer"]]
+            )
+            assert o.final_query == (
+                f"{p.final_query} Select the correct answer: (a) {choices['a']} (b) {choices['b']}."
+            )
+        else:
+            assert o.final_query == p.final_query and "choices" not in o.metadata
+    again, _ = _load(question_format="official")
+    assert [e.final_query for e in again] == [e.final_query for e in official]  # the order is fixed
+    with pytest.raises(ValueError, match="valid: plain, official"):
+        _load(question_format="mcq")
+
+
+@pytest.mark.skipif(not REAL.is_file(), reason="real LoCoMo file not present")
+def test_real_file_official_choices_put_abstention_first_about_half_the_time():
+    episodes, _ = _load(REAL, question_format="official")
+    choices = [e.metadata["choices"] for e in episodes if "choices" in e.metadata]
+    first = sum(c["a"] == "Not mentioned in the conversation" for c in choices)
+    assert len(choices) >= 440 and 0.4 < first / len(choices) < 0.6

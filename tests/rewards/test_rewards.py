@@ -6,6 +6,7 @@ import pytest
 
 from memrl.registry import RegistryError
 from memrl.rewards import REWARDS, RewardConfigError, RewardInput, make_reward
+from memrl.rewards.benchmarks import chosen_option
 from memrl.rewards.format import format_problems
 from memrl.rewards.text import char_similarity, multi_answer_f1, normalize_answer, token_f1
 
@@ -74,6 +75,24 @@ def test_locomo_per_category():
     assert got == pytest.approx([s for _, s in cases])
     with pytest.raises(RewardConfigError, match="category"):
         r([_x("a", "a")])
+
+
+def test_locomo_two_way_choice_reads_letters_as_options():
+    r = make_reward("locomo")
+    choices = {"a": "bowling", "b": "Not mentioned in the conversation"}
+    answers = [
+        "<answer>(b)</answer>",
+        "b",
+        "<answer>(a)</answer>",
+        "<answer>b) not mentioned</answer>",
+        "<answer>Not mentioned in the conversation</answer>",
+        "<answer>bowling</answer>",
+        # repeating the whole choice line picks neither
+        "<answer>(a) bowling (b) Not mentioned in the conversation</answer>",
+    ]
+    got = r([_x(a, None, category=5, choices=choices) for a in answers])
+    assert got == [1.0, 1.0, 0.0, 1.0, 1.0, 0.0, 0.0]
+    assert chosen_option("(a)", None) == "(a)"
 
 
 def test_longmemeval_abstention_and_metric_option():

@@ -258,3 +258,27 @@ def test_warm_start_imitates_gold_writes_before_the_first_step_as_step_zero(tmp_
     assert warm["warm_start/steps"] == 3 and warm["warm_start/loss_last"] > 0
     assert summary["wall_s"] >= warm["counters/warm_start_s"] > 0
     assert summary["steps"] == 1 and latest_checkpoint(tmp_path / "warm" / "checkpoints") is not None
+
+
+def test_start_eval_key_follows_content_not_seed(tmp_path):
+    """Seeds of one setup share the cached untrained evaluation (it is greedy); a reworded question with the
+    same episode id gets its own."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from memrl.adapters import LOCOMO_FIXTURE
+    from memrl.data.adapters import run_adapter
+    from memrl.train.loop import start_eval_key
+
+    plain, _ = run_adapter("locomo", str(LOCOMO_FIXTURE), split="all", options={})
+    official, _ = run_adapter(
+        "locomo", str(LOCOMO_FIXTURE), split="all", options={"question_format": "official"}
+    )
+    assert [e.episode_id for e in plain] == [e.episode_id for e in official]
+    cfg = _in_process_cfg(tmp_path, tmp_path / "model", "key")
+    key = lambda c, inputs: start_eval_key(SimpleNamespace(cfg=c, final_eval_inputs=inputs))  # noqa: E731
+    assert key(cfg, plain) == key(dataclasses.replace(cfg, seed=cfg.seed + 1), plain)
+    assert key(cfg, plain) != key(cfg, official)
+    assert key(cfg, plain) != key(
+        dataclasses.replace(cfg, memory=dataclasses.replace(cfg.memory, top_k=3)), plain
+    )
