@@ -68,7 +68,7 @@ def history_steps(st: EpisodeState, tokenizer: Any) -> list[StepTrajectory]:
 def memory_steps(st: EpisodeState) -> list[StepTrajectory]:
     """One trainable step per policy write (``memory.extractor: policy``), one per alternative at snapshot
     writes: prompt = what the writer read, response = its operations (mask 1), rollout log-probs."""
-    from memrl.memory.gold import gold_text, ops_right
+    from memrl.memory.gold import gold_text, ops_score
     from memrl.memory.writer import turn_line
 
     out, turns_read = [], 0
@@ -89,7 +89,8 @@ def memory_steps(st: EpisodeState) -> list[StepTrajectory]:
                     f"{n}. [{f.timestamp or 'undated'}] {f.text}" for n, f in enumerate(res.neighbours)
                 ],
                 "format_errors": list(sample.ops.errors),
-                "op_right": ops_right(res.turns, res.neighbours, sample.ops.decisions),
+                "op_score": (score := ops_score(res.turns, res.neighbours, sample.ops.decisions)),
+                "op_right": None if score is None else score == 1.0,
                 "gold_ops": gold,
                 "facts_before": len(res.facts_before),
                 "facts_after": len(res.facts_after) if j == 0 else None,

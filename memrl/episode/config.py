@@ -35,8 +35,8 @@ class MemoryCreditConfig:
     """Step credit of policy-written memory (``memory.extractor: policy``; :mod:`memrl.episode.credit`).
 
     ``name``: ``broadcast`` | ``used`` | ``snapshot``. The per-step terms: ``format_weight`` (every line a valid
-    operation), ``op_weight`` (operations match the dataset's gold ones, where it has them; 0 = outcome only),
-    ``size_weight`` (current facts per history turn read). ``snapshot_k`` alternatives are sampled at up to
+    operation), ``op_weight`` (times the F1 of the operations against the dataset's gold ones, where it has
+    them; 0 = outcome only), ``size_weight`` (current facts per history turn read). ``snapshot_k`` alternatives are sampled at up to
     ``snapshot_writes`` writes per episode (those that read an evidence turn first).
     """
 

@@ -14,10 +14,12 @@ One registry, :data:`STEP_CREDITS`, one signature::
 How the terms combine (:func:`step_rewards`), for a step that has an outcome share ``o``::
 
     reward = o + format_weight · [every line was a valid operation]
-               + op_weight · [its operations match the dataset's, where the dataset knows them]
+               + op_weight · op_score (its operations against the dataset's, where the dataset knows them)
                - size_weight · (current facts after the write / history turns read so far)
 
-The op term is absent where the dataset does not say (LoCoMo, LongMemEval: outcome only); ``op_weight = 0``
+``op_score`` (:func:`memrl.memory.gold.ops_score`) is the F1 of the write's operations against the gold ones, so a
+six-line write with one borrowed value still earns most of the term: paid only for a fully right write, the term
+reached 0–17 % of sampled session writes and gave RL little to climb. The op term is absent where the dataset does not say (LoCoMo, LongMemEval: outcome only); ``op_weight = 0``
 drops it everywhere (the outcome-only arm). Group ids: ``<group>/memory`` for ``broadcast`` / ``used`` (every
 memory step of a prompt's episodes is compared with the others), ``<group>/memory/<write>`` per snapshot write.
 """
@@ -98,9 +100,11 @@ def step_rewards(inp: CreditInput, cfg: MemoryCreditConfig) -> list[float | None
             continue
         extra = step.meta.extra
         reward = float(share) + cfg.format_weight * float(not extra.get("format_errors"))
-        op_right = extra.get("op_right")
-        if op_right is not None and cfg.op_weight:
-            reward += cfg.op_weight * float(op_right)
+        op_score = extra.get(
+            "op_score", extra.get("op_right")
+        )  # op_right alone: steps dumped before op_score
+        if op_score is not None and cfg.op_weight:
+            reward += cfg.op_weight * float(op_score)
         if cfg.size_weight:
             reward -= cfg.size_weight * extra.get("facts_after", 0) / max(1, extra.get("turns_read", 1))
         out.append(reward)

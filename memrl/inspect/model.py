@@ -55,6 +55,7 @@ class MemoryWriteView:
     errors: list[str]
     ops: tuple[MemoryOp, ...]
     op_right: bool | None
+    op_score: float | None  # F1 of the operations against the gold ones (memrl.memory.gold.ops_score)
     gold_ops: str | None
     credit: float | None
     snapshot_reward: float | None
@@ -239,6 +240,7 @@ def _writes(rows: list[tuple[dict, StepMeta]], memory: _Memory) -> list[MemoryWr
                 errors=list(x.get("format_errors", [])),
                 ops=meta.memory_ops,
                 op_right=x.get("op_right"),
+                op_score=x.get("op_score"),
                 gold_ops=x.get("gold_ops"),
                 credit=_credit(row),
                 snapshot_reward=x.get("snapshot_reward"),

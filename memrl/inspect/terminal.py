@@ -188,7 +188,8 @@ def writes_table(view: EpisodeView) -> Table:
         for err in w.errors:
             wrote.append(f"\n✗ {err}", style="red")
         if w.op_right is not None:
-            wrote.append(f"\nops right: {w.op_right}", style="green" if w.op_right else "yellow")
+            score = "" if w.op_score is None else f" (F1 {w.op_score:.2f})"
+            wrote.append(f"\nops right: {w.op_right}{score}", style="green" if w.op_right else "yellow")
         credit = "-" if w.credit is None else f"{w.credit:.2f}"
         if w.snapshot_reward is not None:
             credit += f"\n(answer {w.snapshot_reward:.2f})"

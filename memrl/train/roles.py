@@ -77,7 +77,7 @@ def role_metrics(
 
 def memory_rollout_metrics(episodes: Sequence[EpisodeTrajectory]) -> dict[str, float]:
     """The writes of a rollout (applied replies only): ``memory/credit_mean``, ``memory/format_ok``,
-    ``memory/op_right`` (where the dataset knows the operations) and ``memory/steps``."""
+    ``memory/op_right`` and ``memory/op_score`` (where the dataset knows the operations) and ``memory/steps``."""
     applied = [
         (s, r)
         for ep in episodes
@@ -96,4 +96,7 @@ def memory_rollout_metrics(episodes: Sequence[EpisodeTrajectory]) -> dict[str, f
         out["memory/credit_mean"] = sum(credits) / len(credits)
     if known:
         out["memory/op_right"] = sum(map(float, known)) / len(known)
+    scores = [s.meta.extra["op_score"] for s, _ in applied if s.meta.extra.get("op_score") is not None]
+    if scores:
+        out["memory/op_score"] = sum(scores) / len(scores)
     return out

@@ -41,6 +41,8 @@ def test_view_replays_each_write_with_the_store_before_and_after(view):
     added = [op.text for op in first.ops if op.op.value == "ADD"]
     assert added and added == first.store_after
     assert all(w.credit is not None for w in view.writes)
+    # the synthetic task knows every turn's operation: each write has its score against the gold ones
+    assert all(0.0 <= w.op_score <= 1.0 and w.op_right == (w.op_score == 1.0) for w in view.writes)
 
 
 def test_terminal_and_html_show_the_writes(view):
@@ -48,5 +50,7 @@ def test_terminal_and_html_show_the_writes(view):
     render(view, console)
     text = console.export_text()
     assert "Memory writes (the policy's own)" in text and view.writes[0].read_turns[0][:30] in text
+    assert f"(F1 {view.writes[0].op_score:.2f})" in text
     html = render_html(view)
     assert '<table id="writes">' in html and "current facts before" in html
+    assert f"(F1 {view.writes[0].op_score:.2f})" in html

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from memrl.memory.extract import FactDecision
-from memrl.memory.gold import gold_text, holds, ops_right
+from memrl.memory.gold import gold_text, holds, ops_right, ops_score
 from memrl.memory.store import FactRecord
 from memrl.types import MemoryOpType, TurnRole, TurnSpec
 
@@ -35,6 +35,36 @@ def test_ops_right_checks_op_target_and_value():
     assert ops_right([MOVE], SHOWN, [FactDecision(MemoryOpType.ADD, "Leo lives in Rome.")]) is False
     assert ops_right([CHAT], SHOWN, [FactDecision(MemoryOpType.ADD, "Nice weather.")]) is False
     assert ops_right([TurnSpec(TurnRole.HISTORY, "hi", "x")], SHOWN, []) is None
+
+
+ANN = turn(
+    "I am a baker now.",
+    "ADD",
+    "D1:2",
+    memory_fact="Ann is a baker.",
+    memory_person="Ann",
+    memory_value="baker",
+)
+MIA = turn("Mia lives in Oslo.", "ADD", "D1:3", memory_fact="Mia lives in Oslo.", memory_person="Mia",
+           memory_value="Oslo")  # fmt: skip
+
+
+def test_ops_score_gives_partial_credit_line_by_line():
+    add = lambda text: FactDecision(MemoryOpType.ADD, text)  # noqa: E731
+    upd = FactDecision(MemoryOpType.UPDATE, "Leo now lives in Rome.", fact_id=9, supersede=True)
+    turns = [MOVE, ANN, MIA, CHAT]
+    right = [upd, add("Ann is a baker."), add("Mia lives in Oslo."), FactDecision(MemoryOpType.NOOP)]
+    assert ops_score(turns, SHOWN, right) == 1.0 and ops_right(turns, SHOWN, right) is True
+    # two of three gold writes, nothing extra: precision 1, recall 2/3
+    assert ops_score(turns, SHOWN, right[:2]) == 0.8
+    # a borrowed value (Mia in Paris) matches nothing, and a written chit-chat line is one extra write
+    borrowed = [upd, add("Ann is a baker."), add("Mia lives in Paris."), add("Nice weather.")]
+    assert ops_score(turns, SHOWN, borrowed) == 2 * 0.5 * (2 / 3) / (0.5 + 2 / 3)
+    assert ops_right(turns, SHOWN, borrowed) is False
+    assert ops_score(turns, SHOWN, []) == 0.0
+    assert ops_score([CHAT], SHOWN, []) == 1.0  # nothing to write, nothing written
+    assert ops_score([CHAT], SHOWN, [add("Nice weather.")]) == 0.0
+    assert ops_score([TurnSpec(TurnRole.HISTORY, "hi", "x")], SHOWN, []) is None
 
 
 def test_holds_is_a_word_test():
