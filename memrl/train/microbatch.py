@@ -182,15 +182,46 @@ def _prompt_groups(records: Sequence[SeqRecord]) -> list[list[SeqRecord]]:
     return groups
 
 
+# Rows of distinct prompts are batched over their common prefix only when it is at least this long: memory writes
+# share ~110 tokens of instructions, so one forward of them replaces one per write; rows that share only the chat
+# template's first tokens would pay more in padded tails than the prefix saves.
+MIN_COMMON_PREFIX = 64
+
+
 def split_micro_batches(records: Sequence[SeqRecord], max_rows: int) -> list[MicroBatch]:
     """One shared-prefix micro-batch per run of consecutive records with the same prompt, split into chunks of
-    ≤ ``max_rows`` rows (``train.micro_batch_size``); a record whose prompt no neighbour shares is a group of
-    one."""
-    return [
-        collate_shared(group[i : i + max_rows])
-        for group in _prompt_groups(records)
-        for i in range(0, len(group), max_rows)
-    ]
+    ≤ ``max_rows`` rows (``train.micro_batch_size``). Records whose prompt no neighbour shares (memory writes,
+    demonstrations) are gathered with the others that start like them (≥ ``MIN_COMMON_PREFIX`` tokens) into
+    common-prefix micro-batches (:func:`collate_common`); one that starts like no other is a micro-batch of one.
+    Micro-batches come in the order of their first record."""
+    units: list[tuple[str, list[SeqRecord]]] = []
+    open_runs: list[list[SeqRecord]] = []  # the singleton buckets, to find one a new singleton joins
+    for group in _prompt_groups(records):
+        if len(group) > 1:
+            units.append(("shared", group))
+            continue
+        rec = group[0]
+        bucket = next((b for b in open_runs if _common_len(b[0], rec) >= MIN_COMMON_PREFIX), None)
+        if bucket is None:
+            bucket = [rec]
+            open_runs.append(bucket)
+            units.append(("common", bucket))
+        else:
+            bucket.append(rec)
+    out = []
+    for kind, rows in units:
+        for i in range(0, len(rows), max_rows):
+            chunk = rows[i : i + max_rows]
+            out.append(collate_shared(chunk) if kind == "shared" or len(chunk) == 1 else collate_common(chunk))
+    return out
+
+
+def _common_len(a: SeqRecord, b: SeqRecord) -> int:
+    """Length of the common start of two prompts (at most the shorter minus its last token, as collate_common)."""
+    p = min(a.prompt_len, b.prompt_len) - 1
+    if p <= 0:
+        return 0
+    return int((a.ids[:p] == b.ids[:p]).long().cumprod(0).sum())
 
 
 def forward_logits(model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:

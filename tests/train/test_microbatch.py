@@ -196,3 +196,45 @@ def test_a_common_prompt_prefix_is_forwarded_once_with_the_padded_logprobs_and_g
     assert torch.allclose(results["common"][1], results["padded"][1], atol=1e-5, rtol=1e-4)
     lone = collate_common(records[:1] + [SeqRecord(torch.tensor([7, 8, 9]), 2, *[torch.zeros(3)] * 3, 9)])
     assert lone.prefix_ids is None  # nothing in common: plain padded rows
+
+
+def test_rows_of_distinct_prompts_that_start_alike_share_one_micro_batch():
+    """Memory writes: each its own prompt, all starting with the same instructions. They are gathered (also
+    across the answer groups between them) into common-prefix micro-batches, with the log-probs and gradient of
+    each row run alone; a row that starts like no other stays alone."""
+    from memrl.train.microbatch import MIN_COMMON_PREFIX
+
+    rng = random.Random(11)
+    head = [rng.randrange(3, VOCAB) for _ in range(MIN_COMMON_PREFIX + 6)]
+    rand = lambda n: [rng.randrange(3, VOCAB) for _ in range(n)]  # noqa: E731
+    writes = [_step(f"w{i}", head + rand(3 + 2 * i), rand(2 + i)) for i in range(4)]
+    stranger = _step("x", rand(MIN_COMMON_PREFIX + 9), rand(3))
+    answers = make_episodes(n_groups=1, n_per_group=3, shared_prompt=True)
+    episodes = [
+        _episode("a", "ga", *writes[:2]),
+        *answers,
+        _episode("b", "gb", writes[2], stranger, writes[3]),
+    ]
+    batch = TrajectoryBatchBuilder().build(episodes)
+    records = unpack(batch, torch.ones(batch.num_steps), torch.ones(batch.num_steps))
+    micro = split_micro_batches(records, max_rows=3)
+    named = [[batch.step_ids[r] for r in mb.rows] for mb in micro]
+    answer_ids = [batch.step_ids[i] for i in range(2, 5)]
+    assert named == [["w0", "w1", "w2"], ["w3"], answer_ids, ["x"]]  # in the order of their first row
+    assert micro[0].prefix_ids.shape == (1, len(head))  # the shared instructions, forwarded once
+    model = tiny_llama()
+    truth = _alone(model.eval(), batch)
+    logp_sum = torch.zeros(())
+    for mb in micro:
+        logp = token_logprobs(forward_logits(model, mb), mb.input_ids)
+        for k, row in enumerate(mb.rows):
+            assert torch.allclose(logp[(mb.seq_index == k) & (mb.adv != 0)].detach(), truth[row], atol=1e-5)
+        logp_sum = logp_sum + (logp * mb.loss_mask).sum()
+    logp_sum.backward()
+    grad = torch.cat([p.grad.flatten() for p in model.parameters()])
+    ref = tiny_llama()
+    sum(
+        (token_logprobs(ref(input_ids=r.ids.unsqueeze(0)).logits, r.ids.unsqueeze(0))[0] * r.loss_mask).sum()
+        for r in records
+    ).backward()
+    assert torch.allclose(grad, torch.cat([p.grad.flatten() for p in ref.parameters()]), atol=1e-5, rtol=1e-4)
