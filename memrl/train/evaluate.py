@@ -73,16 +73,22 @@ def evaluate(
 def breakdown(inputs: list, episodes: list) -> dict[str, float]:
     """``eval/em/<group>`` per question type or LoCoMo category, and ``eval/em/answerable`` /
     ``eval/em/unanswerable`` (adversarial, abstention) with the interval of the answerable mean (LoCoMo's F1 over
-    categories 1–4, the number papers report); only the splits that have more than one part."""
+    categories 1–4, the number papers report); only the splits that have more than one part. With both parts,
+    also ``eval/abstains/answerable``: the share of answerable questions the answer declines (in any phrase the
+    benchmarks' scorers accept), since a policy taught to abstain can keep its F1 only if it abstains there
+    rarely."""
     from memrl.episode.evaluate import group_key, unanswerable
 
     meta = {bi.episode_id: bi.metadata for bi in inputs}
     by_group: dict[str, list[float]] = {}
     by_answer: dict[str, list[float]] = {}
+    declined: list[float] = []
     for e in episodes:
         md = meta.get(e.source_episode_id, {})
         by_group.setdefault(group_key(md), []).append(_score(e))
         by_answer.setdefault("unanswerable" if unanswerable(md) else "answerable", []).append(_score(e))
+        if not unanswerable(md):
+            declined.append(float(_declines(e)))
     out: dict[str, float] = {}
     for parts in (by_group, by_answer):
         if len(parts) > 1:
@@ -90,4 +96,13 @@ def breakdown(inputs: list, episodes: list) -> dict[str, float]:
     if len(by_answer) > 1:
         low, high = bootstrap_ci(by_answer["answerable"])
         out.update({"eval/em/answerable_ci_low": low, "eval/em/answerable_ci_high": high})
+        out["eval/abstains/answerable"] = float(np.mean(declined))
     return out
+
+
+def _declines(episode: Any) -> bool:
+    from memrl.formats import extract_answer
+    from memrl.rewards.benchmarks import LONGMEMEVAL_ABSTENTION, abstains
+
+    text = episode.steps[-1].meta.response_text if episode.steps else ""
+    return abstains(extract_answer(text), LONGMEMEVAL_ABSTENTION)

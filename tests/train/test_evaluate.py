@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from memrl.train.evaluate import breakdown
-from memrl.types import BatchInput, EpisodeStatus, EpisodeTrajectory, TurnRole, TurnSpec
+from memrl.types import (
+    BatchInput,
+    EpisodeStatus,
+    EpisodeTrajectory,
+    StepMeta,
+    StepTrajectory,
+    TurnRole,
+    TurnSpec,
+)
 
 
 def _input(i: int, category: int) -> BatchInput:
@@ -17,10 +25,16 @@ def _input(i: int, category: int) -> BatchInput:
     return BatchInput(episode_id=f"q{i}", group_id=f"q{i}", turns=turns, final_query="what?", metadata=meta)
 
 
-def _episode(i: int, reward: float, status=EpisodeStatus.COMPLETED) -> EpisodeTrajectory:
+def _episode(
+    i: int, reward: float, status=EpisodeStatus.COMPLETED, answer: str | None = None
+) -> EpisodeTrajectory:
     why = "policy crashed" if status is EpisodeStatus.FAILED else None
+    steps = ()
+    if answer is not None:
+        meta = StepMeta(turn_id=f"q{i}/t", turn_role=TurnRole.TARGET, response_text=answer)
+        steps = (StepTrajectory(f"q{i}/s", (1,), (2,), (1,), (-0.1,), f"q{i}/t", TurnRole.TARGET, meta),)
     return EpisodeTrajectory(
-        episode_id=f"q{i}", group_id=f"q{i}", steps=(), reward=reward, status=status, failure_reason=why
+        episode_id=f"q{i}", group_id=f"q{i}", steps=steps, reward=reward, status=status, failure_reason=why
     )
 
 
@@ -30,12 +44,20 @@ def test_locomo_scores_split_by_category_and_answerable_questions():
     out = breakdown(inputs, episodes)
     assert out["eval/em/multi_hop"] == pytest.approx(0.75) and out["eval/em/temporal"] == 0.0  # failed: 0
     assert sorted(k for k in out if not k.endswith(("_low", "_high"))) == [
-        "eval/em/adversarial", "eval/em/answerable", "eval/em/multi_hop", "eval/em/temporal",
+        "eval/abstains/answerable", "eval/em/adversarial", "eval/em/answerable", "eval/em/multi_hop", "eval/em/temporal",
         "eval/em/unanswerable",
     ]  # fmt: skip
     assert out["eval/em/answerable"] == pytest.approx(0.5)  # (0.5 + 1.0 + 0 failed) / 3
     assert out["eval/em/unanswerable"] == 1.0
     assert out["eval/em/answerable_ci_low"] <= 0.5 <= out["eval/em/answerable_ci_high"]
+
+
+def test_abstaining_on_answerable_questions_is_counted():
+    inputs = [_input(0, 1), _input(1, 4), _input(2, 2), _input(3, 5)]
+    answers = ["<answer>Not mentioned in the conversation</answer>", "<answer>Paris</answer>",
+               "I don't know", "<answer>(a)</answer>"]  # fmt: skip
+    episodes = [_episode(i, 0.0, answer=a) for i, a in enumerate(answers)]
+    assert breakdown(inputs, episodes)["eval/abstains/answerable"] == pytest.approx(2 / 3)
 
 
 def test_one_group_adds_nothing():
