@@ -11,7 +11,14 @@ and backward of the summed response NLL over two micro-batchings of the same rec
 * ``shared_prefix``: the trainer's own (:func:`~memrl.train.microbatch.split_micro_batches`): each group's prompt
   once, its cache repeated for the group's ≤ ``micro_batch_size`` responses;
 * ``padded``: the reference without prefix sharing: ``micro_batch_size`` consecutive sequences per forward as
-  right-padded rows (:func:`~memrl.train.microbatch.collate`).
+  right-padded rows (:func:`~memrl.train.microbatch.collate`);
+* ``per_row``: one micro-batch per sequence (what the trainer did for rows of distinct prompts before it
+  gathered those that start alike).
+
+``--common-prefix N`` shapes the batch like memory writes instead: every sequence has a prompt of its own that
+starts with the same ``N`` tokens (the write instructions), e.g. ``--groups 1 --group-size 9 --common-prefix 156
+--prompt-min 300 --prompt-max 360 --response-max 48`` for the 9 write rows of a ``configs/synthetic_memory.yaml``
+update.
 
 The two run alternating in one process; each reports its best time. ``speedup`` is the padded reference's wall
 time over each path's; ``cpu_speedup`` is the same with the process's CPU time, which a loaded machine disturbs
@@ -36,6 +43,7 @@ from memrl.train.microbatch import (
     MicroBatch,
     SeqRecord,
     collate,
+    collate_shared,
     forward_logits,
     split_micro_batches,
     token_logprobs,
@@ -69,6 +77,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--hidden", type=int, default=SMOLLM2_135M["hidden_size"], help="model width (heads scale)"
     )
+    p.add_argument(
+        "--common-prefix", type=int, default=0, help="memory-write shape: distinct prompts sharing N tokens"
+    )
     p.add_argument("--micro-batch-size", type=int, default=train.micro_batch_size)
     p.add_argument("--repeats", type=int, default=2, help="timed passes per path (best is reported)")
     p.add_argument(
@@ -80,17 +91,24 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error(f"--micro-batch-size: need >= 1, got {args.micro_batch_size}")
     if not 1 <= args.prompt_min <= args.prompt_max:
         p.error(f"--prompt-min/--prompt-max: need 1 <= min <= max, got {args.prompt_min}/{args.prompt_max}")
+    if not 0 <= args.common_prefix < args.prompt_min:
+        p.error(f"--common-prefix: need 0 <= N < --prompt-min, got {args.common_prefix}")
     return args
 
 
 def make_episodes(args: argparse.Namespace) -> list[EpisodeTrajectory]:
-    """``groups × group_size`` one-step episodes; the members of a group share their prompt, as GRPO's do."""
+    """``groups × group_size`` one-step episodes; the members of a group share their prompt, as GRPO's do (with
+    ``--common-prefix N``: only its first N tokens, as memory writes share their instructions)."""
     rng = np.random.default_rng(args.seed)
     vocab = SMOLLM2_135M["vocab_size"]
+    head = rng.integers(3, vocab, args.common_prefix).tolist()
     episodes = []
     for g in range(args.groups):
         prompt = rng.integers(3, vocab, int(rng.integers(args.prompt_min, args.prompt_max + 1))).tolist()
         for k in range(args.group_size):
+            if args.common_prefix:
+                tail = int(rng.integers(args.prompt_min, args.prompt_max + 1)) - args.common_prefix
+                prompt = head + rng.integers(3, vocab, tail).tolist()
             n = int(rng.integers(1, args.response_max + 1))
             mask = (rng.random(n) > 0.1).astype(int).tolist()  # ~10 % tool-output tokens (mask 0)
             step = StepTrajectory(
@@ -167,6 +185,7 @@ def bench_batch(argv: list[str]) -> dict:
     micro = {
         "shared_prefix": split_micro_batches(records, args.micro_batch_size),
         "padded": padded_reference(records, args.micro_batch_size),
+        "per_row": [collate_shared([r]) for r in records],
     }
     model = _model(args)
     for mbs in micro.values():  # warm-up: one micro-batch each

@@ -10,7 +10,7 @@ QUICK += ["--response-max", "8", "--layers", "1", "--hidden", "32", "--repeats",
 
 def test_bench_batch_times_the_trainer_path_against_the_padded_reference_on_the_same_tokens():
     result = BENCHES.get("batch")(QUICK)
-    assert set(result["speedup"]) == set(result["cpu_speedup"]) == {"shared_prefix", "padded"}
+    assert set(result["speedup"]) == set(result["cpu_speedup"]) == {"shared_prefix", "padded", "per_row"}
     assert result["speedup"]["padded"] == 1.0 and result["cpu_speedup"]["padded"] == 1.0
     assert result["num_sequences"] == 6
     assert result["loss_rel_diff"] <= 1e-5  # the same tokens, the same model: the same summed loss
@@ -18,7 +18,20 @@ def test_bench_batch_times_the_trainer_path_against_the_padded_reference_on_the_
     forwarded = result["forwarded_tokens"]
     # shared_prefix forwards each group's prompt once (plus response padding); padded every prompt 3 times
     assert forwarded["shared_prefix"] < result["real_tokens"] <= forwarded["padded"]
-    assert result["micro_batches"] == {"shared_prefix": 2, "padded": 1}  # a group of 3 each; 6 rows ≤ 8
+    assert result["micro_batches"] == {"shared_prefix": 2, "padded": 1, "per_row": 6}  # a group of 3 each
+
+
+def test_bench_batch_memory_write_shape_gathers_distinct_prompts_over_their_common_prefix():
+    shape = ["--common-prefix", "70", "--prompt-min", "80", "--prompt-max", "90"]  # ≥ MIN_COMMON_PREFIX shared
+    args = [*QUICK, *shape, "--groups", "1", "--group-size", "5"]
+    result = BENCHES.get("batch")(args)
+    assert result["micro_batches"] == {"shared_prefix": 1, "padded": 1, "per_row": 5}
+    forwarded = result["forwarded_tokens"]
+    # the 70 shared tokens once, instead of once per row
+    assert (
+        forwarded["shared_prefix"] < forwarded["padded"] and forwarded["shared_prefix"] < forwarded["per_row"]
+    )
+    assert result["loss_rel_diff"] <= 1e-5
 
 
 def test_bench_batch_refuses_an_empty_micro_batch(capsys):
