@@ -49,7 +49,8 @@ class MicroBatch:
     ``seq_index`` gives each position's sequence number within the micro-batch (``-1`` on padding).
     ``num_seqs`` is the number of sequences; ``rows`` their indices in the source batch. ``prefix_ids`` is the
     prompt the rows share, minus its last token (``[1, P-1]``, forwarded once before them); ``None`` when the
-    rows hold whole sequences (:func:`collate`).
+    rows hold whole sequences (:func:`collate`). ``scored_from`` is the first position that holds a response
+    token of some row: only positions from ``scored_from - 1`` on need logits (:func:`forward_logits`).
     """
 
     input_ids: torch.Tensor
@@ -62,6 +63,7 @@ class MicroBatch:
     num_seqs: int
     rows: list[int]
     prefix_ids: torch.Tensor | None = None
+    scored_from: int = 1
 
     @property
     def num_tokens(self) -> int:
@@ -122,7 +124,7 @@ def collate(records: Sequence[SeqRecord]) -> MicroBatch:
     seq_index = torch.where(attn.bool(), torch.arange(len(records)).unsqueeze(1), torch.full_like(attn, -1))
     return MicroBatch(
         pad("ids"), pos, attn, pad("loss_mask"), pad("old_logp"), pad("adv"), seq_index, len(records),
-        [r.index for r in records],
+        [r.index for r in records], scored_from=max(1, min(r.prompt_len for r in records)),
     )  # fmt: skip
 
 
@@ -225,20 +227,26 @@ def _common_len(a: SeqRecord, b: SeqRecord) -> int:
 
 
 def forward_logits(model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
-    """``[b, L, V]`` logits (``use_cache=False`` on whole rows: a cache nobody reads would only cost memory)."""
+    """``[b, N, V]`` logits of the last ``N`` positions, from ``scored_from - 1`` on (``N = L`` when every row's
+    response starts at position 1): rows whose prompts are forwarded in the block (whole rows, common-prefix
+    tails) skip the output layer on their prompt tokens, whose logits no loss reads (over SmolLM2's 49 K
+    vocabulary that layer costs about as much as the rest of the model per token). ``use_cache=False`` on whole
+    rows: a cache nobody reads would only cost memory."""
+    keep = mb.input_ids.shape[1] - mb.scored_from + 1
     if mb.prefix_ids is not None and mb.prefix_ids.shape[1] > 0:
-        return _shared_prefix_logits(model, mb)
+        return _shared_prefix_logits(model, mb, keep)
     # A one-token prompt leaves nothing to share: its rows are whole sequences.
     out = model(
         input_ids=mb.input_ids,
         attention_mask=mb.attention_mask,
         position_ids=mb.position_ids,
         use_cache=False,
+        logits_to_keep=keep,
     )
     return out.logits.float()
 
 
-def _shared_prefix_logits(model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
+def _shared_prefix_logits(model: torch.nn.Module, mb: MicroBatch, keep: int) -> torch.Tensor:
     """Prompt (minus its last token) once with a cache, then the ``[k, R + 1]`` block on top of it."""
     k, width = mb.input_ids.shape
     p = mb.prefix_ids.shape[1]
@@ -251,18 +259,23 @@ def _shared_prefix_logits(model: torch.nn.Module, mb: MicroBatch) -> torch.Tenso
         position_ids=mb.position_ids,
         past_key_values=cache,
         use_cache=True,
+        logits_to_keep=keep,
     )
     return out.logits.float()
 
 
 def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
-    """``logits [b, L, V]``, ``input_ids [b, L]`` → ``[b, L]`` log p(token_j | <j); position 0 gets 0."""
-    logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-    return F.pad(logp, (1, 0))
+    """``logits [b, N, V]`` of the last ``N ≤ L`` positions, ``input_ids [b, L]`` → ``[b, L]`` log p(token_j | <j);
+    the positions no logit predicts (position 0, and the first ``L - N`` more) get 0."""
+    skip = input_ids.shape[1] - logits.shape[1] + 1
+    targets = input_ids[:, skip:].unsqueeze(-1)
+    logp = torch.log_softmax(logits[:, :-1], dim=-1).gather(-1, targets).squeeze(-1)
+    return F.pad(logp, (skip, 0))
 
 
-def token_entropy(logits: torch.Tensor) -> torch.Tensor:
-    """``[b, L, V]`` → ``[b, L]`` entropy of the distribution that predicts token j (position 0 gets 0)."""
+def token_entropy(logits: torch.Tensor, length: int | None = None) -> torch.Tensor:
+    """``[b, N, V]`` logits of the last ``N`` of ``length`` positions (default ``N``) → ``[b, length]`` entropy of
+    the distribution that predicts token j (0 where no logit predicts it, as :func:`token_logprobs`)."""
     logp = torch.log_softmax(logits[:, :-1], dim=-1)
     ent = -(logp.exp() * logp).sum(-1)
-    return F.pad(ent, (1, 0))
+    return F.pad(ent, ((length or logits.shape[1]) - logits.shape[1] + 1, 0))

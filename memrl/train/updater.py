@@ -179,9 +179,10 @@ class PolicyUpdater:
         tok_loss, pg = clipped_policy_loss(
             logp, old, mb.adv, mb.loss_mask, cfg.clip_ratio_low, cfg.clip_ratio_high
         )
-        entropy = token_entropy(logits) if cfg.entropy_coef > 0 else None
+        width = mb.input_ids.shape[1]
+        entropy = token_entropy(logits, width) if cfg.entropy_coef > 0 else None
         with torch.no_grad():
-            ent_metric = entropy.detach() if entropy is not None else token_entropy(logits)
+            ent_metric = entropy.detach() if entropy is not None else token_entropy(logits, width)
         if entropy is not None:
             tok_loss = tok_loss - cfg.entropy_coef * entropy
         kl = None

@@ -198,6 +198,30 @@ def test_a_common_prompt_prefix_is_forwarded_once_with_the_padded_logprobs_and_g
     assert lone.prefix_ids is None  # nothing in common: plain padded rows
 
 
+def test_the_output_layer_skips_prompt_positions_no_loss_reads():
+    """Rows that carry prompt tokens (whole rows, common-prefix tails) get logits only from the position before
+    the earliest response token on; the log-probs there are those of the full forward."""
+    # prompts of 13, 16 and 14 tokens whose first 9 agree (the one of 9 tokens would leave no prompt tail)
+    records = [r for r in _common_prefix_records() if r.prompt_len > 9]
+    model = tiny_llama().eval()
+    for mb in (collate(records), collate_common(records)):
+        width = mb.input_ids.shape[1]
+        with torch.no_grad():
+            logits = forward_logits(model, mb)
+            full = model(
+                input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids
+            )
+        assert mb.scored_from == min(r.prompt_len for r in records) - (
+            mb.prefix_ids.shape[1] if mb.prefix_ids is not None else 0
+        )
+        assert logits.shape[1] == width - mb.scored_from + 1 < width
+        if mb.prefix_ids is None:
+            ref = token_logprobs(full.logits.float(), mb.input_ids)
+            got = token_logprobs(logits, mb.input_ids)
+            assert torch.allclose(got[:, mb.scored_from :], ref[:, mb.scored_from :], atol=1e-5)
+            assert (got[:, : mb.scored_from] == 0).all()
+
+
 def test_rows_of_distinct_prompts_that_start_alike_share_one_micro_batch():
     """Memory writes: each its own prompt, all starting with the same instructions. They are gathered (also
     across the answer groups between them) into common-prefix micro-batches, with the log-probs and gradient of
