@@ -214,7 +214,9 @@ def split_micro_batches(records: Sequence[SeqRecord], max_rows: int) -> list[Mic
     for kind, rows in units:
         for i in range(0, len(rows), max_rows):
             chunk = rows[i : i + max_rows]
-            out.append(collate_shared(chunk) if kind == "shared" or len(chunk) == 1 else collate_common(chunk))
+            out.append(
+                collate_shared(chunk) if kind == "shared" or len(chunk) == 1 else collate_common(chunk)
+            )
     return out
 
 

@@ -22,7 +22,14 @@ def test_bench_batch_times_the_trainer_path_against_the_padded_reference_on_the_
 
 
 def test_bench_batch_memory_write_shape_gathers_distinct_prompts_over_their_common_prefix():
-    shape = ["--common-prefix", "70", "--prompt-min", "80", "--prompt-max", "90"]  # ≥ MIN_COMMON_PREFIX shared
+    shape = [
+        "--common-prefix",
+        "70",
+        "--prompt-min",
+        "80",
+        "--prompt-max",
+        "90",
+    ]  # ≥ MIN_COMMON_PREFIX shared
     args = [*QUICK, *shape, "--groups", "1", "--group-size", "5"]
     result = BENCHES.get("batch")(args)
     assert result["micro_batches"] == {"shared_prefix": 1, "padded": 1, "per_row": 5}
