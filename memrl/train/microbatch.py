@@ -9,7 +9,9 @@ prompt cost. It is the trainer's only layout because GRPO groups share long prom
 prompt ``k`` times and a packed row's attention covers the whole row, so on ``synthetic_chain``'s batch shape
 ``memrl bench batch`` measured shared prefixes 6.2x cheaper in CPU time than padded rows (docs/benchmarks.md).
 A micro-batch's aligned tensors cover ``[last prompt token, response...]`` (``[k, R + 1]``): prompt tokens
-carry no loss.
+carry no loss. Rows whose prompts differ but start alike (memory writes and their instructions) are gathered the
+same way over their longest common prefix, their differing prompt tails padded in the block
+(:func:`collate_common`); the output layer then skips those tails (:func:`forward_logits`).
 
 Every token-level tensor of a micro-batch is aligned with ``input_ids`` (position ``j`` describes token ``j``);
 :func:`token_logprobs` returns ``log p(token_j | tokens_<j)`` at position ``j`` (0 at each sequence's first token,
@@ -185,7 +187,7 @@ def _prompt_groups(records: Sequence[SeqRecord]) -> list[list[SeqRecord]]:
 
 
 # Rows of distinct prompts are batched over their common prefix only when it is at least this long: memory writes
-# share ~110 tokens of instructions, so one forward of them replaces one per write; rows that share only the chat
+# share ~156 tokens of instructions, so one forward of them replaces one per write; rows that share only the chat
 # template's first tokens would pay more in padded tails than the prefix saves.
 MIN_COMMON_PREFIX = 64
 
