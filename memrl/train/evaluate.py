@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from memrl.formats import extract_answer
+from memrl.rewards.benchmarks import LONGMEMEVAL_ABSTENTION, abstains
 from memrl.types import EpisodeStatus
 
 
@@ -101,8 +103,5 @@ def breakdown(inputs: list, episodes: list) -> dict[str, float]:
 
 
 def _declines(episode: Any) -> bool:
-    from memrl.formats import extract_answer
-    from memrl.rewards.benchmarks import LONGMEMEVAL_ABSTENTION, abstains
-
     text = episode.steps[-1].meta.response_text if episode.steps else ""
     return abstains(extract_answer(text), LONGMEMEVAL_ABSTENTION)
