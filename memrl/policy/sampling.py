@@ -39,7 +39,8 @@ def choose_tokens(
     ops (a per-row ``torch.multinomial`` with its own generator cost ~30 us per token on CPU, and would be a
     kernel launch per row per step on a GPU).
     """
-    temps = torch.tensor([p.temperature if p.temperature > 0 else 1.0 for p in params], dtype=torch.float32)
+    temps = [p.temperature if p.temperature > 0 else 1.0 for p in params]
+    temps = torch.tensor(temps, dtype=torch.float32, device=logits.device)
     logp = torch.log_softmax(logits.float() / temps[:, None], dim=-1)  # [B, V]
     chosen = logp.argmax(dim=-1)  # greedy default
     sampled = [i for i, p in enumerate(params) if p.temperature > 0]

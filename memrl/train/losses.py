@@ -39,7 +39,9 @@ def _num_seqs(mask: torch.Tensor, seq_index: torch.Tensor) -> float:
 def _per_seq_len(mask: torch.Tensor, seq_index: torch.Tensor) -> torch.Tensor:
     """``[b, L]``: the trained-token count of the sequence each position belongs to (≥ 1 to avoid 0-division)."""
     idx = seq_index.clamp(min=0).flatten()
-    lens = torch.zeros(int(idx.max()) + 1 if idx.numel() else 1).index_add_(0, idx, mask.flatten().float())
+    lens = torch.zeros(int(idx.max()) + 1 if idx.numel() else 1, device=idx.device).index_add_(
+        0, idx, mask.flatten().float()
+    )
     return lens[idx].view_as(mask).clamp(min=1.0)
 
 

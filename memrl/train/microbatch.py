@@ -21,7 +21,7 @@ which is always a prompt token and never trained on).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import torch
 import torch.nn.functional as F
@@ -70,6 +70,21 @@ class MicroBatch:
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.numel())
+
+    def to(self, device: torch.device | str) -> MicroBatch:
+        """A copy with every tensor on ``device`` (the model's): micro-batches are built on the CPU from the
+        batch, and the loss reads all of them beside the logits."""
+        moved = {
+            f.name: getattr(self, f.name).to(device)
+            for f in fields(self)
+            if isinstance(getattr(self, f.name), torch.Tensor)
+        }
+        return replace(self, **moved)
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """The device of ``model``'s parameters (a policy lives on one device)."""
+    return next(model.parameters()).device
 
 
 def _without_spliced_logprobs(old: torch.Tensor, meta) -> torch.Tensor:
@@ -256,7 +271,8 @@ def _shared_prefix_logits(model: torch.nn.Module, mb: MicroBatch, keep: int) -> 
     p = mb.prefix_ids.shape[1]
     cache = model(input_ids=mb.prefix_ids, use_cache=True).past_key_values
     cache.batch_repeat_interleave(k)
-    mask = torch.cat([torch.ones(k, p, dtype=mb.attention_mask.dtype), mb.attention_mask], dim=1)
+    prefix_mask = torch.ones(k, p, dtype=mb.attention_mask.dtype, device=mb.attention_mask.device)
+    mask = torch.cat([prefix_mask, mb.attention_mask], dim=1)
     out = model(
         input_ids=mb.input_ids,
         attention_mask=mask,

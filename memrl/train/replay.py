@@ -37,6 +37,7 @@ from memrl.train.microbatch import (
     MicroBatch,
     SeqRecord,
     forward_logits,
+    model_device,
     split_micro_batches,
     token_logprobs,
     unpack,
@@ -171,9 +172,10 @@ def replay_loss(model: torch.nn.Module, sample: ReplaySample, cfg: TrainConfig) 
     # The row coefficient rides in the advantage slot: loss_tok = -coef · logp, mean per sequence.
     records = unpack(batch, coef, torch.ones(batch.num_steps))
     agg = LOSS_AGGREGATIONS.get("seq-mean-token-mean")
+    device = model_device(model)
 
     def split(recs: Sequence[SeqRecord]) -> list[MicroBatch]:
-        return split_micro_batches(recs, cfg.micro_batch_size)
+        return [mb.to(device) for mb in split_micro_batches(recs, cfg.micro_batch_size)]
 
     # The normaliser counts every row, so skipping the forward of coefficient-0 rows leaves the loss unchanged.
     total = max(sum(agg.count(mb.loss_mask, mb.seq_index) for mb in split(records)), 1.0)
@@ -183,7 +185,8 @@ def replay_loss(model: torch.nn.Module, sample: ReplaySample, cfg: TrainConfig) 
         part = (-mb.adv * logp * agg.weights(mb.loss_mask, mb.seq_index)).sum() / total
         part.backward()
         loss = loss + part.detach()
-        on_demo = is_demo[torch.tensor(mb.rows)][mb.seq_index.clamp(min=0)] * (mb.loss_mask > 0)
+        on_demo = is_demo.to(device)[torch.tensor(mb.rows, device=device)][mb.seq_index.clamp(min=0)]
+        on_demo = on_demo * (mb.loss_mask > 0)
         demo_logp += float((logp.detach() * on_demo).sum())
         demo_tokens += float(on_demo.sum())
     real = 1.0 - is_demo

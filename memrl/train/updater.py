@@ -31,6 +31,7 @@ from memrl.train.microbatch import (
     MicroBatch,
     SeqRecord,
     forward_logits,
+    model_device,
     split_micro_batches,
     token_entropy,
     token_logprobs,
@@ -130,7 +131,8 @@ class PolicyUpdater:
         return [list(records[i : i + size]) for i in range(0, len(records), size)]
 
     def _micro(self, records: Sequence[SeqRecord]) -> list[MicroBatch]:
-        return split_micro_batches(records, self.cfg.micro_batch_size)
+        device = model_device(self.model)
+        return [mb.to(device) for mb in split_micro_batches(records, self.cfg.micro_batch_size)]
 
     @torch.no_grad()
     def _recompute_old_logp(self, records: list[SeqRecord]) -> None:
@@ -142,7 +144,7 @@ class PolicyUpdater:
                 rec = by_row[row]
                 # A micro-batch covers a sequence's tail only (its shared prompt minus the last token ran once
                 # before it); the prompt part keeps its zeros.
-                covered = logp[mb.seq_index == k]
+                covered = logp[mb.seq_index == k].cpu()
                 rec.old_logp = torch.cat([rec.old_logp[: len(rec.ids) - len(covered)], covered])
         self.model.train()
 

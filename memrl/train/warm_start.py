@@ -34,7 +34,7 @@ from memrl.memory.manager import MemorySystem
 from memrl.memory.writer import chunk_end
 from memrl.train.lora import trainable_parameters
 from memrl.train.losses import LOSS_AGGREGATIONS
-from memrl.train.microbatch import SeqRecord, collate_common, forward_logits, token_logprobs
+from memrl.train.microbatch import SeqRecord, collate_common, forward_logits, model_device, token_logprobs
 from memrl.types import BatchInput
 
 logger = logging.getLogger(__name__)
@@ -111,9 +111,10 @@ def sft_step(
     records = _records(demos)
     total, loss = float(len(records)), 0.0
     model.train()
+    device = model_device(model)
     for i in range(0, len(records), micro_batch_size):
         # Every write's prompt starts with the same instructions: forwarded once per micro-batch.
-        mb = collate_common(records[i : i + micro_batch_size])
+        mb = collate_common(records[i : i + micro_batch_size]).to(device)
         logp = token_logprobs(forward_logits(model, mb), mb.input_ids)
         part = (-mb.adv * logp * agg.weights(mb.loss_mask, mb.seq_index)).sum() / total
         part.backward()

@@ -262,3 +262,21 @@ def test_rows_of_distinct_prompts_that_start_alike_share_one_micro_batch():
         for r in records
     ).backward()
     assert torch.allclose(grad, torch.cat([p.grad.flatten() for p in ref.parameters()]), atol=1e-5, rtol=1e-4)
+
+
+def test_micro_batch_moves_every_tensor_to_the_model_device():
+    """The update builds micro-batches on the CPU; a policy on an accelerator needs every tensor beside it."""
+    records = [
+        SeqRecord(
+            ids=torch.arange(6), prompt_len=3, loss_mask=torch.tensor([0, 0, 0, 1.0, 1, 1]),
+            old_logp=torch.zeros(6), adv=torch.ones(6), index=i,
+        )
+        for i in range(2)
+    ]  # fmt: skip
+    mb = split_micro_batches(records, 8)[0]
+    moved = mb.to("meta")
+    tensors = {k: v for k, v in vars(moved).items() if isinstance(v, torch.Tensor)}
+    assert {"input_ids", "loss_mask", "adv", "seq_index", "prefix_ids"} <= set(tensors)
+    assert all(v.device.type == "meta" for v in tensors.values())
+    assert moved.rows == mb.rows and moved.scored_from == mb.scored_from
+    assert mb.input_ids.device.type == "cpu"  # a copy: the original stays where it was
