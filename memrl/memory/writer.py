@@ -22,6 +22,7 @@ current value (:func:`memrl.memory.retrieval.supersede_rescore`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import re
@@ -144,6 +145,11 @@ def render_user(req: WriteRequest) -> str:
     return "\n".join(["Memory:", *(facts or ["(empty)"]), "New:", *map(turn_line, req.turns), "Operations:"])
 
 
+WRITER_ADAPTER = (
+    "memory"  # the LoRA adapter a per-role run trains for writes (memrl.train.lora.MEMORY_ADAPTER)
+)
+
+
 class PolicyWriter:
     """The ``policy`` extractor: the policy client writes memory operations (see the module docstring)."""
 
@@ -187,7 +193,10 @@ class PolicyWriter:
             )
             for p, k in zip(prompts, n, strict=True)
         ]  # fmt: skip
-        outputs = self.client.generate(gens)
+        # The writer's own adapter where the policy has one per role (HFPolicy.use_adapter), else the policy as is.
+        scope = getattr(self.client, "use_adapter", None)
+        with scope(WRITER_ADAPTER) if scope is not None else contextlib.nullcontext():
+            outputs = self.client.generate(gens)
         if len(outputs) != len(requests):
             raise RuntimeError(f"policy returned {len(outputs)} results for {len(requests)} memory writes")
         out = []

@@ -58,6 +58,12 @@ class GenerationRequest:
             raise ContractError("GenerationRequest.prompt_ids: must be non-empty")
 
 
+# The LoRA adapter of the memory writer where a run trains one adapter per role (``train.role_adapters:
+# per_role``); PEFT's ``default`` plays the answer role. A client that can switch adapters has
+# ``use_adapter(name)``, a context manager around its generate calls (HFPolicy).
+MEMORY_ADAPTER = "memory"
+
+
 @runtime_checkable
 class PolicyClient(Protocol):
     """What the rest of memrl needs from a policy backend."""

@@ -18,6 +18,7 @@ sits at the position it would have without padding (RoPE keys stored in the cach
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import Counter
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from memrl.policy.base import GenerationRequest, SamplingParams
+from memrl.policy.base import MEMORY_ADAPTER, GenerationRequest, SamplingParams
 from memrl.policy.batching import DecodeBatch, DecodeRow
 from memrl.policy.config import PolicyConfig
 from memrl.policy.errors import PolicyError
@@ -101,13 +102,17 @@ def load_model_and_tokenizer(cfg: PolicyConfig):
 
 
 def _attach_adapter(model, path: str):
+    """``path``'s adapter, and its writer's adapter when it has one (PEFT saves it in the ``memory/`` subfolder)."""
     from peft import PeftModel
 
     if not (Path(path) / "adapter_config.json").is_file():
         raise PolicyError(
             f"policy.lora_path={path!r}: no adapter_config.json there (expected a PEFT adapter dir)"
         )
-    return PeftModel.from_pretrained(model, path, is_trainable=False)
+    model = PeftModel.from_pretrained(model, path, is_trainable=False)
+    if (Path(path) / MEMORY_ADAPTER / "adapter_config.json").is_file():
+        model.load_adapter(str(Path(path) / MEMORY_ADAPTER), adapter_name=MEMORY_ADAPTER, is_trainable=False)
+    return model
 
 
 class HFPolicy:
@@ -124,6 +129,7 @@ class HFPolicy:
         self.device = torch.device(cfg.device)
         # Every finished row leaves its states here; requests continue from their longest cached prefix.
         self.prefix_cache = RadixCache(cfg.prefix_cache_tokens)
+        self._adapter_caches: dict[str, RadixCache] = {}  # the other adapters' (use_adapter)
         self._seed_source = torch.Generator().manual_seed(cfg.seed)
         self.pad_id = _pad_id(tokenizer)
         self.eos_ids = _eos_ids(model, tokenizer)
@@ -154,15 +160,18 @@ class HFPolicy:
             self.model = _attach_adapter(self.model, path).to(self.device).eval()
         else:
             self.set_adapter_state(load_peft_weights(path, device=str(self.device)))
+            if MEMORY_ADAPTER in self.model.peft_config:
+                writer = load_peft_weights(str(Path(path) / MEMORY_ADAPTER), device=str(self.device))
+                self.set_adapter_state(writer, MEMORY_ADAPTER)
         self.invalidate_cache()
 
-    def set_adapter_state(self, weights: Mapping[str, torch.Tensor]) -> None:
+    def set_adapter_state(self, weights: Mapping[str, torch.Tensor], adapter: str = "default") -> None:
         """Load in-memory LoRA weights (PEFT state-dict names, as ``get_peft_model_state_dict`` returns)."""
         from peft import PeftModel, set_peft_model_state_dict
 
         if not isinstance(self.model, PeftModel):
             raise PolicyError("set_adapter_state: no LoRA adapter is attached; call load_adapter(path) first")
-        result = set_peft_model_state_dict(self.model, dict(weights))
+        result = set_peft_model_state_dict(self.model, dict(weights), adapter_name=adapter)
         unexpected = list(getattr(result, "unexpected_keys", []) or [])
         if unexpected:
             raise PolicyError(
@@ -173,6 +182,29 @@ class HFPolicy:
     def invalidate_cache(self) -> None:
         """Forget cached prefix states; call after changing the model's weights in place."""
         self.prefix_cache.clear()
+        for cache in self._adapter_caches.values():
+            cache.clear()
+
+    @contextlib.contextmanager
+    def use_adapter(self, name: str):
+        """Generate with LoRA adapter ``name`` inside the block (the memory writer's own, where a run trains one
+        per role); a model without that adapter is left as it is. Each adapter keeps its own prefix cache, since
+        the states one computes are not another's. The switch is per ``generate`` call: nothing else may
+        generate meanwhile (the runner writes memory and answers in separate phases)."""
+        model = self.model
+        if name not in getattr(model, "peft_config", {}) or model.active_adapter == name:
+            yield
+            return
+        previous, cache = model.active_adapter, self.prefix_cache
+        if previous not in self._adapter_caches:
+            self._adapter_caches[previous] = cache
+        model.set_adapter(name)
+        self.prefix_cache = self._adapter_caches.setdefault(name, RadixCache(self.cfg.prefix_cache_tokens))
+        try:
+            yield
+        finally:
+            model.set_adapter(previous)
+            self.prefix_cache = cache
 
     # ------------------------------------------------------------------ generation
 

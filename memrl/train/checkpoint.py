@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from memrl.disk import disk_full_error, is_disk_full
-from memrl.train.lora import load_adapter_weights, save_adapter
+from memrl.train.lora import load_adapter_weights, save_adapter, trainable_parameters
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ def save_checkpoint(
 
 def _checkpoint_bytes(model: Any, optimizer: torch.optim.Optimizer) -> int:
     """About what one checkpoint takes: the trainable (adapter) weights plus the optimizer's state tensors."""
-    adapter = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    adapter = sum(p.numel() * p.element_size() for p in trainable_parameters(model))
     moments = sum(
         t.numel() * t.element_size()
         for per_param in optimizer.state.values()

@@ -30,6 +30,7 @@ class LoraConfig:
 
 ROLES = ("answer", "memory")  # target-turn steps; memory writes (memory.extractor: policy)
 ROLE_SCHEDULES = ("joint", "alternate")
+ROLE_ADAPTERS = ("shared", "per_role")
 
 # Where the SFT target of a replayed group with no good trajectory comes from.
 DEMONSTRATION_SOURCES = ("none", "gold")
@@ -157,6 +158,9 @@ class TrainConfig:
     roles: list[str] = field(default_factory=lambda: ["answer", "memory"])
     role_schedule: str = "joint"
     role_phase_steps: int = 5
+    # One LoRA plays both roles (shared), or the writer gets an adapter of its own (per_role: the answer adapter
+    # is PEFT's "default", the writer's is "memory", saved in the adapter directory's memory/ subfolder).
+    role_adapters: str = "shared"
     # Debugging: generate and dump (data.dump_dir) without updating, or train from a dump dir without generating.
     rollout_only: bool = False
     train_only: str | None = None
@@ -194,6 +198,8 @@ class TrainConfig:
             raise ValueError(f"train.roles={self.roles}: expected a non-empty subset of {list(ROLES)}")
         if self.role_schedule not in ROLE_SCHEDULES:
             raise ValueError(f"train.role_schedule={self.role_schedule!r}: expected one of {ROLE_SCHEDULES}")
+        if self.role_adapters not in ROLE_ADAPTERS:
+            raise ValueError(f"train.role_adapters={self.role_adapters!r}: expected one of {ROLE_ADAPTERS}")
         if self.role_phase_steps < 1:
             raise ValueError(f"train.role_phase_steps must be >= 1, got {self.role_phase_steps}")
         if self.keep_checkpoints < 1:

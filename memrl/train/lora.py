@@ -3,10 +3,16 @@
 The adapter directory written by :func:`save_adapter` is what ``PeftModel.from_pretrained(base, path)`` and
 vLLM's ``LoRARequest`` read (``adapter_config.json`` + ``adapter_model.safetensors``). Only adapter weights are
 trainable; the base weights stay frozen, and the same module with the adapter disabled is the reference policy.
+
+With ``train.role_adapters: per_role`` the model carries a second adapter, :data:`MEMORY_ADAPTER`, for its memory
+writes: PEFT saves it in the ``memory/`` subfolder of the same directory, so one path names both (the answer
+adapter, PEFT's ``default``, stays at the top, where any PEFT reader finds it). :func:`use_adapter` makes one
+active around a forward; with one adapter it does nothing, so callers name the role's adapter either way.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 
@@ -15,13 +21,40 @@ from peft import LoraConfig as PeftLoraConfig
 from peft import PeftModel, get_peft_model, set_peft_model_state_dict
 from peft.utils import get_peft_model_state_dict
 
+from memrl.policy.base import MEMORY_ADAPTER
 from memrl.train.config import LoraConfig
 
 logger = logging.getLogger(__name__)
 
+# PEFT's name for the first adapter: the answer role's (both roles' when shared).
+DEFAULT_ADAPTER = "default"
 
-def attach_lora(model: torch.nn.Module, cfg: LoraConfig) -> PeftModel:
-    """Wrap ``model`` with a fresh LoRA adapter (``B`` initialised to 0, so the policy starts unchanged).
+
+def adapter_for(model: torch.nn.Module, role: str | None) -> str:
+    """The adapter that plays ``role`` on ``model``: the writer's own where the model has one, else the default."""
+    if role == "memory" and MEMORY_ADAPTER in getattr(model, "peft_config", {}):
+        return MEMORY_ADAPTER
+    return DEFAULT_ADAPTER
+
+
+@contextlib.contextmanager
+def use_adapter(model: torch.nn.Module, name: str):
+    """``name`` active inside the block (PEFT runs only the active adapter, and trains only it), the previous
+    one after. A model without that adapter (a shared LoRA, a bare model) is left as it is."""
+    if name not in getattr(model, "peft_config", {}) or model.active_adapter == name:
+        yield
+        return
+    previous = model.active_adapter
+    model.set_adapter(name)
+    try:
+        yield
+    finally:
+        model.set_adapter(previous)
+
+
+def attach_lora(model: torch.nn.Module, cfg: LoraConfig, per_role: bool = False) -> PeftModel:
+    """Wrap ``model`` with a fresh LoRA adapter (``B`` initialised to 0, so the policy starts unchanged), and with
+    ``per_role`` a second one for memory writes (:data:`MEMORY_ADAPTER`, same shape).
 
     A model that already is a :class:`PeftModel` is returned as is (its adapter keeps training).
     """
@@ -34,16 +67,22 @@ def attach_lora(model: torch.nn.Module, cfg: LoraConfig) -> PeftModel:
         r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=targets, task_type="CAUSAL_LM"
     )
     peft_model = get_peft_model(model, peft_cfg)
-    n_train = sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+    if per_role:
+        peft_model.add_adapter(MEMORY_ADAPTER, peft_cfg)
+        peft_model.set_adapter(DEFAULT_ADAPTER)
+    n_train = sum(p.numel() for p in trainable_parameters(peft_model))
     n_all = sum(p.numel() for p in peft_model.parameters())
     logger.info(
-        "LoRA r=%d alpha=%d on %s: %d / %d params trainable", cfg.r, cfg.alpha, targets, n_train, n_all
-    )
+        "LoRA r=%d alpha=%d on %s%s: %d / %d params trainable", cfg.r, cfg.alpha, targets,
+        " (one adapter per role)" if per_role else "", n_train, n_all,
+    )  # fmt: skip
     return peft_model
 
 
 def trainable_parameters(model: torch.nn.Module) -> list[torch.nn.Parameter]:
-    params = [p for p in model.parameters() if p.requires_grad]
+    """The adapter weights: every LoRA tensor, whichever adapter is active now (PEFT marks only the active
+    adapter's as requiring grad, and the optimizer must hold both roles' from the start)."""
+    params = [p for name, p in model.named_parameters() if p.requires_grad or ".lora_" in name]
     if not params:
         raise RuntimeError(
             "no trainable parameters: attach a LoRA adapter first (memrl.train.lora.attach_lora)"
@@ -63,17 +102,21 @@ def load_adapter_weights(model: PeftModel, path: str | Path) -> None:
     """Load adapter weights saved by :func:`save_adapter` into an already wrapped ``model`` (resume)."""
     from safetensors.torch import load_file
 
-    file = Path(path) / "adapter_model.safetensors"
-    if not file.is_file():
-        raise FileNotFoundError(
-            f"{file}: no adapter weights here (expected a directory written by save_adapter)"
-        )
-    result = set_peft_model_state_dict(model, load_file(str(file)))
-    missing = [k for k in getattr(result, "missing_keys", []) if "lora_" in k]
-    if missing:
-        raise RuntimeError(f"{file}: adapter is missing {len(missing)} LoRA tensors, e.g. {missing[0]}")
+    for name in getattr(model, "peft_config", {DEFAULT_ADAPTER: None}):
+        file = Path(path) / ("" if name == DEFAULT_ADAPTER else name) / "adapter_model.safetensors"
+        if not file.is_file():
+            raise FileNotFoundError(
+                f"{file}: no weights here for adapter {name!r} (expected a directory written by save_adapter)"
+            )
+        result = set_peft_model_state_dict(model, load_file(str(file)), adapter_name=name)
+        missing = [
+            k for k in getattr(result, "missing_keys", []) if f"lora_A.{name}" in k or f"lora_B.{name}" in k
+        ]
+        if missing:
+            raise RuntimeError(f"{file}: adapter is missing {len(missing)} LoRA tensors, e.g. {missing[0]}")
 
 
-def adapter_state(model: PeftModel) -> dict[str, torch.Tensor]:
-    """A detached copy of the adapter tensors (for tests and change checks)."""
-    return {k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()}
+def adapter_state(model: PeftModel, adapter: str = DEFAULT_ADAPTER) -> dict[str, torch.Tensor]:
+    """A detached copy of one adapter's tensors (for tests and change checks)."""
+    state = get_peft_model_state_dict(model, adapter_name=adapter)
+    return {k: v.detach().clone() for k, v in state.items()}

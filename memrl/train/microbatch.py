@@ -42,6 +42,7 @@ class SeqRecord:
     old_logp: torch.Tensor
     adv: torch.Tensor
     index: int  # row in the source batch
+    adapter: str = "default"  # the LoRA adapter that plays this row's role (memrl.train.lora.adapter_for)
 
 
 @dataclass
@@ -66,6 +67,7 @@ class MicroBatch:
     rows: list[int]
     prefix_ids: torch.Tensor | None = None
     scored_from: int = 1
+    adapter: str = "default"  # every row's (a micro-batch never mixes adapters)
 
     @property
     def num_tokens(self) -> int:
@@ -142,7 +144,15 @@ def collate(records: Sequence[SeqRecord]) -> MicroBatch:
     return MicroBatch(
         pad("ids"), pos, attn, pad("loss_mask"), pad("old_logp"), pad("adv"), seq_index, len(records),
         [r.index for r in records], scored_from=max(1, min(r.prompt_len for r in records)),
+        adapter=_one_adapter(records),
     )  # fmt: skip
+
+
+def _one_adapter(records: Sequence[SeqRecord]) -> str:
+    names = {r.adapter for r in records}
+    if len(names) > 1:
+        raise ValueError(f"a micro-batch mixes the rows of adapters {sorted(names)}; split them first")
+    return names.pop()
 
 
 def collate_shared(records: Sequence[SeqRecord]) -> MicroBatch:
@@ -155,7 +165,15 @@ def collate_shared(records: Sequence[SeqRecord]) -> MicroBatch:
                 f"shared_prefix micro-batch: row {r.index} has another prompt than row {records[0].index}"
             )
     tails = [
-        SeqRecord(r.ids[pl - 1 :], 1, r.loss_mask[pl - 1 :], r.old_logp[pl - 1 :], r.adv[pl - 1 :], r.index)
+        SeqRecord(
+            r.ids[pl - 1 :],
+            1,
+            r.loss_mask[pl - 1 :],
+            r.old_logp[pl - 1 :],
+            r.adv[pl - 1 :],
+            r.index,
+            r.adapter,
+        )
         for r in records
     ]
     mb = collate(tails)
@@ -176,7 +194,7 @@ def collate_common(records: Sequence[SeqRecord]) -> MicroBatch:
     if p <= 0:
         return collate(records)
     tails = [
-        SeqRecord(r.ids[p:], r.prompt_len - p, r.loss_mask[p:], r.old_logp[p:], r.adv[p:], r.index)
+        SeqRecord(r.ids[p:], r.prompt_len - p, r.loss_mask[p:], r.old_logp[p:], r.adv[p:], r.index, r.adapter)
         for r in records
     ]
     mb = collate(tails)
@@ -212,7 +230,15 @@ def split_micro_batches(records: Sequence[SeqRecord], max_rows: int) -> list[Mic
     ≤ ``max_rows`` rows (``train.micro_batch_size``). Records whose prompt no neighbour shares (memory writes,
     demonstrations) are gathered with the others that start like them (≥ ``MIN_COMMON_PREFIX`` tokens) into
     common-prefix micro-batches (:func:`collate_common`); one that starts like no other is a micro-batch of one.
-    Micro-batches come in the order of their first record."""
+    Micro-batches come in the order of their first record, adapter by adapter (rows of different adapters never
+    share one: each micro-batch runs with its own adapter active)."""
+    adapters = list(dict.fromkeys(r.adapter for r in records))
+    if len(adapters) > 1:
+        return [
+            mb
+            for a in adapters
+            for mb in split_micro_batches([r for r in records if r.adapter == a], max_rows)
+        ]
     units: list[tuple[str, list[SeqRecord]]] = []
     open_runs: list[list[SeqRecord]] = []  # the singleton buckets, to find one a new singleton joins
     for group in _prompt_groups(records):

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import torch
 
 from memrl.train.config import TrainConfig
+from memrl.train.lora import use_adapter
 from memrl.train.losses import LOSS_AGGREGATIONS
 from memrl.train.microbatch import (
     MicroBatch,
@@ -42,6 +43,7 @@ from memrl.train.microbatch import (
     token_logprobs,
     unpack,
 )
+from memrl.train.roles import label_adapters
 from memrl.types import EpisodeStatus, EpisodeTrajectory, PackedBatch
 
 logger = logging.getLogger(__name__)
@@ -171,6 +173,7 @@ def replay_loss(model: torch.nn.Module, sample: ReplaySample, cfg: TrainConfig) 
     coef = rc.sft_weight * is_sft + rc.rft_weight * targets.rewards * (1.0 - is_demo)
     # The row coefficient rides in the advantage slot: loss_tok = -coef · logp, mean per sequence.
     records = unpack(batch, coef, torch.ones(batch.num_steps))
+    label_adapters(records, batch.step_meta, model)
     agg = LOSS_AGGREGATIONS.get("seq-mean-token-mean")
     device = model_device(model)
 
@@ -181,9 +184,10 @@ def replay_loss(model: torch.nn.Module, sample: ReplaySample, cfg: TrainConfig) 
     total = max(sum(agg.count(mb.loss_mask, mb.seq_index) for mb in split(records)), 1.0)
     loss, demo_logp, demo_tokens = torch.zeros(()), 0.0, 0.0
     for mb in split([r for r in records if float(coef[r.index]) != 0.0]):
-        logp = token_logprobs(forward_logits(model, mb), mb.input_ids)
-        part = (-mb.adv * logp * agg.weights(mb.loss_mask, mb.seq_index)).sum() / total
-        part.backward()
+        with use_adapter(model, mb.adapter):
+            logp = token_logprobs(forward_logits(model, mb), mb.input_ids)
+            part = (-mb.adv * logp * agg.weights(mb.loss_mask, mb.seq_index)).sum() / total
+            part.backward()
         loss = loss + part.detach()
         on_demo = is_demo.to(device)[torch.tensor(mb.rows, device=device)][mb.seq_index.clamp(min=0)]
         on_demo = on_demo * (mb.loss_mask > 0)

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from memrl.train.config import TrainConfig
+from memrl.train.lora import MEMORY_ADAPTER, adapter_for
 from memrl.types import EpisodeTrajectory, StepMeta, StepTrajectory, TurnRole
 
 
@@ -22,6 +23,15 @@ def step_role(meta: StepMeta) -> str | None:
     if meta.turn_role is TurnRole.TARGET:
         return "answer"
     return "memory" if meta.extra.get("role") == "memory" else None
+
+
+def label_adapters(records: Sequence, step_meta: Sequence[StepMeta] | None, model: torch.nn.Module) -> None:
+    """Set each :class:`~memrl.train.microbatch.SeqRecord`'s ``adapter`` to the one that plays its step's role
+    (a shared LoRA leaves every record on the default adapter)."""
+    if not step_meta or MEMORY_ADAPTER not in getattr(model, "peft_config", {}):
+        return
+    for rec in records:
+        rec.adapter = adapter_for(model, step_role(step_meta[rec.index]))
 
 
 def active_roles(cfg: TrainConfig, step: int) -> list[str]:

@@ -101,12 +101,20 @@ def evaluation_inputs(cfg: Config) -> tuple[list[BatchInput], list[BatchInput]]:
     )
 
 
-def _model_and_policy(policy: PolicyConfig, lora: LoraConfig) -> tuple[PeftModel, PolicyClient, bool]:
+def _model_and_policy(
+    policy: PolicyConfig, lora: LoraConfig, per_role: bool = False
+) -> tuple[PeftModel, PolicyClient, bool]:
     """The trained model, the client that generates with it, and whether the two share the module."""
     from memrl.policy.hf import HFPolicy, load_model_and_tokenizer
 
+    if per_role and policy.backend != "hf":
+        # Another backend gets the adapter as a file after each update and serves one adapter per request.
+        raise ValueError(
+            f"train.role_adapters=per_role needs policy.backend=hf (got {policy.backend!r}): the writer's "
+            "adapter is switched in process, around its generate calls"
+        )
     model, tokenizer = load_model_and_tokenizer(dataclasses.replace(policy, lora_path=None))
-    model = attach_lora(model, lora)
+    model = attach_lora(model, lora, per_role=per_role)
     if policy.backend == "hf":
         return model, HFPolicy.from_model(model, tokenizer, policy), True
     from memrl.policy import make_policy
@@ -121,7 +129,8 @@ def build_resources(cfg: Config) -> TrainResources:
     from memrl.episode.build import build_runner
 
     torch.manual_seed(cfg.seed)
-    model, policy, shares = _model_and_policy(cfg.policy, cfg.train.lora)
+    per_role = cfg.train.role_adapters == "per_role"
+    model, policy, shares = _model_and_policy(cfg.policy, cfg.train.lora, per_role)
     train_inputs = load_split(cfg.data, cfg.data.split, cfg.data.limit)
     eval_inputs, final_eval_inputs = evaluation_inputs(cfg)
     runner = build_runner(cfg, policy=policy)

@@ -25,7 +25,7 @@ import torch
 
 from memrl.train.advantages import compute_advantages, sample_weights
 from memrl.train.config import TrainConfig
-from memrl.train.lora import trainable_parameters
+from memrl.train.lora import trainable_parameters, use_adapter
 from memrl.train.losses import LOSS_AGGREGATIONS, clipped_policy_loss, kl_to_reference, masked_mean
 from memrl.train.microbatch import (
     MicroBatch,
@@ -37,7 +37,7 @@ from memrl.train.microbatch import (
     token_logprobs,
     unpack,
 )
-from memrl.train.roles import role_metrics
+from memrl.train.roles import label_adapters, role_metrics
 from memrl.train.tree_advantages import tree_local_advantages
 from memrl.types import PackedBatch
 
@@ -68,6 +68,7 @@ class PolicyUpdater:
         scores = torch.as_tensor(batch.rewards, dtype=torch.float32).flatten()
         adv = compute_advantages(self.cfg.advantage, scores, batch.group_ids, weights)
         records = unpack(batch, adv, weights)
+        label_adapters(records, batch.step_meta, self.model)
         local_abs = self._add_tree_local(batch, scores, weights, records)
         n_updates = self.cfg.ppo_epochs * self.cfg.ppo_mini_batches
         self._times = defaultdict(float)
@@ -139,7 +140,8 @@ class PolicyUpdater:
         self.model.eval()
         by_row = {r.index: r for r in records}
         for mb in self._micro(records):
-            logp = token_logprobs(self._logits(mb), mb.input_ids)
+            with use_adapter(self.model, mb.adapter):
+                logp = token_logprobs(self._logits(mb), mb.input_ids)
             for k, row in enumerate(mb.rows):
                 rec = by_row[row]
                 # A micro-batch covers a sequence's tail only (its shared prompt minus the last token ran once
@@ -153,7 +155,9 @@ class PolicyUpdater:
         total = sum(self.agg.count(mb.loss_mask, mb.seq_index) for mb in micro)
         metrics: dict[str, list[float]] = defaultdict(list)
         for mb in micro:
-            for name, value in self._micro_step(mb, max(total, 1.0), on_policy).items():
+            with use_adapter(self.model, mb.adapter):  # through the backward: PEFT trains the active adapter
+                step_metrics = self._micro_step(mb, max(total, 1.0), on_policy)
+            for name, value in step_metrics.items():
                 metrics[name].append(value)
         if replay is not None:
             from memrl.train.replay import replay_loss

@@ -32,7 +32,7 @@ from tqdm import tqdm
 from memrl.memory.gold import gold_text
 from memrl.memory.manager import MemorySystem
 from memrl.memory.writer import chunk_end
-from memrl.train.lora import trainable_parameters
+from memrl.train.lora import adapter_for, trainable_parameters, use_adapter
 from memrl.train.losses import LOSS_AGGREGATIONS
 from memrl.train.microbatch import SeqRecord, collate_common, forward_logits, model_device, token_logprobs
 from memrl.types import BatchInput
@@ -85,7 +85,7 @@ def gold_writes(memory: MemorySystem, inputs: Sequence[BatchInput], chunk: int) 
             memory.release(mgr.episode_id)
 
 
-def _records(demos: Sequence[Demonstration]) -> list[SeqRecord]:
+def _records(demos: Sequence[Demonstration], adapter: str) -> list[SeqRecord]:
     out = []
     for i, d in enumerate(demos):
         zeros, ones = torch.zeros(len(d.prompt_ids)), torch.ones(len(d.response_ids))
@@ -97,6 +97,7 @@ def _records(demos: Sequence[Demonstration]) -> list[SeqRecord]:
                 old_logp=torch.zeros(len(d.prompt_ids) + len(d.response_ids)),
                 adv=torch.cat([zeros, ones]),  # the SFT coefficient rides in the advantage slot, as in replay
                 index=i,
+                adapter=adapter,
             )
         )
     return out
@@ -108,16 +109,18 @@ def sft_step(
 ) -> float:  # fmt: skip
     """One optimizer step of ``-mean over demos of (mean token log p(reply | prompt))``; returns that loss."""
     agg = LOSS_AGGREGATIONS.get("seq-mean-token-mean")
-    records = _records(demos)
+    adapter = adapter_for(model, "memory")  # the demonstrations are memory writes
+    records = _records(demos, adapter)
     total, loss = float(len(records)), 0.0
     model.train()
     device = model_device(model)
     for i in range(0, len(records), micro_batch_size):
         # Every write's prompt starts with the same instructions: forwarded once per micro-batch.
         mb = collate_common(records[i : i + micro_batch_size]).to(device)
-        logp = token_logprobs(forward_logits(model, mb), mb.input_ids)
-        part = (-mb.adv * logp * agg.weights(mb.loss_mask, mb.seq_index)).sum() / total
-        part.backward()
+        with use_adapter(model, adapter):
+            logp = token_logprobs(forward_logits(model, mb), mb.input_ids)
+            part = (-mb.adv * logp * agg.weights(mb.loss_mask, mb.seq_index)).sum() / total
+            part.backward()
         loss += float(part.detach())
     torch.nn.utils.clip_grad_norm_(trainable_parameters(model), max_grad_norm)
     optimizer.step()

@@ -282,3 +282,49 @@ def test_start_eval_key_follows_content_not_seed(tmp_path):
     assert key(cfg, plain) != key(
         dataclasses.replace(cfg, memory=dataclasses.replace(cfg.memory, top_k=3)), plain
     )
+
+
+def test_per_role_adapters_write_with_the_writers_adapter_and_imitate_into_it_only(tmp_path, tiny_model_dir):
+    """train.role_adapters=per_role in the real loop: every memory write is generated with the writer's adapter,
+    every answer with the answer adapter; the warm start's imitation of gold writes trains the writer's only, and
+    the checkpoint holds both (the writer's in adapter/memory/)."""
+    from safetensors.torch import load_file
+
+    from memrl.train.loop import train
+    from memrl.train.setup import build_resources
+
+    cfg = _in_process_cfg(
+        tmp_path, tiny_model_dir, "roles", "memory.extractor=policy", "memory.write_max_tokens=8",
+        "episode.ingest_chunk_turns=2", "train.warm_start={episodes: 2, batch_size: 2}", "train.steps=1",
+        "train.final_eval_episodes=1", "train.role_adapters=per_role", "train.keep_checkpoints=5",
+    )  # fmt: skip
+    res = build_resources(cfg)
+    seen: list[tuple[str, bool]] = []  # (active adapter, is a write) per outer generate call
+    generate, depth = res.policy.generate, [0]
+
+    def spy(requests):  # outer calls only: a call computes shared prompt prefixes by a nested one
+        if not depth[0]:
+            seen.append((res.model.active_adapter, _is_write(res.policy.tokenizer, requests[0])))
+        depth[0] += 1
+        try:
+            return generate(requests)
+        finally:
+            depth[0] -= 1
+
+    res.policy.generate = spy
+    train(cfg, resources=res)
+    writes = {adapter for adapter, is_write in seen if is_write}
+    answers = {adapter for adapter, is_write in seen if not is_write}
+    assert writes == {"memory"} and answers == {"default"}
+    step0 = tmp_path / "roles" / "checkpoints" / "step_000000" / "adapter"
+    answer, writer = (
+        load_file(step0 / "adapter_model.safetensors"),
+        load_file(step0 / "memory" / "adapter_model.safetensors"),
+    )
+    assert all(not t.any() for k, t in answer.items() if "lora_B" in k)  # PEFT's B starts at 0: untouched
+    assert any(t.any() for k, t in writer.items() if "lora_B" in k)
+
+
+def _is_write(tokenizer, request) -> bool:
+    """A memory write's prompt ends with the writer's cue (memrl.memory.writer.render_user)."""
+    return "Operations:" in tokenizer.decode(list(request.prompt_ids)[-40:])

@@ -280,3 +280,19 @@ def test_micro_batch_moves_every_tensor_to_the_model_device():
     assert all(v.device.type == "meta" for v in tensors.values())
     assert moved.rows == mb.rows and moved.scored_from == mb.scored_from
     assert mb.input_ids.device.type == "cpu"  # a copy: the original stays where it was
+
+
+def test_rows_of_different_adapters_never_share_a_micro_batch():
+    prompt = torch.arange(3, 80)
+    records = [
+        SeqRecord(
+            ids=torch.cat([prompt, torch.tensor([5 + i, 6])]), prompt_len=len(prompt),
+            loss_mask=torch.cat([torch.zeros(len(prompt)), torch.ones(2)]), old_logp=torch.zeros(len(prompt) + 2),
+            adv=torch.ones(len(prompt) + 2), index=i, adapter="memory" if i % 2 else "default",
+        )
+        for i in range(4)
+    ]  # fmt: skip
+    micro = split_micro_batches(records, 8)
+    assert [(mb.adapter, mb.rows) for mb in micro] == [("default", [0, 2]), ("memory", [1, 3])]
+    with pytest.raises(ValueError, match="mixes the rows of adapters"):
+        collate(records)

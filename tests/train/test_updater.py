@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 
 import pytest
@@ -12,6 +13,7 @@ from memrl.train.config import LoraConfig, TrainConfig
 from memrl.train.lora import adapter_state, attach_lora
 from memrl.train.microbatch import collate, token_logprobs, unpack
 from memrl.train.updater import PolicyUpdater
+from memrl.types import StepMeta, TurnRole
 from tests.train.train_fixtures import make_episodes, tiny_llama
 
 
@@ -191,3 +193,43 @@ def test_duplicate_leaves_get_no_gradient():
     assert metrics["train/duplicates"] == 1.0
     recs = unpack(batch, torch.ones(4), torch.tensor([1.0, 1.0, 1.0, 0.0]))
     assert recs[3].loss_mask.sum() == 0 and recs[0].loss_mask.sum() > 0
+
+
+def _as_writes(episodes, group: str):
+    """The episodes of ``group`` as memory writes (history steps the policy wrote), the others as answers."""
+    out = []
+    for ep in episodes:
+        if ep.group_id == group:
+            meta = StepMeta(turn_id="t", turn_role=TurnRole.HISTORY, extra={"role": "memory"})
+            ep = dataclasses.replace(ep, steps=tuple(dataclasses.replace(s, meta=meta) for s in ep.steps))
+        out.append(ep)
+    return out
+
+
+def test_per_role_adapters_each_learn_from_their_own_rows_only():
+    model = attach_lora(tiny_llama(), LoraConfig(r=4, alpha=8), per_role=True)
+    episodes = _as_writes(make_episodes(), group="g1")
+    updater = PolicyUpdater(model, _cfg())
+
+    def changed(batch_episodes):
+        before = {name: adapter_state(model, name) for name in ("default", "memory")}
+        updater.update(_build(batch_episodes, "padded"))
+        after = {name: adapter_state(model, name) for name in ("default", "memory")}
+        return {
+            name
+            for name in before
+            if any(not torch.equal(before[name][k], after[name][k]) for k in before[name])
+        }
+
+    assert changed([ep for ep in episodes if ep.group_id == "g1"]) == {"memory"}
+    assert changed([ep for ep in episodes if ep.group_id == "g0"]) == {"default"}
+    assert changed(episodes) == {"default", "memory"}
+    assert model.active_adapter == "default"  # the answer adapter is active again after the update
+
+
+def test_shared_lora_keeps_every_row_on_one_adapter():
+    model = attach_lora(tiny_llama(), LoraConfig(r=4, alpha=8))
+    before = adapter_state(model)
+    PolicyUpdater(model, _cfg()).update(_build(_as_writes(make_episodes(), group="g1"), "padded"))
+    after = adapter_state(model)
+    assert set(model.peft_config) == {"default"} and any(not torch.equal(before[k], after[k]) for k in before)
