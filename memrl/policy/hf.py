@@ -187,17 +187,14 @@ class HFPolicy:
 
     @contextlib.contextmanager
     def use_adapter(self, name: str):
-        """Generate with LoRA adapter ``name`` inside the block (the memory writer's own, where a run trains one
-        per role); a model without that adapter is left as it is. Each adapter keeps its own prefix cache, since
-        the states one computes are not another's. The switch is per ``generate`` call: nothing else may
-        generate meanwhile (the runner writes memory and answers in separate phases)."""
+        """Generate with LoRA adapter ``name`` inside the block (a model without it is left as it is), from that
+        adapter's own prefix cache. Per ``generate`` call: the runner writes memory and answers in separate phases."""
         model = self.model
         if name not in getattr(model, "peft_config", {}) or model.active_adapter == name:
             yield
             return
         previous, cache = model.active_adapter, self.prefix_cache
-        if previous not in self._adapter_caches:
-            self._adapter_caches[previous] = cache
+        self._adapter_caches.setdefault(previous, cache)
         model.set_adapter(name)
         self.prefix_cache = self._adapter_caches.setdefault(name, RadixCache(self.cfg.prefix_cache_tokens))
         try:
