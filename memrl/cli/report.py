@@ -1,4 +1,5 @@
-"""``memrl report --arm NAME RUN_DIR... [--arm NAME RUN_DIR...] [--plot FILE.png]``: training runs over seeds."""
+"""``memrl report --arm NAME RUN_DIR... [--arm NAME RUN_DIR...] [--subset NAME] [--plot FILE.png]``: training runs
+over seeds."""
 
 from __future__ import annotations
 
@@ -21,6 +22,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar=("NAME", "RUN_DIR"),
         help="an arm's name, then its run directories (one per seed); repeat for each arm",
     )
+    p.add_argument(
+        "--subset",
+        metavar="NAME",
+        help="report one part of the evaluations, eval/em/NAME (LoCoMo's categories 1-4: answerable)",
+    )
     p.add_argument("--plot", metavar="FILE.png", help="also draw in-run EM vs generated tokens for every run")
     p.set_defaults(func=run)
 
@@ -36,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
         if name in arms:
             raise SystemExit(f"memrl report: arm {name!r} given twice")
         try:
-            arms[name] = [load_run(d) for d in dirs]
+            arms[name] = [load_run(d, args.subset) for d in dirs]
         except ReportError as exc:
             raise SystemExit(f"memrl report: {exc}") from exc
     report = compare(arms)

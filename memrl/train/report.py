@@ -11,6 +11,10 @@ spread and the finite evaluation set. The episode level is redrawn from each run
 binomial for a 0/1 metric (exact), and for an F1 from a normal with the run's own standard error, read off the
 bootstrap interval its evaluation wrote (``(high - low) / 3.92``). Other rewards are refused.
 
+``subset`` (``memrl report --subset answerable``) reports one part of the evaluation instead of all of it: the
+score of the start and final evaluations' breakdown ``eval/em/<subset>`` (LoCoMo's categories 1–4, its headline
+F1, are ``answerable``), redrawn from a normal with the standard error of that part's own interval.
+
 Token efficiency: for each arm, the generated tokens at which its in-run evaluation (the fixed subset evaluated
 every ``train.eval_every`` steps) first reaches the reference arm's mean final score, against the reference's
 own total tokens. In-run evaluations use fewer episodes than the final one (or, as LoCoMo's, another split), so
@@ -54,10 +58,12 @@ class RunRecord:
     wall_s: float
     steps: int
     curve: tuple[tuple[float, float], ...]  # (generated tokens, in-run exact match)
+    subset: str | None = None  # a part of the evaluation (eval/em/<subset>) instead of all of it
 
 
-def load_run(path: str | Path) -> RunRecord:
-    """Read a run directory; errors name the file and what is missing."""
+def load_run(path: str | Path, subset: str | None = None) -> RunRecord:
+    """Read a run directory (its ``subset`` of the evaluation, if given); errors name the file and what is
+    missing."""
     path = Path(path)
     summary_path = path / "summary.json"
     if not summary_path.is_file():
@@ -80,27 +86,56 @@ def load_run(path: str | Path) -> RunRecord:
         )
     rows = read_metrics(path / "metrics.jsonl")
     full = int(summary["eval_episodes"])
+    key = "eval/em" if subset is None else f"eval/em/{subset}"
     # In-run points only: the start and final evaluations (all eval_episodes) are in the summary.
     curve = tuple(
-        (float(r["counters/generated_tokens"]), float(r["eval/em"]))
+        (float(r["counters/generated_tokens"]), float(r[key]))
         for r in rows
-        if "eval/em" in r and "counters/generated_tokens" in r and int(r.get("eval/episodes", 0)) != full
+        if key in r and "counters/generated_tokens" in r and int(r.get("eval/episodes", 0)) != full
     )
-    ci, start_ci = summary.get("em_final_ci"), summary.get("em_start_ci")
+    scores = {
+        "start": (summary["em_start"], summary.get("em_start_ci")),
+        "final": (summary["em_final"], summary.get("em_final_ci")),
+    }
+    if subset is not None:
+        scores = _subset_scores(path / "metrics.jsonl", rows, full, subset)
     return RunRecord(
         path=path,
         seed=int(summary["seed"]),
         metric=str(reward),
-        em_start=float(summary["em_start"]),
-        em_final=float(summary["em_final"]),
-        em_final_ci=tuple(ci) if ci else None,
-        em_start_ci=tuple(start_ci) if start_ci else None,
+        em_start=float(scores["start"][0]),
+        em_final=float(scores["final"][0]),
+        em_final_ci=tuple(scores["final"][1]) if scores["final"][1] else None,
+        em_start_ci=tuple(scores["start"][1]) if scores["start"][1] else None,
         eval_episodes=full,
         generated_tokens=int(summary["generated_tokens"]),
         wall_s=float(summary.get("wall_s", 0.0)),
         steps=int(summary.get("steps", 0)),
         curve=curve,
+        subset=subset,
     )
+
+
+def _subset_scores(file: Path, rows: list[dict], full: int, subset: str) -> dict[str, tuple]:
+    """``subset``'s score and interval in the first and last full evaluations (start and final)."""
+    key = f"eval/em/{subset}"
+    evals = [r for r in rows if int(r.get("eval/episodes", 0)) == full and "eval/em" in r]
+    if len(evals) < 2:
+        raise ReportError(f"{file}: no start and final evaluation of all {full} episodes")
+    out = {}
+    for which, row in (("start", evals[0]), ("final", evals[-1])):
+        if f"{key}_ci_low" not in row:
+            parts = sorted(
+                k[len("eval/em/") : -len("_ci_low")]
+                for k in row
+                if k.endswith("_ci_low") and k != "eval/em_ci_low"
+            )
+            raise ReportError(
+                f"{file}: the {which} evaluation (step {row.get('step')}) has no {key} with an interval; "
+                f"subsets with one: {parts or 'none'}"
+            )
+        out[which] = (row[key], (row[f"{key}_ci_low"], row[f"{key}_ci_high"]))
+    return out
 
 
 def seed_bootstrap(
@@ -122,7 +157,7 @@ def _episode_draw(
 ) -> np.ndarray:
     """The picked runs' scores ``[resamples, n_runs]`` with their evaluation sets redrawn (module doc)."""
     mean = np.array([getattr(r, f"em_{which}") for r in runs])[picks]
-    if runs[0].metric in _BINARY_REWARDS:
+    if runs[0].metric in _BINARY_REWARDS and runs[0].subset is None:  # a subset's episode count is not logged
         n = np.array([r.eval_episodes for r in runs])[picks]
         return rng.binomial(n, mean) / n
     se = np.array([(hi - lo) / (2 * _Z95) for lo, hi in (getattr(r, f"em_{which}_ci") for r in runs)])
@@ -165,7 +200,9 @@ def compare(arms: dict[str, list[RunRecord]]) -> dict[str, Any]:
     """The report: every arm's summary, and each arm's tokens to reach the reference's final score."""
     if not arms or any(not runs for runs in arms.values()):
         raise ReportError("every --arm needs at least one run directory")
-    metrics = {r.metric for runs in arms.values() for r in runs}
+    metrics = {
+        r.metric if r.subset is None else f"{r.metric}/{r.subset}" for runs in arms.values() for r in runs
+    }
     if len(metrics) > 1:
         raise ReportError(
             f"the runs were evaluated with different rewards {sorted(metrics)}; compare like with like"

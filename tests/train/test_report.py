@@ -146,3 +146,54 @@ def test_f1_runs_are_compared_by_f1_with_their_own_standard_errors(tmp_path):
     em = [load_run(_write_run(tmp_path / "em", seed=0, em_start=0.0, em_final=0.5, curve=[], tokens=1))]
     with pytest.raises(ReportError, match="different rewards"):
         compare({"memory": precise, "em": em})
+
+
+def _with_breakdown(path, start, final, half_ci=0.03):
+    """Add a LoCoMo-style breakdown (answerable with an interval, adversarial without) to the start and final
+    evaluations of a run written by _write_run."""
+    rows = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+    for row, score in ((rows[0], start), (rows[-1], final)):
+        row.update(
+            {
+                "eval/em/answerable": score,
+                "eval/em/answerable_ci_low": score - half_ci,
+                "eval/em/answerable_ci_high": score + half_ci,
+                "eval/em/adversarial": 0.9,
+            }
+        )
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_subset_reports_one_part_of_the_evaluations(tmp_path, capsys):
+    dirs = [
+        _with_breakdown(
+            _write_run(
+                tmp_path / f"s{i}",
+                seed=i,
+                em_start=0.18,
+                em_final=0.38,
+                curve=[],
+                tokens=1,
+                eval_reward="locomo",
+                episodes=435,
+            ),
+            start=0.10,
+            final=final,
+        )  # fmt: skip
+        for i, final in enumerate((0.18, 0.23, 0.23))
+    ]
+    runs = [load_run(d, "answerable") for d in dirs]
+    assert [(r.em_start, r.em_final) for r in runs] == [(0.10, 0.18), (0.10, 0.23), (0.10, 0.23)]
+    report = compare({"trained": runs})
+    arm = report["arms"]["trained"]
+    assert report["metric"] == "locomo/answerable" and arm["em_final_mean"] == pytest.approx(0.2133, abs=1e-4)
+    assert arm["em_final_ci"][0] < 0.2133 < arm["em_final_ci"][1] and arm["gain_ci"][0] > 0
+    with pytest.raises(
+        ReportError, match="no eval/em/adversarial with an interval; subsets with one: .*answerable"
+    ):
+        load_run(dirs[0], "adversarial")
+    with pytest.raises(ReportError, match="different rewards"):
+        compare({"all": [load_run(dirs[0])], "part": runs})
+    main(["report", "--subset", "answerable", "--arm", "trained", *map(str, dirs)])
+    assert json.loads(capsys.readouterr().out)["metric"] == "locomo/answerable"
