@@ -188,8 +188,8 @@ class EpisodeRunner:
                 st.advance(Phase.PROMPTING)
             return
         chunk = self.cfg.ingest_chunk_turns
-        if self._policy_writes:
-            # Policy-written memory is sampled per episode (each write is a trainable step): never shared.
+        if self._policy_writes and not self._greedy_writes:
+            # Sampled policy-written memory is the episode's own (each write is a trainable step): never shared.
             if self.snapshot is not None:
                 for st in states:
                     st.snapshot_writes = self.snapshot.plan(st.inp, chunk)
@@ -202,8 +202,11 @@ class EpisodeRunner:
                 key = tuple((t.turn_id, t.text, t.speaker, t.timestamp) for t in st.inp.history)
                 groups.setdefault(key, []).append(st)
         leaders = [group[0] for group in groups.values()]
+        # Greedy writes of one history are one memory: the leader writes it (its writes are its steps) and the
+        # others copy it, as rule-built memory is shared (an evaluation over LoCoMo writes each conversation once).
+        ingest = self._write_chunk if self._policy_writes else self._ingest_chunk
         while any(st.phase is Phase.INGESTING for st in leaders):
-            self._guarded(Phase.INGESTING, leaders, lambda live: self._ingest_chunk(live, chunk))
+            self._guarded(Phase.INGESTING, leaders, lambda live: ingest(live, chunk))
         for leader, *copies in groups.values():
             for st in copies:
                 self._share(leader, st)
@@ -228,6 +231,11 @@ class EpisodeRunner:
     def _policy_writes(self) -> bool:
         """``memory.extractor: policy``: the policy writes the memory, each write a trainable step."""
         return bool(getattr(self.memory.extractor, "writes_steps", False))
+
+    @property
+    def _greedy_writes(self) -> bool:
+        """Policy writes that depend on the history alone: greedy, no snapshot alternatives."""
+        return self._policy_writes and self.rollout_cfg.temperature == 0 and self.snapshot is None
 
     def _write_chunk(self, live: list[EpisodeState], chunk: int) -> None:
         """The policy writes memory: one write per episode (its next ``chunk`` turns) in one generate call;

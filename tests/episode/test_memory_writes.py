@@ -168,3 +168,19 @@ def test_a_policy_writer_never_shares_ingest_between_identical_histories(policy)
     trajs = build_runner(cfg, policy=policy).run_batch([inputs[0], twin])
     own = {t.source_episode_id: len(_writes(t)) for t in trajs if t.episode_id.endswith("#0")}
     assert own == {inputs[0].episode_id: 3, twin.episode_id: 3}
+
+
+@pytest.mark.parametrize("temperature, writes", [(0.0, 3), (1.0, 6)])
+def test_greedy_writes_of_one_history_are_written_once_and_shared(policy, temperature, writes):
+    """Two questions over one history (as LoCoMo's): greedy, the first episode writes the memory and the other
+    copies it; sampled, each writes its own (its writes are its trainable steps)."""
+    cfg = _cfg("rollout.n=1", f"rollout.temperature={temperature}")
+    inputs, _ = load_dataset(cfg.data)
+    twins = [inputs[0], dataclasses.replace(inputs[0], episode_id=inputs[0].episode_id + "-again")]
+    runner = build_runner(cfg, policy=policy)
+    trajs = runner.run_batch(twins)
+    assert runner.metrics["memory/writes"] == writes
+    assert runner.metrics.get("memory/shared_ingests", 0) == (1 if temperature == 0 else 0)
+    assert [len(_writes(t)) for t in trajs] == ([3, 0] if temperature == 0 else [3, 3])
+    prompts = [t.steps[-1].meta.included_fact_ids for t in trajs]
+    assert prompts[0] and len(prompts[0]) == len(prompts[1])  # the copy answers from the same facts
