@@ -268,6 +268,9 @@ class CountingClient:
         self.tokenizer = inner.tokenizer
         self.prompt_tokens = 0
         self.completion_tokens = 0
+        # The writer switches to its own adapter through this (a per-role run's adapter/memory/).
+        if hasattr(inner, "use_adapter"):
+            self.use_adapter = inner.use_adapter
 
     def generate(self, requests):
         outputs = self.inner.generate(requests)
