@@ -9,6 +9,7 @@ so branches that share a prefix do not recompute it and report the reused part a
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -62,6 +63,21 @@ class GenerationRequest:
 # per_role``); PEFT's ``default`` plays the answer role. A client that can switch adapters has
 # ``use_adapter(name)``, a context manager around its generate calls (HFPolicy).
 MEMORY_ADAPTER = "memory"
+
+
+@contextlib.contextmanager
+def adapter_active(model: Any, name: str):
+    """PEFT adapter ``name`` active inside the block (PEFT runs, and trains, only the active one), the previous
+    one after. A model without that adapter (one shared LoRA, a bare model) is left as it is."""
+    if name not in getattr(model, "peft_config", {}) or model.active_adapter == name:
+        yield
+        return
+    previous = model.active_adapter
+    model.set_adapter(name)
+    try:
+        yield
+    finally:
+        model.set_adapter(previous)
 
 
 @runtime_checkable

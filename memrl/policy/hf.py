@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from memrl.policy.base import MEMORY_ADAPTER, GenerationRequest, SamplingParams
+from memrl.policy.base import MEMORY_ADAPTER, GenerationRequest, SamplingParams, adapter_active
 from memrl.policy.batching import DecodeBatch, DecodeRow
 from memrl.policy.config import PolicyConfig
 from memrl.policy.errors import PolicyError
@@ -193,14 +193,13 @@ class HFPolicy:
         if name not in getattr(model, "peft_config", {}) or model.active_adapter == name:
             yield
             return
-        previous, cache = model.active_adapter, self.prefix_cache
-        self._adapter_caches.setdefault(previous, cache)
-        model.set_adapter(name)
+        cache = self.prefix_cache
+        self._adapter_caches.setdefault(model.active_adapter, cache)
         self.prefix_cache = self._adapter_caches.setdefault(name, RadixCache(self.cfg.prefix_cache_tokens))
         try:
-            yield
+            with adapter_active(model, name):
+                yield
         finally:
-            model.set_adapter(previous)
             self.prefix_cache = cache
 
     # ------------------------------------------------------------------ generation

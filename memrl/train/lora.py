@@ -12,7 +12,6 @@ active around a forward; with one adapter it does nothing, so callers name the r
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from peft import LoraConfig as PeftLoraConfig
 from peft import PeftModel, get_peft_model, set_peft_model_state_dict
 from peft.utils import get_peft_model_state_dict
 
-from memrl.policy.base import MEMORY_ADAPTER
+from memrl.policy.base import MEMORY_ADAPTER, adapter_active
 from memrl.train.config import LoraConfig
 
 logger = logging.getLogger(__name__)
@@ -37,19 +36,7 @@ def adapter_for(model: torch.nn.Module, role: str | None) -> str:
     return DEFAULT_ADAPTER
 
 
-@contextlib.contextmanager
-def use_adapter(model: torch.nn.Module, name: str):
-    """``name`` active inside the block (PEFT runs only the active adapter, and trains only it), the previous
-    one after. A model without that adapter (a shared LoRA, a bare model) is left as it is."""
-    if name not in getattr(model, "peft_config", {}) or model.active_adapter == name:
-        yield
-        return
-    previous = model.active_adapter
-    model.set_adapter(name)
-    try:
-        yield
-    finally:
-        model.set_adapter(previous)
+use_adapter = adapter_active  # a role's adapter active around a forward and backward
 
 
 def attach_lora(model: torch.nn.Module, cfg: LoraConfig, per_role: bool = False) -> PeftModel:
