@@ -57,9 +57,9 @@ def ops_right(
     turns: Sequence[TurnSpec], neighbours: Sequence[FactRecord], decisions: Sequence[FactDecision]
 ) -> bool | None:
     """Do ``decisions`` do what the gold operations of ``turns`` do? ``None`` when unknown. Right means: every
-    gold ADD has an ADD (or UPDATE) naming its person and value, every gold UPDATE has an UPDATE of a shown fact
-    holding the stale value whose new text holds the new value, and nothing else is written (no DELETE, no
-    write for a NOOP turn)."""
+    gold ADD has an ADD naming its person and value (or an UPDATE of a fact that already says so), every gold
+    UPDATE has an UPDATE of a shown fact holding the stale value whose new text holds the new value, and nothing
+    else is written (no DELETE, no write for a NOOP turn)."""
     score = ops_score(turns, neighbours, decisions)
     return None if score is None else score == 1.0
 
@@ -97,8 +97,12 @@ def _matches(
     person, value = turn.metadata.get("memory_person", ""), turn.metadata.get("memory_value", "")
     if not holds(d.text, person, value):
         return False
+    old = by_id.get(d.fact_id) if d.op is MemoryOpType.UPDATE else None
     if turn.metadata["memory_op"] == "UPDATE" and _stale_id(turn, neighbours) is not None:
-        old = by_id.get(d.fact_id)
         stale = turn.metadata.get("memory_stale", "")
         return d.op is MemoryOpType.UPDATE and old is not None and holds(old.text, person, stale)
-    return d.op in (MemoryOpType.ADD, MemoryOpType.UPDATE)
+    if d.op is MemoryOpType.UPDATE:
+        # Where the gold is an ADD, an UPDATE supersedes a fact that is still true, unless that fact already says
+        # the same (a restatement): the per-turn writer's commonest error, replacing a person's other fact.
+        return old is not None and holds(old.text, person, value)
+    return d.op is MemoryOpType.ADD

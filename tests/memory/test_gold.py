@@ -67,6 +67,14 @@ def test_ops_score_gives_partial_credit_line_by_line():
     assert ops_score([TurnSpec(TurnRole.HISTORY, "hi", "x")], SHOWN, []) is None
 
 
+def test_an_update_on_an_add_turn_is_wrong_unless_it_restates_the_fact():
+    # Superseding Ann's other fact (she is a baker) to write where Mia lives loses a true fact.
+    replaces = FactDecision(MemoryOpType.UPDATE, "Mia lives in Oslo.", fact_id=7, supersede=True)
+    assert ops_score([MIA], SHOWN, [replaces]) == 0.0 and ops_right([MIA], SHOWN, [replaces]) is False
+    restates = FactDecision(MemoryOpType.UPDATE, "Ann is a baker now.", fact_id=7, supersede=True)
+    assert ops_score([ANN], SHOWN, [restates]) == 1.0
+
+
 def test_holds_is_a_word_test():
     assert holds("Leo's home is in Rome now", "Leo", "Rome")
     assert not holds("Leonora lives in Rome", "Leo", "Rome")
