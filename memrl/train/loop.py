@@ -298,10 +298,14 @@ def _warm_start(
     res: TrainResources, counters: dict[str, float], log: MetricsLogger, ckpt_root: Path, progress: bool
 ) -> None:
     """Imitation warm start of the memory writer (``train.warm_start``), logged and checkpointed as step 0. Its
-    time counts in the training budget (``wall_s``), so arms with and without it get the same budget."""
+    time counts in the training budget (``wall_s``), so arms with and without it get the same budget. The
+    adapter it ends with is also kept in ``<output_dir>/warm_start/adapter`` (checkpoint pruning removes step 0):
+    the imitation-only writer, to compare with the one RL makes of it (``memrl bench extract``)."""
+    from memrl.train.lora import save_adapter
     from memrl.train.warm_start import warm_start
 
     metrics = warm_start(res, progress)
+    save_adapter(res.model, Path(res.cfg.output_dir) / "warm_start" / "adapter")
     publish_adapter(res, 0)
     counters["warm_start_s"] = metrics["time/warm_start_s"]
     counters["wall_s"] = counters.get("wall_s", 0.0) + metrics["time/warm_start_s"]

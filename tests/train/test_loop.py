@@ -258,6 +258,15 @@ def test_warm_start_imitates_gold_writes_before_the_first_step_as_step_zero(tmp_
     assert warm["warm_start/steps"] == 3 and warm["warm_start/loss_last"] > 0
     assert summary["wall_s"] >= warm["counters/warm_start_s"] > 0
     assert summary["steps"] == 1 and latest_checkpoint(tmp_path / "warm" / "checkpoints") is not None
+    # The imitation-only adapter is kept apart from the checkpoints (pruning removes step 0): step 0's weights.
+    import torch
+    from safetensors.torch import load_file
+
+    kept = load_file(tmp_path / "warm" / "warm_start" / "adapter" / "adapter_model.safetensors")
+    step0 = load_file(
+        tmp_path / "warm" / "checkpoints" / "step_000000" / "adapter" / "adapter_model.safetensors"
+    )
+    assert kept.keys() == step0.keys() and all(torch.equal(kept[k], v) for k, v in step0.items())
 
 
 def test_start_eval_key_follows_content_not_seed(tmp_path):
