@@ -81,17 +81,26 @@ def keep_all(groups: Sequence[Sequence[EpisodeTrajectory]]) -> GroupFilterResult
 
 
 def has_reward_signal(group: Sequence[EpisodeTrajectory]) -> bool:
-    """True when the group's rewards differ: only then is any GRPO advantage nonzero."""
+    """True when the group's rewards differ, or the credits of one of its memory-write groups do (a write's
+    ``k`` alternatives: :mod:`memrl.episode.credit`): only then is any GRPO advantage nonzero."""
     rewards = [ep.reward for ep in group]
-    return bool(rewards) and max(rewards) - min(rewards) > 1e-12
+    if rewards and max(rewards) - min(rewards) > 1e-12:
+        return True
+    credits: dict[str, list[float]] = {}
+    for ep in group:
+        for step, r in zip(ep.steps, ep.step_rewards_ext or (), strict=False):
+            if r is not None and "credit_group" in step.meta.extra:
+                credits.setdefault(step.meta.extra["credit_group"], []).append(float(r))
+    return any(len(c) > 1 and max(c) - min(c) > 1e-12 for c in credits.values())
 
 
 @GROUP_FILTERS.register("dynamic_sampling")
 def dynamic_sampling(groups: Sequence[Sequence[EpisodeTrajectory]]) -> GroupFilterResult:
-    """Drop groups whose rewards have zero variance (all equal): their GRPO advantages are all zero.
+    """Drop groups whose rewards have zero variance (all equal): their GRPO advantages are all zero. A group whose
+    memory writes' alternatives differ in credit is kept (its writes train; the updater skips flat rows).
 
     A group is every leaf of every copy of one prompt draw (one ``group_id``); a group of one episode always has
-    zero variance, so give it ``rollout.n >= 2`` leaves or ``data.n_samples_per_prompt >= 2`` copies.
+    zero answer variance, so give it ``rollout.n >= 2`` leaves or ``data.n_samples_per_prompt >= 2`` copies.
     """
     result = GroupFilterResult(kept=[])
     for group in groups:

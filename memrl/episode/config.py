@@ -34,10 +34,11 @@ class WorkerConfig:
 class MemoryCreditConfig:
     """Step credit of policy-written memory (``memory.extractor: policy``; :mod:`memrl.episode.credit`).
 
-    ``name``: ``broadcast`` | ``used`` | ``snapshot``. The per-step terms: ``format_weight`` (every line a valid
-    operation), ``op_weight`` (times the F1 of the operations against the dataset's gold ones, where it has
-    them; 0 = outcome only), ``size_weight`` (current facts per history turn read). ``snapshot_k`` alternatives are sampled at up to
-    ``snapshot_writes`` writes per episode (those that read an evidence turn first).
+    ``name``: ``broadcast`` | ``used`` | ``snapshot`` | ``local``. The per-step terms: ``format_weight`` (every line
+    a valid operation), ``op_weight`` (times the F1 of the operations against the dataset's gold ones, where it
+    has them; 0 = outcome only), ``size_weight`` (current facts per history turn read). ``snapshot_k``
+    alternatives are sampled at up to ``snapshot_writes`` writes per episode (those that read an evidence turn
+    first) for ``snapshot``, at every write for ``local``.
     """
 
     name: str = "used"

@@ -10,6 +10,11 @@ One registry, :data:`STEP_CREDITS`, one signature::
   own outcome, measured by answering the episode's question on a copy of the store with that alternative
   applied (:mod:`memrl.episode.snapshot`). The ``k`` alternatives of one write are one GRPO group. Writes that
   were not sampled so get ``None``: they train nothing.
+* ``local`` — ``k`` alternatives from one store state at *every* write, scored by the per-step terms alone (no
+  answering, outcome share 0): for datasets that know each turn's operation (the synthetic task). The group then
+  compares only replies to the same prompt, so a write's advantage says which reply was better there. Under
+  ``used`` or ``broadcast`` one group holds all of an episode's writes, made from different states: a right
+  UPDATE on a turn the question never asks about is pushed down beside a right ADD whose fact was used.
 
 How the terms combine (:func:`step_rewards`), for a step that has an outcome share ``o``::
 
@@ -21,7 +26,8 @@ How the terms combine (:func:`step_rewards`), for a step that has an outcome sha
 six-line write with one borrowed value still earns most of the term: paid only for a fully right write, the term
 reached 0–17 % of sampled session writes and gave RL little to climb. The op term is absent where the dataset does not say (LoCoMo, LongMemEval: outcome only); ``op_weight = 0``
 drops it everywhere (the outcome-only arm). Group ids: ``<group>/memory`` for ``broadcast`` / ``used`` (every
-memory step of a prompt's episodes is compared with the others), ``<group>/memory/<write>`` per snapshot write.
+memory step of a prompt's episodes is compared with the others), ``<group>/memory/<write>`` per ``snapshot`` or
+``local`` write.
 """
 
 from __future__ import annotations
@@ -82,10 +88,29 @@ def snapshot(inp: CreditInput) -> list[float | None]:
 
 
 snapshot.samples_alternatives = True  # type: ignore[attr-defined]  # the runner samples k replies per write
+snapshot.answers = True  # type: ignore[attr-defined]  # each alternative is scored by answering on a store copy
+
+
+@STEP_CREDITS.register("local")
+def local(inp: CreditInput) -> list[float | None]:
+    return [0.0 for _ in inp.steps]
+
+
+local.samples_alternatives = True  # type: ignore[attr-defined]
+local.every_write = True  # type: ignore[attr-defined]  # k replies at every write, not only planned ones
 
 
 def samples_alternatives(name: str) -> bool:
     return bool(getattr(STEP_CREDITS.get(name), "samples_alternatives", False))
+
+
+def answers_alternatives(name: str) -> bool:
+    """Each sampled alternative is scored by answering the question on its own copy of the store."""
+    return bool(getattr(STEP_CREDITS.get(name), "answers", False))
+
+
+def alternatives_at_every_write(name: str) -> bool:
+    return bool(getattr(STEP_CREDITS.get(name), "every_write", False))
 
 
 def step_rewards(inp: CreditInput, cfg: MemoryCreditConfig) -> list[float | None]:

@@ -31,7 +31,7 @@ from typing import Any
 
 from memrl.episode.assemble import assemble_episode
 from memrl.episode.config import EpisodeConfig
-from memrl.episode.credit import samples_alternatives
+from memrl.episode.credit import alternatives_at_every_write, answers_alternatives, samples_alternatives
 from memrl.episode.prompt import PromptBuilder, PromptTooLongError, order_facts
 from memrl.episode.recent import RecentHistory
 from memrl.episode.snapshot import SnapshotScorer
@@ -85,10 +85,12 @@ class EpisodeRunner:
         self.tools = _TimedTools(tools, self.metrics_ref()) if tools is not None else None
         self.tool_names = list(tool_names) if tools is not None else []
         self.prompts = PromptBuilder(cfg, policy.tokenizer)
-        # Snapshot credit scores alternative memory writes by answering on copies of the store.
-        self.snapshot = (
-            SnapshotScorer(cfg.memory_credit) if samples_alternatives(cfg.memory_credit.name) else None
-        )
+        # Snapshot credit scores alternative memory writes by answering on copies of the store; local credit
+        # samples alternatives at every write and scores them by the per-step terms alone.
+        credit = cfg.memory_credit.name
+        self.snapshot = SnapshotScorer(cfg.memory_credit) if answers_alternatives(credit) else None
+        self.sampled_writes = samples_alternatives(credit)
+        self.every_write = alternatives_at_every_write(credit)
         self.recent = (
             RecentHistory(
                 cfg,
@@ -234,8 +236,8 @@ class EpisodeRunner:
 
     @property
     def _greedy_writes(self) -> bool:
-        """Policy writes that depend on the history alone: greedy, no snapshot alternatives."""
-        return self._policy_writes and self.rollout_cfg.temperature == 0 and self.snapshot is None
+        """Policy writes that depend on the history alone: greedy, no sampled alternatives."""
+        return self._policy_writes and self.rollout_cfg.temperature == 0 and not self.sampled_writes
 
     def _write_chunk(self, live: list[EpisodeState], chunk: int) -> None:
         """The policy writes memory: one write per episode (its next ``chunk`` turns) in one generate call;
@@ -247,7 +249,9 @@ class EpisodeRunner:
                 items.append((st.manager, st.inp.history[st.cursor : stop]))
                 owners.append(st)
         k = [self._alternatives(st) for st in owners]
-        results = self.memory.write_batch(items, k, temperature=self.rollout_cfg.temperature)
+        results = self.memory.write_batch(
+            items, k, temperature=self.rollout_cfg.temperature, fork=self.snapshot is not None
+        )
         for st, res in zip(owners, results, strict=True):
             st.writes.append(res)
             st.history_ops.setdefault(res.turns[-1].turn_id, []).extend(res.ops)
@@ -259,9 +263,10 @@ class EpisodeRunner:
         self._after_chunk(live, chunk)
 
     def _alternatives(self, st: EpisodeState) -> int:
-        """Replies to sample for this episode's next write: ``k`` if it is a planned snapshot write, else 1."""
+        """Replies to sample for this episode's next write: ``k`` at every write (local credit) or a planned
+        snapshot write, else 1."""
         planned = self.snapshot is not None and len(st.writes) in st.snapshot_writes
-        return self.cfg.memory_credit.snapshot_k if planned else 1
+        return self.cfg.memory_credit.snapshot_k if (planned or self.every_write) else 1
 
     def _timed_call(self, name: str, fn: Callable[[], None]) -> None:
         t0 = time.perf_counter()

@@ -58,11 +58,13 @@ class WriteResult:
     alternatives: tuple[str, ...] = ()  # namespaces of the store forks, one per sample (snapshot credit)
 
 
-def _use_order(samples) -> list:
+def _use_order(samples, fork: bool = True) -> list:
     """The decision lists of a write batch in the order ``write_batch`` applies them: per item, every fork's reply
     (snapshot writes), then reply 0 to the episode's own store."""
     return [
-        alt.ops.decisions for alts in samples for alt in ((*alts, alts[0]) if len(alts) > 1 else alts[:1])
+        alt.ops.decisions
+        for alts in samples
+        for alt in ((*alts, alts[0]) if fork and len(alts) > 1 else alts[:1])
     ]
 
 
@@ -315,10 +317,12 @@ class MemorySystem:
         temperature: float = 0.0,
         seed: int | None = None,
         teacher: Callable[[WriteRequest], str] | None = None,
+        fork: bool = True,
     ) -> list[WriteResult]:
         """One policy write per (episode, new turns), all in one generate call (``memory.extractor: policy``).
         ``n[i]`` replies are sampled for item i; the first is applied to the episode's store, the others are
-        alternatives for step credit (:mod:`memrl.episode.snapshot`). With ``teacher`` nothing is generated: each
+        alternatives for step credit, each applied to its own fork of the store when ``fork``
+        (:mod:`memrl.episode.snapshot`; local credit scores them unapplied). With ``teacher`` nothing is generated: each
         write's reply is ``teacher(request)`` (a demonstration, as the imitation warm start writes gold ones)."""
         writer = self.extractor
         if not getattr(writer, "writes_steps", False):
@@ -339,11 +343,11 @@ class MemorySystem:
         else:
             prompts, samples = writer.forced(requests, [teacher(r) for r in requests])
         # One encode call for the facts of every reply that gets applied (forks first, then reply 0, per item).
-        vecs = self._decision_vectors([d for ds in _use_order(samples) for d in ds])
+        vecs = self._decision_vectors([d for ds in _use_order(samples, fork) for d in ds])
         out = []
         for (mgr, turns), req, prompt, alts in zip(items, requests, prompts, samples, strict=True):
             before = tuple(r.fact_id for r in self.current_facts(mgr))
-            forks = self._fork_alternatives(mgr, turns, alts, vecs) if len(alts) > 1 else ()
+            forks = self._fork_alternatives(mgr, turns, alts, vecs) if fork and len(alts) > 1 else ()
             ops = self.apply_decisions(mgr, turns, alts[0].ops.decisions, vecs)
             after = tuple(r.fact_id for r in self.current_facts(mgr))
             out.append(

@@ -107,6 +107,15 @@ def no_policy_gradient(
     return torch.zeros_like(scores)
 
 
+def signal_weights(scores: torch.Tensor, group_ids: Sequence[str], weights: torch.Tensor) -> torch.Tensor:
+    """``[B]``: 0 for the rows of a group of several counted samples whose scores are all equal, else 1. Their
+    advantage is 0 under every estimator, so without a KL or entropy term they carry no gradient: the updater
+    skips them as ``dynamic_sampling`` skips such answer groups (most groups of ``local`` memory credit once
+    the writer is mostly right)."""
+    _, _, std, size = group_stats(scores, group_ids, weights)
+    return torch.where((size > 1) & (std == 0), 0.0, 1.0).to(torch.float32)
+
+
 def sample_weights(step_meta: Sequence[StepMeta], duplicates: str = "drop") -> torch.Tensor:
     """``[B]`` float weights: 0 for leaves flagged ``is_duplicate`` when ``duplicates == "drop"``, else 1."""
     if duplicates not in ("drop", "keep"):

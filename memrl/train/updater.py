@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import torch
 
-from memrl.train.advantages import compute_advantages, sample_weights
+from memrl.train.advantages import compute_advantages, sample_weights, signal_weights
 from memrl.train.config import TrainConfig
 from memrl.train.lora import trainable_parameters, use_adapter
 from memrl.train.losses import LOSS_AGGREGATIONS, clipped_policy_loss, kl_to_reference, masked_mean
@@ -67,9 +67,15 @@ class PolicyUpdater:
         weights = sample_weights(batch.step_meta, self.cfg.duplicates)
         scores = torch.as_tensor(batch.rewards, dtype=torch.float32).flatten()
         adv = compute_advantages(self.cfg.advantage, scores, batch.group_ids, weights)
+        cfg = self.cfg
+        if cfg.kl_coef == 0 and cfg.entropy_coef == 0 and cfg.tree_local_weight <= 0:
+            weights = weights * signal_weights(scores, batch.group_ids, weights)
         records = unpack(batch, adv, weights)
         label_adapters(records, batch.step_meta, self.model)
         local_abs = self._add_tree_local(batch, scores, weights, records)
+        # Rows without a counted token (flat groups above, dropped duplicates) add nothing: not forwarded.
+        n_rows = len(records)
+        records = [r for r in records if bool(r.loss_mask.any())]
         n_updates = self.cfg.ppo_epochs * self.cfg.ppo_mini_batches
         self._times = defaultdict(float)
         if n_updates > 1:
@@ -78,7 +84,7 @@ class PolicyUpdater:
         sums: dict[str, list[float]] = defaultdict(list)
         self.model.train()
         for epoch in range(self.cfg.ppo_epochs):
-            for k, mini in enumerate(self._mini_batches(records)):
+            for k, mini in enumerate(self._mini_batches(records) or [[]]):  # replay still trains
                 extra = replay if (epoch == 0 and k == 0) else None
                 for name, value in self._optimizer_step(mini, on_policy=n_updates == 1, replay=extra).items():
                     sums[name].append(value)
@@ -91,6 +97,7 @@ class PolicyUpdater:
                 "train/duplicates": float((weights == 0).sum()),
                 "train/tree_local_abs_mean": local_abs,
                 "train/sequences": float(len(records)),
+                "train/sequences_skipped": float(n_rows - len(records)),
             }
         )
         metrics.update(role_metrics(batch.step_meta, scores, adv, weights))
@@ -127,6 +134,8 @@ class PolicyUpdater:
         return total / count if count else 0.0
 
     def _mini_batches(self, records: Sequence[SeqRecord]) -> list[list[SeqRecord]]:
+        if not records:
+            return []
         n = self.cfg.ppo_mini_batches
         size = -(-len(records) // n)
         return [list(records[i : i + size]) for i in range(0, len(records), size)]

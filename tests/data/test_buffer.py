@@ -26,6 +26,7 @@ from memrl.types import (
     StepMeta,
     StepTrajectory,
     ToolCallRecord,
+    TurnRole,
     TurnSpec,
 )
 
@@ -132,6 +133,34 @@ def test_dynamic_sampling_drops_only_zero_variance_groups():
     assert [g[0].group_id for g, _ in result.dropped] == ["g1", "g2", "g3"]
     assert all("zero reward variance" in reason for _, reason in result.dropped)
     assert GROUP_FILTERS.get("keep_all")([mixed, all_right]).kept == [mixed, all_right]
+
+
+def _with_writes(ep: EpisodeTrajectory, credits: list[float]) -> EpisodeTrajectory:
+    """``ep`` with memory-write steps of one credit group (a write's alternatives) before its answer."""
+    writes = tuple(
+        dataclasses.replace(
+            ep.steps[0],
+            step_id=f"{ep.episode_id}/w0.{j}",
+            turn_role=TurnRole.HISTORY,
+            meta=dataclasses.replace(
+                ep.steps[0].meta,
+                turn_role=TurnRole.HISTORY,
+                extra={"role": "memory", "credit_group": f"{ep.group_id}/memory/0"},
+            ),
+        )
+        for j in range(len(credits))
+    )
+    return dataclasses.replace(
+        ep, steps=writes + ep.steps, step_rewards_ext=(*credits, *([None] * len(ep.steps)))
+    )
+
+
+def test_dynamic_sampling_keeps_a_flat_answer_group_whose_write_alternatives_differ():
+    flat_answers = [_with_writes(make_episode("g0", 0, 1.0), [0.7, 0.2]), make_episode("g0", 1, 1.0)]
+    flat_writes = [_with_writes(make_episode("g1", 0, 1.0), [0.7, 0.7]), make_episode("g1", 1, 1.0)]
+    result = dynamic_sampling([flat_answers, flat_writes])
+    assert result.kept == [flat_answers]
+    assert [g[0].group_id for g, _ in result.dropped] == ["g1"]
 
 
 def test_filter_groups_counts_and_group_episodes_keeps_order():

@@ -161,6 +161,32 @@ def test_snapshot_groups_k_alternatives_scored_on_forks(policy):
     assert runner.metrics["episode/time_snapshot_s"] > 0
 
 
+def test_local_credit_groups_k_alternatives_at_every_write_scored_by_the_step_terms(policy):
+    cfg = _cfg("episode.memory_credit.name=local", "episode.memory_credit.snapshot_k=3",
+               "episode.memory_credit.format_weight=0.2", "episode.memory_credit.op_weight=0.5",
+               "rollout.temperature=1.0")  # fmt: skip
+    inputs, _ = load_dataset(cfg.data)
+    runner = build_runner(cfg, policy=policy)
+    trajs = runner.run_batch(inputs[:2])
+    for traj in (t for t in trajs if t.episode_id.endswith("#0")):
+        writes = _writes(traj)
+        assert len(writes) == 3 * 3  # every write of 6 turns, 3 alternatives each
+        groups: dict[str, list] = {}
+        for step, credit in writes:
+            groups.setdefault(step.meta.extra["credit_group"], []).append((step, credit))
+            extra = step.meta.extra
+            # No answering: the reward is the per-step terms alone.
+            expected = 0.2 * (not extra["format_errors"]) + 0.5 * extra["op_score"]
+            assert credit == pytest.approx(expected)
+        assert len(groups) == 3
+        for members in groups.values():
+            assert [s.meta.extra["applied"] for s, _ in members] == [True, False, False]
+            assert len({s.prompt_ids for s, _ in members}) == 1  # one store state, one prompt
+            assert len({s.meta.extra["write_index"] for s, _ in members}) == 1
+    assert runner.memory._forks == 0  # scored unapplied: no store copies
+    assert "episode/time_snapshot_s" not in runner.metrics
+
+
 def test_a_policy_writer_never_shares_ingest_between_identical_histories(policy):
     cfg = _cfg()
     inputs, _ = load_dataset(cfg.data)

@@ -195,6 +195,24 @@ def test_duplicate_leaves_get_no_gradient():
     assert recs[3].loss_mask.sum() == 0 and recs[0].loss_mask.sum() > 0
 
 
+def test_rows_of_flat_groups_are_skipped_with_the_gradient_unchanged():
+    """Without KL or entropy terms a group whose rewards are all equal has zero advantage everywhere: its rows are
+    not forwarded, and the update equals the update on the other groups alone."""
+    episodes = [
+        dataclasses.replace(ep, reward=0.5) if ep.group_id == "g1" else ep for ep in make_episodes()
+    ]
+    model = attach_lora(tiny_llama(), LoraConfig(r=4, alpha=8))
+    alone = copy.deepcopy(model)
+    metrics = PolicyUpdater(model, _cfg()).update(_build(episodes, "padded"))
+    PolicyUpdater(alone, _cfg()).update(_build([ep for ep in episodes if ep.group_id == "g0"], "padded"))
+    assert metrics["train/sequences_skipped"] == 4.0 and metrics["train/sequences"] == 4.0
+    both, only = adapter_state(model), adapter_state(alone)
+    assert all(torch.allclose(both[k], only[k], atol=1e-6) for k in both)
+    # With a KL term the flat rows still carry gradient (towards the reference): nothing is skipped.
+    kl = PolicyUpdater(attach_lora(tiny_llama(), LoraConfig(r=4, alpha=8)), _cfg(kl_coef=0.1))
+    assert kl.update(_build(episodes, "padded"))["train/sequences_skipped"] == 0.0
+
+
 def _as_writes(episodes, group: str):
     """The episodes of ``group`` as memory writes (history steps the policy wrote), the others as answers."""
     out = []
