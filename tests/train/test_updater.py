@@ -198,9 +198,7 @@ def test_duplicate_leaves_get_no_gradient():
 def test_rows_of_flat_groups_are_skipped_with_the_gradient_unchanged():
     """Without KL or entropy terms a group whose rewards are all equal has zero advantage everywhere: its rows are
     not forwarded, and the update equals the update on the other groups alone."""
-    episodes = [
-        dataclasses.replace(ep, reward=0.5) if ep.group_id == "g1" else ep for ep in make_episodes()
-    ]
+    episodes = [dataclasses.replace(ep, reward=0.5) if ep.group_id == "g1" else ep for ep in make_episodes()]
     model = attach_lora(tiny_llama(), LoraConfig(r=4, alpha=8))
     alone = copy.deepcopy(model)
     metrics = PolicyUpdater(model, _cfg()).update(_build(episodes, "padded"))
