@@ -69,6 +69,59 @@ _VARIED: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
          ("{p} now has {v} dollars in savings.", "I have {v} dollars in savings now.")],
     ),
 }  # fmt: skip
+# More wordings for the train split only (the test pools above are unchanged): with one or two wordings per
+# attribute to imitate, the writer skipped (NOOP) 16-21 % of the held-out first statements; more train wordings
+# are what a writer needs to recognise a statement it has never seen (docs/experiments.md).
+_TRAIN_ONLY: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
+    "city": (
+        [("{p} resides in {v}.", "I reside in {v}."), ("{p} calls {v} home.", "I call {v} home."),
+         ("{p} rents an apartment in {v}.", "I rent an apartment in {v}."), ("Home for {p} is {v}.", "Home for me is {v}.")],
+        [("{p} packed up and went to live in {v}.", "I packed up and went to live in {v}."),
+         ("{p} traded {old} for {v}.", "I traded {old} for {v}."),
+         ("{p} does not live in {old} any more; {p} is in {v} now.", "I don't live in {old} any more; I'm in {v} now."),
+         ("{p} settled in {v} after leaving {old}.", "I settled in {v} after leaving {old}.")],
+    ),
+    "colour": (
+        [("{p} really likes {v} the most.", "I really like {v} the most."),
+         ("{v} is the colour {p} prefers.", "{v} is the colour I prefer."),
+         ("The colour {p} likes best is {v}.", "The colour I like best is {v}.")],
+        [("{p} prefers {v} now instead of {old}.", "I prefer {v} now instead of {old}."),
+         ("{p} went off {old}; {v} is the favourite now.", "I went off {old}; {v} is my favourite now."),
+         ("{p}'s new favourite colour is {v}.", "My new favourite colour is {v}.")],
+    ),
+    "pet_name": (
+        [("{p} owns a pet called {v}.", "I own a pet called {v}."),
+         ("{p} looks after a pet named {v}.", "I look after a pet named {v}.")],
+        [("{p} calls the pet {v} now instead of {old}.", "I call my pet {v} now instead of {old}."),
+         ("{p} adopted a new pet, {v}, after {old}.", "I adopted a new pet, {v}, after {old}."),
+         ("{p}'s pet goes by {v} these days.", "My pet goes by {v} these days.")],
+    ),
+    "job": (
+        [("{p} earns a living as a {v}.", "I earn a living as a {v}."), ("{p} is employed as a {v}.", "I am employed as a {v}."),
+         ("By trade, {p} is a {v}.", "By trade, I am a {v}.")],
+        [("{p} left the {old} job and is a {v} now.", "I left my {old} job and I am a {v} now."),
+         ("{p} changed careers to become a {v}.", "I changed careers to become a {v}."),
+         ("{p} got hired as a {v}.", "I got hired as a {v}.")],
+    ),
+    "age": ([("{p} is aged {v}.", "I am aged {v}."), ("{p} celebrated birthday number {v}.", "I celebrated birthday number {v}.")], []),
+    "siblings": (
+        [("{p} comes from a family with {v} siblings.", "I come from a family with {v} siblings."),
+         ("{p} has {v} brothers and sisters.", "I have {v} brothers and sisters.")],
+        [("{p}'s sibling count is {v} now.", "My sibling count is {v} now."),
+         ("{p} counts {v} siblings these days.", "I count {v} siblings these days.")],
+    ),
+    "pets": (
+        [("{p} owns {v} pets.", "I own {v} pets."), ("{p} looks after {v} pets.", "I look after {v} pets.")],
+        [("{p} has {v} pets these days, no longer {old}.", "I have {v} pets these days, no longer {old}."),
+         ("{p}'s pet count changed to {v}.", "My pet count changed to {v}.")],
+    ),
+    "savings": (
+        [("{p} put aside {v} dollars.", "I put aside {v} dollars."),
+         ("{p} keeps {v} dollars in the bank.", "I keep {v} dollars in the bank.")],
+        [("{p}'s savings are at {v} dollars now.", "My savings are at {v} dollars now."),
+         ("{p} had {old} dollars saved and has {v} now.", "I had {old} dollars saved and have {v} now.")],
+    ),
+}  # fmt: skip
 PHRASINGS = ("fixed", "varied")
 
 
@@ -84,7 +137,11 @@ def varied_text(
     """One varied statement: a first statement (``old`` is None) or a change, first person if ``speaker`` is
     ``person``."""
     first, changes = _VARIED[attr]
-    third, mine = rng.choice(_pool(first if old is None else changes, split))
+    pool = _pool(first if old is None else changes, split)
+    if split == "train":
+        more_first, more_changes = _TRAIN_ONLY[attr]
+        pool = pool + (more_first if old is None else more_changes)
+    third, mine = rng.choice(pool)
     template = mine if speaker == person else third
     text = template.format(p=person, v=value, old=old or "")
     return text[0].upper() + text[1:]

@@ -214,12 +214,19 @@ def test_parse_statement_reads_back_every_attribute_turn_and_nothing_else():
 
 def test_varied_phrasing_words_changes_many_ways_with_held_out_wordings():
     from memrl.adapters.synthetic import make_episode
-    from memrl.adapters.synthetic_phrasing import _VARIED, _pool
+    from memrl.adapters.synthetic_phrasing import _TRAIN_ONLY, _VARIED, _pool
 
-    for first, changes in _VARIED.values():
-        for entries in (first, changes):
+    for attr, (first, changes) in _VARIED.items():
+        for entries, more in zip((first, changes), _TRAIN_ONLY[attr], strict=True):
             if len(entries) > 1:  # test-split wordings are never train-split wordings
-                assert not set(_pool(entries, "train")) & set(_pool(entries, "test"))
+                assert not set(_pool(entries, "train") + more) & set(_pool(entries, "test"))
+    # The train-only wordings reach train episodes and never test ones.
+    train = " ".join(
+        t.text for i in range(200) for t in make_episode(0, "train", i, phrasing="varied").history
+    )
+    test = " ".join(t.text for i in range(200) for t in make_episode(0, "test", i, phrasing="varied").history)
+    for words in ("reside", "earn a living", "earns a living", "brothers and sisters", "put aside"):
+        assert (words in train) and (words not in test), words
     eps = [make_episode(0, "test", i, phrasing="varied") for i in range(60)]
     turns = [t for ep in eps for t in ep.history]
     updates = [t for t in turns if t.metadata["memory_op"] == "UPDATE"]
