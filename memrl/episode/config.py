@@ -53,6 +53,11 @@ class MemoryCreditConfig:
             raise ValueError(
                 f"episode.memory_credit.snapshot_k must be >= 2 (a group), got {self.snapshot_k}"
             )
+        if self.name == "local" and not (self.format_weight or self.op_weight or self.size_weight):
+            raise ValueError(
+                "episode.memory_credit.name=local scores each write by its per-step terms alone, and "
+                "format_weight, op_weight and size_weight are all 0: every write would score 0"
+            )
         if self.snapshot_writes < 1:
             raise ValueError(
                 f"episode.memory_credit.snapshot_writes must be >= 1, got {self.snapshot_writes}"

@@ -31,3 +31,15 @@ def test_op_term_pays_the_share_of_gold_operations_right():
     outcome_only = MemoryCreditConfig(name="broadcast", format_weight=0.0, op_weight=0.0)
     got = step_rewards(CreditInput(steps, outcome=0.5, used_fact_ids=frozenset()), outcome_only)
     assert got == [0.5] * 5 + [None]
+
+
+def test_local_credit_scores_every_reply_by_its_step_terms_alone():
+    steps = (
+        _write("w0", op_score=1.0, alternatives=2, write_index=0),
+        _write("w0.1", applied=False, op_score=0.0, alternatives=2, write_index=0),  # scored, not applied
+    )
+    cfg = MemoryCreditConfig(name="local", format_weight=0.2, op_weight=0.5)
+    got = step_rewards(CreditInput(steps, outcome=0.9, used_fact_ids=frozenset()), cfg)
+    assert got == pytest.approx([0.2 + 0.5, 0.2])  # the outcome is not a reply's own: left out
+    with pytest.raises(ValueError, match="every write would score 0"):
+        MemoryCreditConfig(name="local", format_weight=0.0, op_weight=0.0)
