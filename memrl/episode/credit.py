@@ -87,8 +87,7 @@ def snapshot(inp: CreditInput) -> list[float | None]:
     return [s.meta.extra.get("snapshot_reward") for s in inp.steps]
 
 
-snapshot.samples_alternatives = True  # type: ignore[attr-defined]  # the runner samples k replies per write
-snapshot.answers = True  # type: ignore[attr-defined]  # each alternative is scored by answering on a store copy
+snapshot.answers = True  # type: ignore[attr-defined]  # k replies at planned writes, each scored by answering
 
 
 @STEP_CREDITS.register("local")
@@ -96,12 +95,12 @@ def local(inp: CreditInput) -> list[float | None]:
     return [0.0 for _ in inp.steps]
 
 
-local.samples_alternatives = True  # type: ignore[attr-defined]
 local.every_write = True  # type: ignore[attr-defined]  # k replies at every write, not only planned ones
 
 
 def samples_alternatives(name: str) -> bool:
-    return bool(getattr(STEP_CREDITS.get(name), "samples_alternatives", False))
+    """The runner samples ``k`` replies at some writes (planned ``snapshot`` writes, or every ``local`` one)."""
+    return answers_alternatives(name) or alternatives_at_every_write(name)
 
 
 def answers_alternatives(name: str) -> bool:
