@@ -77,6 +77,7 @@ _NUMERIC_KEYWORDS = {
     "savings": r"savings?|saved|dollars?",
 }
 EXAMPLES_PER_OP = 2
+ERRORS_PER_PAIR = 5  # wrong decisions kept per (expected, decided) pair: what a writer gets wrong, to read
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,7 @@ class ExtractScores:
     malformed: Counter = field(default_factory=Counter)
     end_state: Counter = field(default_factory=Counter)
     examples: list[dict] = field(default_factory=list)
+    errors: list[dict] = field(default_factory=list)
 
     def add_turn(
         self,
@@ -189,6 +191,25 @@ class ExtractScores:
             self.examples.append(
                 {"turn": turn.text, "expected": truth.op.value, "decided": got.value, "reply": reply[:300]}
             )
+        if got is not truth.op and reply:
+            self._add_error(turn, truth, got, ops, before, reply)
+
+    def _add_error(
+        self,
+        turn: TurnSpec,
+        truth: Expected,
+        got: MemoryOpType,
+        ops: Sequence[MemoryOp],
+        before: dict,
+        reply: str,
+    ) -> None:
+        pair = (truth.op.value, got.value)
+        if sum((e["expected"], e["decided"]) == pair for e in self.errors) >= ERRORS_PER_PAIR:
+            return
+        # For a wrong UPDATE, the fact it replaced: a person's other fact, or another person's?
+        targets = [before.get(o.fact_ids[0], "?") for o in ops if o.op is UPDATE and o.fact_ids]
+        self.errors.append({"turn": turn.text, "expected": pair[0], "decided": pair[1], "reply": reply[:300],
+                            "updated": targets, "memory": list(before.values())})  # fmt: skip
 
     def add_end_state(
         self,
@@ -253,6 +274,7 @@ class ExtractScores:
                 "update_questions_correct": _ratio(end["question_correct"], end["question_keys"]),
             },
             "examples": self.examples,
+            "errors": self.errors,
         }
 
 

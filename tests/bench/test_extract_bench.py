@@ -161,3 +161,27 @@ def test_a_perfect_policy_writer_scores_perfectly_on_varied_wordings_in_session_
 
 
 _SHOWN = re.compile(r"^(\d+)\. \[[^\]]*\] (.*)$", re.MULTILINE)
+
+
+def test_wrong_decisions_are_kept_with_the_fact_they_replaced(embedder):
+    def update_first_shown(prompt: str) -> str:
+        text = _MESSAGE.search(prompt).group(1)
+        shown = _MEMORY_LINE.findall(prompt)
+        if parse_statement(text) is None:
+            return '[{"op": "NOOP"}]'
+        if shown:  # every statement replaces memory 0, whatever it holds
+            return json.dumps([{"op": "UPDATE", "id": int(shown[0][0]), "text": text}])
+        return json.dumps([{"op": "ADD", "text": text}])
+
+    result = run_extractor(
+        EPISODES,
+        MemoryConfig(extractor="llm"),
+        embedder=embedder,
+        generate_text=lambda prompts: [update_first_shown(p) for p in prompts],
+    )
+    wrong_updates = [e for e in result["errors"] if e["expected"] == "ADD"]
+    assert result["confusion"]["ADD"]["UPDATE"] >= len(wrong_updates) > 0
+    assert len(wrong_updates) <= 5  # a few per (expected, decided) pair, not every turn
+    for e in wrong_updates:
+        assert e["decided"] == "UPDATE" and e["updated"][0] in e["memory"]
+    assert all(e["expected"] != e["decided"] for e in result["errors"])
