@@ -119,6 +119,12 @@ _ATTRS = {
     )
 }  # fmt: skip
 _DISTRACTOR_UPDATE_P = 0.3  # share of changeable distractor facts stated as old value, then "now" new value
+# Varied phrasing, train split: share of first statements worded as a change from a value this conversation never
+# stated ("I moved from Lima to Rome."). Their gold operation is ADD: nothing in memory is replaced. Without them
+# every change-worded turn of the demonstrations is an UPDATE, and the writer learned the wording instead of
+# looking at its memory: held-out first statements that sound like a change ("Ivan turned 34 this year.", "Noah
+# saved 589 dollars so far.") were written as UPDATEs of any shown fact, even another person's (ADD recall 0.73).
+_UNANCHORED_CHANGE_P = 0.25
 
 
 def _statement_pattern(template: str) -> re.Pattern[str]:
@@ -355,7 +361,10 @@ def _render(
                 if prev is not None and prev != item.value:
                     meta["memory_stale"] = prev
                 if phrasing == "varied":
-                    text = varied_text(item.attr, item.person, item.value, prev, speaker, split, rng)
+                    said_old = prev
+                    if prev is None and split == "train" and spec.update and rng.random() < _UNANCHORED_CHANGE_P:
+                        said_old = _draw(rng, b.pools, item.attr, avoid=item.value)
+                    text = varied_text(item.attr, item.person, item.value, said_old, speaker, split, rng)
                 else:
                     text = (spec.state if prev is None else spec.update).format(p=item.person, v=item.value)
             else:

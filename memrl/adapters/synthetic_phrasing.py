@@ -6,7 +6,9 @@ writer trained only on that learns the keyword "now", not memory. ``varied`` dra
 of phrasings ("Mia moved from Paris to Rome.", "I relocated to Rome.", "Mia is not in Paris anymore, Mia lives in
 Rome."); a statement about a speaker said by that speaker is in the first person. The pools are split like the
 task's values: ``train`` and ``test`` use disjoint phrasings, so a held-out episode's sentences were never
-trained on.
+trained on. In the train split a quarter of first statements are worded as a change from a value the
+conversation never stated: their gold operation is still ADD, so that a writer learns to look at its memory
+before it replaces anything.
 
 Every history turn also carries its gold memory operation in its metadata (:mod:`memrl.memory.gold`).
 """

@@ -176,11 +176,11 @@ class ExtractScores:
         self.confusion[truth.op][got] += 1
         self.delete_ops += sum(o.op is DELETE for o in ops)
         self.multi_op_turns += len([o for o in ops if o.op is not NOOP]) > 1
-        if truth.op is UPDATE and any(
+        right_target = truth.op is UPDATE and any(
             o.op is UPDATE and holds(before.get(o.fact_ids[0], ""), truth.person, truth.attr, truth.stale)
             for o in ops
-        ):
-            self.update_right_target += 1
+        )
+        self.update_right_target += right_target
         if not truth.person:
             self.chitchat_turns += 1
             self.chitchat_adds += got is ADD
@@ -191,7 +191,7 @@ class ExtractScores:
             self.examples.append(
                 {"turn": turn.text, "expected": truth.op.value, "decided": got.value, "reply": reply[:300]}
             )
-        if got is not truth.op and reply:
+        if reply and (got is not truth.op or (got is UPDATE and not right_target)):
             self._add_error(turn, truth, got, ops, before, reply)
 
     def _add_error(
@@ -203,7 +203,7 @@ class ExtractScores:
         before: dict,
         reply: str,
     ) -> None:
-        pair = (truth.op.value, got.value)
+        pair = (truth.op.value, got.value if got is not truth.op else "UPDATE of the wrong fact")
         if sum((e["expected"], e["decided"]) == pair for e in self.errors) >= ERRORS_PER_PAIR:
             return
         # For a wrong UPDATE, the fact it replaced: a person's other fact, or another person's?

@@ -242,3 +242,37 @@ def test_varied_phrasing_words_changes_many_ways_with_held_out_wordings():
     # The answer is still the latest value, and the fixed phrasing is what it always was.
     assert all(ep.target_answer for ep in eps)
     assert make_episode(0, "test", 1).turns == make_episode(0, "test", 1, phrasing="fixed").turns
+
+
+def _worded_as_change(turn) -> bool:
+    """Does ``turn`` match one of its attribute's change wordings (any split, any old value)?"""
+    import re
+
+    from memrl.adapters.synthetic_phrasing import _TRAIN_ONLY, _VARIED
+
+    m = turn.metadata
+    for table in (_VARIED, _TRAIN_ONLY):
+        for entry in table[m["memory_attr"]][1]:
+            for template in entry:
+                text = template.format(p=m["memory_person"], v=m["memory_value"], old="\0")
+                pattern = re.escape(text[0].upper() + text[1:]).replace("\0", "[A-Za-z0-9]+")
+                if re.fullmatch(pattern, turn.text):
+                    return True
+    return False
+
+
+def test_train_first_statements_are_sometimes_worded_as_changes_and_stay_adds():
+    from memrl.adapters.synthetic import make_episode
+
+    def adds(split):
+        eps = [make_episode(0, split, i, phrasing="varied") for i in range(60)]
+        return [t for ep in eps for t in ep.history if t.metadata["memory_op"] == "ADD"]
+
+    train_adds, test_adds = adds("train"), adds("test")
+    as_change = [t for t in train_adds if _worded_as_change(t)]
+    # About a quarter of the changeable attributes' first statements (age never changes).
+    assert 0.1 < len(as_change) / len(train_adds) < 0.35
+    for t in as_change:  # nothing was stated before: the gold is a plain ADD of the current value
+        assert "memory_stale" not in t.metadata and t.metadata["memory_value"] in t.metadata["memory_fact"]
+    # The held-out split is unchanged: its first statements are worded as first statements.
+    assert not any(_worded_as_change(t) for t in test_adds)
