@@ -336,6 +336,15 @@ def _fmt(d: dt.datetime) -> str:
     return d.strftime("%Y-%m-%d %H:%M")
 
 
+def _varied(
+    b: _EpisodeBuilder, item: _Fact, prev: str | None, speaker: str, split: str, rng: random.Random
+) -> str:
+    said_old = prev
+    if prev is None and split == "train" and _ATTRS[item.attr].update and rng.random() < _UNANCHORED_CHANGE_P:
+        said_old = _draw(rng, b.pools, item.attr, avoid=item.value)  # a change from a value never stated here
+    return varied_text(item.attr, item.person, item.value, said_old, speaker, split, rng)
+
+
 def _render(
     b: _EpisodeBuilder, dates: list[dt.datetime], phrasing: str, split: str, rng: random.Random
 ) -> list[TurnSpec]:
@@ -361,10 +370,7 @@ def _render(
                 if prev is not None and prev != item.value:
                     meta["memory_stale"] = prev
                 if phrasing == "varied":
-                    said_old = prev
-                    if prev is None and split == "train" and spec.update and rng.random() < _UNANCHORED_CHANGE_P:
-                        said_old = _draw(rng, b.pools, item.attr, avoid=item.value)
-                    text = varied_text(item.attr, item.person, item.value, said_old, speaker, split, rng)
+                    text = _varied(b, item, prev, speaker, split, rng)
                 else:
                     text = (spec.state if prev is None else spec.update).format(p=item.person, v=item.value)
             else:
