@@ -170,6 +170,7 @@ class ExtractScores:
         ops: Sequence[MemoryOp],
         before: dict[int, str],
         reply: str = "",
+        shown: Sequence[str] = (),
     ) -> None:
         """Score one turn's ops; ``before``: the episode's active facts (id → text) when the turn was decided."""
         got = turn_op(ops)
@@ -192,7 +193,7 @@ class ExtractScores:
                 {"turn": turn.text, "expected": truth.op.value, "decided": got.value, "reply": reply[:300]}
             )
         if reply and (got is not truth.op or (got is UPDATE and not right_target)):
-            self._add_error(turn, truth, got, ops, before, reply)
+            self._add_error(turn, truth, got, ops, before, reply, shown)
 
     def _add_error(
         self,
@@ -202,6 +203,7 @@ class ExtractScores:
         ops: Sequence[MemoryOp],
         before: dict,
         reply: str,
+        shown: Sequence[str],
     ) -> None:
         pair = (truth.op.value, got.value if got is not truth.op else "UPDATE of the wrong fact")
         if sum((e["expected"], e["decided"]) == pair for e in self.errors) >= ERRORS_PER_PAIR:
@@ -209,7 +211,7 @@ class ExtractScores:
         # For a wrong UPDATE, the fact it replaced: a person's other fact, or another person's?
         targets = [before.get(o.fact_ids[0], "?") for o in ops if o.op is UPDATE and o.fact_ids]
         self.errors.append({"turn": turn.text, "expected": pair[0], "decided": pair[1], "reply": reply[:300],
-                            "updated": targets, "memory": list(before.values())})  # fmt: skip
+                            "updated": targets, "memory": list(before.values()), "shown": list(shown)})  # fmt: skip
 
     def add_end_state(
         self,
@@ -375,17 +377,19 @@ def run_extractor(
             writes = system.write_batch([(mgrs[j], episodes[j].history[i : i + size]) for j in live])
             per_turn = [attribute(w.turns, w.ops) for w in writes]
             replies = [w.samples[0].text for w in writes]
+            shown = [[f"{k}. {f.text}" for k, f in enumerate(w.neighbours)] for w in writes]
             writes_done += len(writes)
             bad_writes += sum(bool(w.samples[0].ops.errors) for w in writes)
         else:
             results = system.extract_facts_batch([(mgrs[j], episodes[j].history[i]) for j in live])
             per_turn = [[ops] for ops in results]
             replies = recorder.last if recorder is not None and recorder.last else [""] * len(live)
+            shown = [[] for _ in live]
         seconds += time.perf_counter() - t0
-        for j, turn_ops, facts, reply in zip(live, per_turn, before, replies, strict=True):
+        for j, turn_ops, facts, reply, read in zip(live, per_turn, before, replies, shown, strict=True):
             for k, ops in enumerate(turn_ops):
                 scores.add_turn(
-                    episodes[j].history[i + k], truths[j][i + k], ops, facts, reply if k == 0 else ""
+                    episodes[j].history[i + k], truths[j][i + k], ops, facts, reply if k == 0 else "", read
                 )
     for ep, mgr, truth in zip(episodes, mgrs, truths, strict=True):
         current = [f.text for f in mgr.facts() if not f.superseded]

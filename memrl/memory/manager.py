@@ -302,12 +302,14 @@ class MemorySystem:
 
     # -- policy-written memory ------------------------------------------------------------------------
     def current_neighbours(self, mgr: MemoryManager, vecs, k: int) -> tuple[FactRecord, ...]:
-        """The ``k`` current (not superseded) facts nearest to ``vecs[0]``, nearest first."""
+        """The ``k`` current (not superseded) facts nearest to ``vecs[0]``, in the order they were written.
+        Not nearest first: there the fact a change replaces is nearly always id 0, and the writer learned to
+        write "UPDATE 0" whatever fact 0 said (another person's, on held-out wordings)."""
         if k <= 0:
             return ()
         hits = self.store.search(mgr.episode_id, vecs, 3 * k)[0]
         recs = (self.store.get(mgr.episode_id, fid) for fid, _ in hits)
-        return tuple(r for r in recs if not r.superseded)[:k]
+        return tuple(sorted([r for r in recs if not r.superseded][:k], key=lambda r: (r.order, r.fact_id)))
 
     def write_batch(
         self,

@@ -166,3 +166,26 @@ class _NullEmbedder:
 
     def count_tokens(self, texts):  # pragma: no cover
         return [0 for _ in texts]
+
+
+def test_the_nearest_current_facts_are_shown_in_the_order_they_were_written(minilm):
+    facts = [
+        "Tom is a baker.",
+        "Ann has 2 siblings.",
+        "Bob has 3 pets.",
+        "Eve likes red.",
+        "Ann lives in Paris.",
+    ]
+    replies = iter([f"ADD {f}" for f in facts] + ["NOOP"])
+    system = _system(minilm, lambda ctx: next(replies), write_neighbours=3)
+    mgr = system.manager("ep")
+    for i, f in enumerate(facts):
+        system.write_batch([(mgr, [turn(f, f"D1:{i + 1}")])])
+    res = system.write_batch([(mgr, [turn("Ann moved to Rome.", "D2:1")])])[0]
+    texts = [r.text for r in res.neighbours]
+    # The nearest three by similarity, whatever their rank, listed oldest first (the stale fact is not always 0).
+    nearest = mgr.facts()
+    vec = minilm.encode(["[2023-01-01 10:00] Ann: Ann moved to Rome."])
+    ranked = [f.text for fid, _ in system.store.search("ep", vec, 5)[0] for f in nearest if f.fact_id == fid]
+    assert set(texts) == set(ranked[:3]) and ranked[0] == "Ann lives in Paris." == texts[-1]
+    assert texts == [f for f in facts if f in texts]
