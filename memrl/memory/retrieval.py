@@ -428,15 +428,31 @@ _PAST_WORDS = frozenset(
 
 
 def supersede_rescore(ranked: Ranked, records: dict[int, FactRecord], query: str, weight: float) -> Ranked:
-    """Multiply the score of facts an UPDATE superseded (``extra["superseded_by"]``) by ``weight``, unless the
-    query asks about the past: the current value wins "where does Mia live?", the old one stays findable for
-    "where did Mia live before?" (validity intervals, as Zep's facts carry)."""
-    if weight == 1.0 or not any(records[f].superseded for f, _ in ranked):
+    """Facts an UPDATE superseded (``extra["superseded_by"]``), for a query that does not ask about the past:
+    one whose current successor is also a candidate is dropped, the others' scores are multiplied by
+    ``weight``. The current value answers "where does Mia live?"; the old one stays findable for "where did Mia
+    live before?" (validity intervals, as Zep's facts carry). Dropped, not only ranked lower: with both values
+    in its prompt, even marked "no longer true", SmolLM2-135M answered with the first listed, the older one."""
+    if not any(records[f].superseded for f, _ in ranked):
         return ranked
     if _PAST_WORDS & set(_TOKEN.findall(query.lower())):
         return ranked
-    out = [(f, s * weight if records[f].superseded else s) for f, s in ranked]
+    candidates = {f for f, _ in ranked}
+    out = [
+        (f, s * weight if records[f].superseded else s)
+        for f, s in ranked
+        if not records[f].superseded or _current(records, f) not in candidates
+    ]
     return sorted(out, key=lambda kv: -kv[1])
+
+
+def _current(records: dict[int, FactRecord], fact_id: int) -> int | None:
+    """The fact that stands for ``fact_id`` now: the end of its chain of successors (None if one is gone)."""
+    seen = set()
+    while fact_id in records and records[fact_id].superseded and fact_id not in seen:
+        seen.add(fact_id)
+        fact_id = records[fact_id].extra["superseded_by"]
+    return fact_id if fact_id in records else None
 
 
 def as_history(rec: FactRecord) -> FactRecord:

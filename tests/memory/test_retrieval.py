@@ -14,6 +14,7 @@ from memrl.memory.retrieval import (
     query_periods,
     relative_period,
     rrf,
+    supersede_rescore,
     time_rescore,
     tokenize,
     tokenize_stemmed,
@@ -195,3 +196,29 @@ def test_a_question_about_oneself_spends_the_budget_on_what_the_asker_said(minil
     assert "s1:3" in impersonal and sources("How many cats were adopted?", "user") == impersonal
     with pytest.raises(ValueError, match="asked_by"):
         s.retrieve_batch([(mgr, "How many cats did I adopt?")], asked_by=[])
+
+
+def _chain_records() -> dict[int, FactRecord]:
+    # 0 → 1 → 2: Ann lived in Oslo, then Paris, now Rome; 3 (Bob's city) was superseded by 4.
+    def rec(fid, text, by=None):
+        extra = {} if by is None else {"superseded_by": by, "valid_until": "2023-05-01"}
+        return FactRecord(fid, "ep", text, extra=extra)
+
+    return {
+        0: rec(0, "Ann lives in Oslo.", 1),
+        1: rec(1, "Ann lives in Paris.", 2),
+        2: rec(2, "Ann lives in Rome."),
+        3: rec(3, "Bob lives in Lima.", 4),
+        4: rec(4, "Bob lives in Cairo."),
+    }
+
+
+def test_a_stale_fact_is_dropped_when_its_current_successor_is_a_candidate():
+    records = _chain_records()
+    ranked = [(0, 0.9), (2, 0.8), (3, 0.7), (1, 0.6)]
+    out = supersede_rescore(ranked, records, "Where does Ann live?", 0.5)
+    # Oslo and Paris lead (by a chain) to Rome, a candidate: gone. Bob's Cairo is not a candidate: Lima stays,
+    # ranked at half its score.
+    assert out == [(2, 0.8), (3, 0.35)]
+    # A question about the past keeps every value, as ranked.
+    assert supersede_rescore(ranked, records, "Where did Ann live before?", 0.5) == ranked
