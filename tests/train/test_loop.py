@@ -337,3 +337,27 @@ def test_per_role_adapters_write_with_the_writers_adapter_and_imitate_into_it_on
 def _is_write(tokenizer, request) -> bool:
     """A memory write's prompt ends with the writer's cue (memrl.memory.writer.render_user)."""
     return "Operations:" in tokenizer.decode(list(request.prompt_ids)[-40:])
+
+
+def test_a_writer_trained_by_imitation_only_is_the_warm_starts_writer_after_rl_steps(tmp_path, tiny_model_dir):
+    """train.roles=[answer] with no gold writes in the replay term (the shipped memory recipe): the RL steps and the
+    replay SFT of answers leave the writer's adapter exactly as the warm start made it."""
+    import torch
+    from safetensors.torch import load_file
+
+    from memrl.train.loop import train
+
+    cfg = _in_process_cfg(
+        tmp_path, tiny_model_dir, "frozen", "memory.extractor=policy", "memory.write_max_tokens=8",
+        "episode.ingest_chunk_turns=2", "train.warm_start={episodes: 2, batch_size: 2}", "train.steps=2",
+        "train.final_eval_episodes=1", "train.role_adapters=per_role", "train.keep_checkpoints=5",
+        "train.roles=[answer]", "train.checkpoint_every=1",
+        "train.replay={batch_size: 4, sft_weight: 0.5, demonstrations: gold, memory_demonstrations: false}",
+    )  # fmt: skip
+    train(cfg)
+    ckpts = tmp_path / "frozen" / "checkpoints"
+    first, last = ckpts / "step_000000" / "adapter", ckpts / "step_000002" / "adapter"
+    w0, w2 = (load_file(d / "memory" / "adapter_model.safetensors") for d in (first, last))
+    a0, a2 = (load_file(d / "adapter_model.safetensors") for d in (first, last))
+    assert w0.keys() == w2.keys() and all(torch.equal(w0[k], w2[k]) for k in w0)
+    assert any(not torch.equal(a0[k], a2[k]) for k in a0)  # the answer role did train
