@@ -339,7 +339,9 @@ def _is_write(tokenizer, request) -> bool:
     return "Operations:" in tokenizer.decode(list(request.prompt_ids)[-40:])
 
 
-def test_a_writer_trained_by_imitation_only_is_the_warm_starts_writer_after_rl_steps(tmp_path, tiny_model_dir):
+def test_a_writer_trained_by_imitation_only_is_the_warm_starts_writer_after_rl_steps(
+    tmp_path, tiny_model_dir
+):
     """train.roles=[answer] with no gold writes in the replay term (the shipped memory recipe): the RL steps and the
     replay SFT of answers leave the writer's adapter exactly as the warm start made it."""
     import torch
