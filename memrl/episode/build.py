@@ -93,9 +93,15 @@ def rollout_config_for(cfg: Config) -> RolloutConfig:
 
 
 def build_runner(
-    cfg: Config, *, policy: Any = None, context: str | None = None, cache_embeddings: bool = True
+    cfg: Config,
+    *,
+    policy: Any = None,
+    context: str | None = None,
+    cache_embeddings: bool = True,
+    sample_writes: bool = True,
 ) -> EpisodeRunner:
-    """An EpisodeRunner for the root config ``cfg``; ``context`` overrides ``episode.context``."""
+    """An EpisodeRunner for the root config ``cfg``; ``context`` overrides ``episode.context``;
+    ``sample_writes=False`` writes policy memory greedily (:class:`EpisodeRunner`)."""
     if policy is None:
         from memrl.policy import make_policy
 
@@ -113,4 +119,5 @@ def build_runner(
         reward=reward,
         tools=tools,
         tool_names=tool_names,
+        sample_writes=sample_writes,
     )

@@ -75,6 +75,7 @@ class EpisodeRunner:
         reward: RewardFn,
         tools: Any = None,
         tool_names: Sequence[str] = (),
+        sample_writes: bool = True,
     ) -> None:
         self.cfg = cfg
         self.metrics: Counter[str] = Counter()  # cumulative over batches, namespaced
@@ -87,10 +88,16 @@ class EpisodeRunner:
         self.prompts = PromptBuilder(cfg, policy.tokenizer)
         # Snapshot credit scores alternative memory writes by answering on copies of the store; local credit
         # samples alternatives at every write and scores them by the per-step terms alone.
+        # ``sample_writes=False`` (training that leaves the writer as it is): the policy writes memory greedily, as
+        # it will at test, so the answer role trains on the memory it will read, and no alternatives are sampled.
         credit = cfg.memory_credit.name
-        self.snapshot = SnapshotScorer(cfg.memory_credit) if answers_alternatives(credit) else None
-        self.sampled_writes = samples_alternatives(credit)
-        self.every_write = alternatives_at_every_write(credit)
+        self.write_temperature = rollout_cfg.temperature if sample_writes else 0.0
+        sampled = sample_writes and samples_alternatives(credit)
+        self.snapshot = (
+            SnapshotScorer(cfg.memory_credit) if sampled and answers_alternatives(credit) else None
+        )
+        self.sampled_writes = sampled
+        self.every_write = sampled and alternatives_at_every_write(credit)
         self.recent = (
             RecentHistory(
                 cfg,
@@ -237,7 +244,7 @@ class EpisodeRunner:
     @property
     def _greedy_writes(self) -> bool:
         """Policy writes that depend on the history alone: greedy, no sampled alternatives."""
-        return self._policy_writes and self.rollout_cfg.temperature == 0 and not self.sampled_writes
+        return self._policy_writes and self.write_temperature == 0 and not self.sampled_writes
 
     def _write_chunk(self, live: list[EpisodeState], chunk: int) -> None:
         """The policy writes memory: one write per episode (its next ``chunk`` turns) in one generate call;
@@ -250,7 +257,7 @@ class EpisodeRunner:
                 owners.append(st)
         k = [self._alternatives(st) for st in owners]
         results = self.memory.write_batch(
-            items, k, temperature=self.rollout_cfg.temperature, fork=self.snapshot is not None
+            items, k, temperature=self.write_temperature, fork=self.snapshot is not None
         )
         for st, res in zip(owners, results, strict=True):
             st.writes.append(res)

@@ -133,7 +133,8 @@ def build_resources(cfg: Config) -> TrainResources:
     model, policy, shares = _model_and_policy(cfg.policy, cfg.train.lora, per_role)
     train_inputs = load_split(cfg.data, cfg.data.split, cfg.data.limit)
     eval_inputs, final_eval_inputs = evaluation_inputs(cfg)
-    runner = build_runner(cfg, policy=policy)
+    # A writer that no step trains writes as it will at test (greedy), so answers train on that memory.
+    runner = build_runner(cfg, policy=policy, sample_writes="memory" in cfg.train.roles)
     eval_runner = build_runner(eval_config(cfg), policy=policy)
     builder = TrajectoryBatchBuilder(cfg.data.batch)
     replay = None

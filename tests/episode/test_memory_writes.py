@@ -210,3 +210,30 @@ def test_greedy_writes_of_one_history_are_written_once_and_shared(policy, temper
     assert [len(_writes(t)) for t in trajs] == ([3, 0] if temperature == 0 else [3, 3])
     prompts = [t.steps[-1].meta.included_fact_ids for t in trajs]
     assert prompts[0] and len(prompts[0]) == len(prompts[1])  # the copy answers from the same facts
+
+
+def test_a_writer_left_untrained_writes_greedily_without_alternatives(policy):
+    """Training that does not train the writer (``sample_writes=False``): writes are greedy at any rollout
+    temperature (the memory it will write at test), no alternatives are sampled, and one history is written once."""
+    cfg = _cfg("rollout.n=1", "rollout.temperature=1.0", "episode.memory_credit.name=local",
+               "episode.memory_credit.snapshot_k=3", "episode.memory_credit.op_weight=0.5")  # fmt: skip
+    inputs, _ = load_dataset(cfg.data)
+    twins = [inputs[0], dataclasses.replace(inputs[0], episode_id=inputs[0].episode_id + "-again")]
+    seen: list[tuple[float, int]] = []
+    generate = policy.generate
+
+    def recording(requests):
+        # Writes are the requests with the writer's token budget (memory.write_max_tokens=400; answers: 48).
+        seen.extend((r.params.temperature, r.params.n) for r in requests if r.params.max_tokens == 400)
+        return generate(requests)
+
+    runner = build_runner(cfg, policy=policy, sample_writes=False)
+    policy.generate = recording
+    try:
+        trajs = runner.run_batch(twins)
+    finally:
+        del policy.generate  # the instance attribute; the class's method is back
+    assert seen and set(seen) == {(0.0, 1)}
+    assert runner.metrics["memory/writes"] == 3 and runner.metrics["memory/shared_ingests"] == 1
+    assert [len(_writes(t)) for t in trajs] == [3, 0]
+    assert [s.meta.extra["applied"] for s, _ in _writes(trajs[0])] == [True] * 3  # no unapplied alternatives
