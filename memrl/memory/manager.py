@@ -33,14 +33,7 @@ from memrl.memory.config import MemoryConfig
 from memrl.memory.context import question_speakers, select_passages
 from memrl.memory.embedder import Embedder, build_embedder, window_chunks
 from memrl.memory.extract import EXTRACTORS, ExtractionRequest, FactDecision, TextGenerator
-from memrl.memory.retrieval import (
-    RETRIEVERS,
-    HybridRetriever,
-    Query,
-    as_history,
-    supersede_rescore,
-    time_rescore,
-)
+from memrl.memory.retrieval import RETRIEVERS, Query, as_history, supersede_rescore, time_rescore
 from memrl.memory.store import FACT_STORES, FactRecord, FactStore, FactStoreError, NewFact
 from memrl.types import MemoryOp, MemoryOpType, TurnRole, TurnSpec
 
@@ -169,10 +162,6 @@ class MemorySystem:
         self.extractor = EXTRACTORS.get(cfg.extractor)(cfg, generate_text)
         self.compressor = COMPRESSORS.get(cfg.compressor)(cfg, generate_text, self.embedder.count_tokens)
         self.retriever = RETRIEVERS.get(cfg.retrieval)(cfg)
-        # The writer's neighbours: dense + BM25 fused, speaker names kept in the lexical query. Dense alone ranks
-        # the speaker's own facts first ("[..] Noah: Kenji became a pilot" put "Noah has 7 siblings" at id 0, and
-        # the writer updates id 0); the lexical match on the named person and the changed value fixes the order.
-        self._neighbour_ranker = HybridRetriever(dataclasses.replace(cfg, bm25_query_speakers=True))
         self.metrics: Counter[str] = Counter()
         self._managers: dict[str, MemoryManager] = {}
         # namespace -> (token unit, fact id) -> (text, tokens)
@@ -312,16 +301,15 @@ class MemorySystem:
         )
 
     # -- policy-written memory ------------------------------------------------------------------------
-    def current_neighbours(self, mgr: MemoryManager, text: str, vec, k: int) -> tuple[FactRecord, ...]:
-        """The ``k`` current (not superseded) facts nearest to the new turn(s) ``text`` (embedded: ``vec``),
-        nearest first by dense + BM25 fusion. SmolLM2-135M writes "UPDATE 0" far more often than any other id;
-        nearest first, fact 0 is usually the one a change replaces (listed in the order they were written,
-        right-target updates fell from 0.72 to 0.17: docs/experiments.md)."""
+    def current_neighbours(self, mgr: MemoryManager, vecs, k: int) -> tuple[FactRecord, ...]:
+        """The ``k`` current (not superseded) facts nearest to ``vecs[0]``, nearest first. SmolLM2-135M writes
+        "UPDATE 0" far more often than any other id; nearest first, fact 0 is usually the one a change replaces
+        (listed in the order they were written, right-target updates fell from 0.72 to 0.17:
+        docs/experiments.md)."""
         if k <= 0:
             return ()
-        pool = max(3 * k, self.cfg.candidate_pool)
-        ranked = self._neighbour_ranker.rank(self.store, Query(mgr.episode_id, text, vec), pool)
-        recs = (self.store.get(mgr.episode_id, fid) for fid, _ in ranked)
+        hits = self.store.search(mgr.episode_id, vecs, 3 * k)[0]
+        recs = (self.store.get(mgr.episode_id, fid) for fid, _ in hits)
         return tuple(r for r in recs if not r.superseded)[:k]
 
     def write_batch(
@@ -346,11 +334,10 @@ class MemorySystem:
             return []
         from memrl.memory.writer import WriteRequest, turn_line
 
-        texts = ["\n".join(turn_line(t) for t in turns) for _, turns in items]
-        qvecs = self.embedder.encode(texts)
+        qvecs = self.embedder.encode(["\n".join(turn_line(t) for t in turns) for _, turns in items])
         requests = [
             WriteRequest(
-                tuple(turns), self.current_neighbours(mgr, texts[i], qvecs[i], self.cfg.write_neighbours)
+                tuple(turns), self.current_neighbours(mgr, qvecs[i : i + 1], self.cfg.write_neighbours)
             )
             for i, (mgr, turns) in enumerate(items)
         ]
