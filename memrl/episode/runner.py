@@ -92,12 +92,13 @@ class EpisodeRunner:
         # it will at test, so the answer role trains on the memory it will read, and no alternatives are sampled.
         credit = cfg.memory_credit.name
         self.write_temperature = rollout_cfg.temperature if sample_writes else 0.0
-        sampled = sample_writes and samples_alternatives(credit)
+        self.sampled_writes = sample_writes and samples_alternatives(credit)
         self.snapshot = (
-            SnapshotScorer(cfg.memory_credit) if sampled and answers_alternatives(credit) else None
+            SnapshotScorer(cfg.memory_credit)
+            if self.sampled_writes and answers_alternatives(credit)
+            else None
         )
-        self.sampled_writes = sampled
-        self.every_write = sampled and alternatives_at_every_write(credit)
+        self.every_write = self.sampled_writes and alternatives_at_every_write(credit)
         self.recent = (
             RecentHistory(
                 cfg,

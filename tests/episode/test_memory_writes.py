@@ -212,7 +212,7 @@ def test_greedy_writes_of_one_history_are_written_once_and_shared(policy, temper
     assert prompts[0] and len(prompts[0]) == len(prompts[1])  # the copy answers from the same facts
 
 
-def test_a_writer_left_untrained_writes_greedily_without_alternatives(policy):
+def test_a_writer_left_untrained_writes_greedily_without_alternatives(policy, monkeypatch):
     """Training that does not train the writer (``sample_writes=False``): writes are greedy at any rollout
     temperature (the memory it will write at test), no alternatives are sampled, and one history is written once."""
     cfg = _cfg("rollout.n=1", "rollout.temperature=1.0", "episode.memory_credit.name=local",
@@ -228,11 +228,8 @@ def test_a_writer_left_untrained_writes_greedily_without_alternatives(policy):
         return generate(requests)
 
     runner = build_runner(cfg, policy=policy, sample_writes=False)
-    policy.generate = recording
-    try:
-        trajs = runner.run_batch(twins)
-    finally:
-        del policy.generate  # the instance attribute; the class's method is back
+    monkeypatch.setattr(policy, "generate", recording)
+    trajs = runner.run_batch(twins)
     assert seen and set(seen) == {(0.0, 1)}
     assert runner.metrics["memory/writes"] == 3 and runner.metrics["memory/shared_ingests"] == 1
     assert [len(_writes(t)) for t in trajs] == [3, 0]
