@@ -125,6 +125,11 @@ _DISTRACTOR_UPDATE_P = 0.3  # share of changeable distractor facts stated as old
 # looking at its memory: held-out first statements that sound like a change ("Ivan turned 34 this year.", "Noah
 # saved 589 dollars so far.") were written as UPDATEs of any shown fact, even another person's (ADD recall 0.73).
 _UNANCHORED_CHANGE_P = 0.25
+# Varied phrasing, train split: share of changes worded as a plain statement ("I live in Rome." after "I live in
+# Lima."). Their gold operation stays UPDATE: only the memory shows that the value changed. Without them, the
+# wording alone told a change, and a writer could ADD a held-out change worded in a way it had not seen, beside
+# the stale fact it was shown.
+_UNMARKED_CHANGE_P = 0.25
 
 
 def _statement_pattern(template: str) -> re.Pattern[str]:
@@ -342,6 +347,8 @@ def _varied(
     said_old = prev
     if prev is None and split == "train" and _ATTRS[item.attr].update and rng.random() < _UNANCHORED_CHANGE_P:
         said_old = _draw(rng, b.pools, item.attr, avoid=item.value)  # a change from a value never stated here
+    elif prev is not None and prev != item.value and split == "train" and rng.random() < _UNMARKED_CHANGE_P:
+        said_old = None  # a change worded as a first statement
     return varied_text(item.attr, item.person, item.value, said_old, speaker, split, rng)
 
 

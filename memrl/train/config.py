@@ -78,11 +78,16 @@ class ReplayConfig:
 class WarmStartConfig:
     """Imitation warm start of the memory writer (:mod:`memrl.train.warm_start`): before the first RL step, SFT on
     the gold memory writes of the first ``episodes`` training episodes (0 = off), ``batch_size`` writes per
-    optimizer step, ``epochs`` passes. Needs gold operations in the data (the synthetic task has them)."""
+    optimizer step, ``epochs`` passes. Needs gold operations in the data (the synthetic task has them).
+
+    ``balance_ops``: weight each write by ``1/sqrt`` of how many writes make its decision (ADD, UPDATE, NOOP, …),
+    normalised to mean 1. UPDATEs are ~1 write in 8; unweighted, one run in three settled on the majority and
+    ADDed the changes it was shown beside the stale fact."""
 
     episodes: int = 0
     batch_size: int = 8
     epochs: int = 1
+    balance_ops: bool = False
 
     def __post_init__(self) -> None:
         if self.episodes < 0:

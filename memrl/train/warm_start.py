@@ -11,7 +11,8 @@ first imitates the writes a perfect writer makes on training episodes whose turn
    (:meth:`~memrl.memory.manager.MemorySystem.write_batch` with a ``teacher``), which are then applied, so every
    later write reads the store a right writer would have built.
 2. *SFT.* ``-mean log p(gold reply | prompt)`` per sequence, averaged over ``batch_size`` writes per optimizer
-   step, for ``epochs`` passes, with the training run's optimizer (its learning rate and clipping).
+   step, for ``epochs`` passes, with the training run's optimizer (its learning rate and clipping). With
+   ``balance_ops`` each write is weighted by ``1/sqrt`` of its decision's count (:func:`op_weights`).
 
 A dataset without gold operations (LoCoMo, LongMemEval) has nothing to imitate: the warm start refuses it, and the
 writer learns from its credit alone (outcome-only).
@@ -19,10 +20,12 @@ writer learns from its credit alone (outcome-only).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -47,6 +50,8 @@ class Demonstration:
     prompt_ids: tuple[int, ...]
     response_ids: tuple[int, ...]
     episode_id: str
+    decision: str = ""  # the gold operations' kinds, e.g. "UPDATE" or "ADD+NOOP" for a chunk
+    weight: float = 1.0  # its weight in the SFT loss
 
 
 def _teacher(req) -> str:
@@ -78,11 +83,24 @@ def gold_writes(memory: MemorySystem, inputs: Sequence[BatchInput], chunk: int) 
             if not items:
                 return out
             for bi, res in zip(owners, memory.write_batch(items, teacher=_teacher), strict=True):
-                out.append(Demonstration(res.prompt_ids, res.samples[0].response_ids, bi.episode_id))
+                decision = "+".join(sorted({op.op.value for op in res.ops})) or "NOOP"
+                out.append(
+                    Demonstration(res.prompt_ids, res.samples[0].response_ids, bi.episode_id, decision)
+                )
             cursor = max(chunk_end(len(bi.history), cursor, chunk) for bi in owners)
     finally:
         for mgr in managers:
             memory.release(mgr.episode_id)
+
+
+def op_weights(demos: Sequence[Demonstration]) -> list[Demonstration]:
+    """``demos`` weighted by ``1/sqrt(count of their decision)``, normalised to mean 1: the rare decision (UPDATE,
+    ~1 write in 8 on the synthetic task) weighs about twice a common one, not the 4x of full inverse frequency,
+    which would trade ADD recall for it."""
+    counts = Counter(d.decision for d in demos)
+    raw = [counts[d.decision] ** -0.5 for d in demos]
+    scale = len(raw) / sum(raw) if raw else 1.0
+    return [dataclasses.replace(d, weight=w * scale) for d, w in zip(demos, raw, strict=True)]
 
 
 def _records(demos: Sequence[Demonstration], adapter: str) -> list[SeqRecord]:
@@ -95,7 +113,7 @@ def _records(demos: Sequence[Demonstration], adapter: str) -> list[SeqRecord]:
                 prompt_len=len(d.prompt_ids),
                 loss_mask=torch.cat([zeros, ones]),
                 old_logp=torch.zeros(len(d.prompt_ids) + len(d.response_ids)),
-                adv=torch.cat([zeros, ones]),  # the SFT coefficient rides in the advantage slot, as in replay
+                adv=torch.cat([zeros, ones * d.weight]),  # the SFT coefficient rides in the advantage slot
                 index=i,
                 adapter=adapter,
             )
@@ -140,6 +158,8 @@ def warm_start(res, progress: bool = False) -> dict[str, float]:
     # is untouched, so a resumed run draws exactly what an uninterrupted one would.
     inputs = load_split(cfg.data, cfg.data.split, wc.episodes)
     demos = gold_writes(res.runner.memory, inputs, cfg.episode.ingest_chunk_turns)
+    if wc.balance_ops:
+        demos = op_weights(demos)
     t_ingest = time.perf_counter() - t0
     rng = random.Random(cfg.seed)
     losses: list[float] = []

@@ -276,3 +276,37 @@ def test_train_first_statements_are_sometimes_worded_as_changes_and_stay_adds():
         assert "memory_stale" not in t.metadata and t.metadata["memory_value"] in t.metadata["memory_fact"]
     # The held-out split is unchanged: its first statements are worded as first statements.
     assert not any(_worded_as_change(t) for t in test_adds)
+
+
+def _worded_as_first(turn) -> bool:
+    """Does ``turn`` match one of its attribute's first-statement wordings (any split)?"""
+
+    from memrl.adapters.synthetic_phrasing import _TRAIN_ONLY, _VARIED
+
+    m = turn.metadata
+    for table in (_VARIED, _TRAIN_ONLY):
+        for entry in table[m["memory_attr"]][0]:
+            for template in entry:
+                text = template.format(p=m["memory_person"], v=m["memory_value"], old="")
+                if turn.text == text[0].upper() + text[1:]:
+                    return True
+    return False
+
+
+def test_train_changes_are_sometimes_worded_as_plain_statements_and_stay_updates():
+    from memrl.adapters.synthetic import make_episode
+
+    def updates(split):
+        eps = [make_episode(0, split, i, phrasing="varied") for i in range(60)]
+        return [t for ep in eps for t in ep.history if t.metadata["memory_op"] == "UPDATE"]
+
+    train_updates, test_updates = updates("train"), updates("test")
+    plain = [t for t in train_updates if _worded_as_first(t)]
+    # About a quarter of the changes: only the memory tells the writer they replace a value.
+    assert 0.1 < len(plain) / len(train_updates) < 0.4
+    for t in plain:  # the gold is still an UPDATE of the stale value, which the turn does not name
+        assert t.metadata["memory_stale"] not in t.text.split()
+        assert t.metadata["memory_value"] in t.metadata["memory_fact"]
+    # The held-out split is unchanged: its changes are worded as changes.
+    assert test_updates and not any(_worded_as_first(t) for t in test_updates)
+    assert all(_worded_as_change(t) for t in test_updates)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from transformers import ByT5Tokenizer
@@ -13,7 +15,7 @@ from memrl.memory.writer import WriteRequest
 from memrl.testing.scripted import ScriptedPolicy
 from memrl.train.config import LoraConfig, WarmStartConfig
 from memrl.train.lora import attach_lora
-from memrl.train.warm_start import Demonstration, _teacher, gold_writes, sft_step
+from memrl.train.warm_start import Demonstration, _teacher, gold_writes, op_weights, sft_step
 from memrl.types import TurnRole, TurnSpec
 from tests.train.train_fixtures import tiny_llama
 
@@ -108,3 +110,35 @@ def test_warm_start_config_rejects_nonsense():
         WarmStartConfig(episodes=-1)
     with pytest.raises(ValueError, match="batch_size and epochs"):
         WarmStartConfig(episodes=4, batch_size=0)
+
+
+def test_balanced_writes_weigh_a_rare_decision_more_and_average_one():
+    demos = [Demonstration((1,), (2,), f"e{i}", "ADD") for i in range(6)]
+    demos += [Demonstration((1,), (2,), f"u{i}", "UPDATE") for i in range(2)]
+    weighted = op_weights(demos)
+    add, upd = weighted[0].weight, weighted[-1].weight
+    assert upd / add == pytest.approx(3**0.5)  # 1/sqrt(count): 6 ADDs against 2 UPDATEs
+    assert sum(d.weight for d in weighted) / len(weighted) == pytest.approx(1.0)
+    assert [d.episode_id for d in weighted] == [d.episode_id for d in demos]
+
+
+def test_sft_loss_weighs_each_write_by_its_weight():
+    model = attach_lora(tiny_llama(), LoraConfig(r=4, alpha=8))
+    gen = torch.Generator().manual_seed(1)
+
+    def demo(name, weight=1.0):
+        prompt = tuple(torch.randint(3, 300, (10,), generator=gen).tolist())
+        return Demonstration(
+            prompt, tuple(torch.randint(3, 300, (4,), generator=gen).tolist()), name, "ADD", weight
+        )
+
+    a, b = demo("a"), demo("b")
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)  # the model never moves
+    alone = sft_step(model, opt, [a], micro_batch_size=4, max_grad_norm=1.0)
+    both = sft_step(model, opt, [a, b], micro_batch_size=4, max_grad_norm=1.0)
+    weighted = sft_step(
+        model, opt, [dataclasses.replace(a, weight=2.0), dataclasses.replace(b, weight=0.0)],
+        micro_batch_size=4, max_grad_norm=1.0,
+    )  # fmt: skip
+    assert weighted == pytest.approx(alone, rel=1e-5)  # (2a + 0b) / 2
+    assert both != pytest.approx(alone, rel=1e-3)
