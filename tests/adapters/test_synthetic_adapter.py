@@ -244,15 +244,16 @@ def test_varied_phrasing_words_changes_many_ways_with_held_out_wordings():
     assert make_episode(0, "test", 1).turns == make_episode(0, "test", 1, phrasing="fixed").turns
 
 
-def _worded_as_change(turn) -> bool:
-    """Does ``turn`` match one of its attribute's change wordings (any split, any old value)?"""
+def _worded_as(turn, kind: int) -> bool:
+    """Does ``turn`` match one of its attribute's wordings of ``kind`` (0: first statement, 1: change), in any
+    split and with any old value?"""
     import re
 
     from memrl.adapters.synthetic_phrasing import _TRAIN_ONLY, _VARIED
 
     m = turn.metadata
     for table in (_VARIED, _TRAIN_ONLY):
-        for entry in table[m["memory_attr"]][1]:
+        for entry in table[m["memory_attr"]][kind]:
             for template in entry:
                 text = template.format(p=m["memory_person"], v=m["memory_value"], old="\0")
                 pattern = re.escape(text[0].upper() + text[1:]).replace("\0", "[A-Za-z0-9]+")
@@ -261,14 +262,23 @@ def _worded_as_change(turn) -> bool:
     return False
 
 
-def test_train_first_statements_are_sometimes_worded_as_changes_and_stay_adds():
+def _worded_as_change(turn) -> bool:
+    return _worded_as(turn, 1)
+
+
+def _worded_as_first(turn) -> bool:
+    return _worded_as(turn, 0)
+
+
+def _turns_with_op(split: str, op: str) -> list:
     from memrl.adapters.synthetic import make_episode
 
-    def adds(split):
-        eps = [make_episode(0, split, i, phrasing="varied") for i in range(60)]
-        return [t for ep in eps for t in ep.history if t.metadata["memory_op"] == "ADD"]
+    eps = [make_episode(0, split, i, phrasing="varied") for i in range(60)]
+    return [t for ep in eps for t in ep.history if t.metadata["memory_op"] == op]
 
-    train_adds, test_adds = adds("train"), adds("test")
+
+def test_train_first_statements_are_sometimes_worded_as_changes_and_stay_adds():
+    train_adds, test_adds = _turns_with_op("train", "ADD"), _turns_with_op("test", "ADD")
     as_change = [t for t in train_adds if _worded_as_change(t)]
     # About a quarter of the changeable attributes' first statements (age never changes).
     assert 0.1 < len(as_change) / len(train_adds) < 0.35
@@ -278,29 +288,8 @@ def test_train_first_statements_are_sometimes_worded_as_changes_and_stay_adds():
     assert not any(_worded_as_change(t) for t in test_adds)
 
 
-def _worded_as_first(turn) -> bool:
-    """Does ``turn`` match one of its attribute's first-statement wordings (any split)?"""
-
-    from memrl.adapters.synthetic_phrasing import _TRAIN_ONLY, _VARIED
-
-    m = turn.metadata
-    for table in (_VARIED, _TRAIN_ONLY):
-        for entry in table[m["memory_attr"]][0]:
-            for template in entry:
-                text = template.format(p=m["memory_person"], v=m["memory_value"], old="")
-                if turn.text == text[0].upper() + text[1:]:
-                    return True
-    return False
-
-
 def test_train_changes_are_sometimes_worded_as_plain_statements_and_stay_updates():
-    from memrl.adapters.synthetic import make_episode
-
-    def updates(split):
-        eps = [make_episode(0, split, i, phrasing="varied") for i in range(60)]
-        return [t for ep in eps for t in ep.history if t.metadata["memory_op"] == "UPDATE"]
-
-    train_updates, test_updates = updates("train"), updates("test")
+    train_updates, test_updates = _turns_with_op("train", "UPDATE"), _turns_with_op("test", "UPDATE")
     plain = [t for t in train_updates if _worded_as_first(t)]
     # About a quarter of the changes: only the memory tells the writer they replace a value.
     assert 0.1 < len(plain) / len(train_updates) < 0.4
