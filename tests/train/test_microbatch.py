@@ -222,6 +222,25 @@ def test_the_output_layer_skips_prompt_positions_no_loss_reads():
             assert (got[:, : mb.scored_from] == 0).all()
 
 
+def test_a_shared_prompt_reaches_the_output_layer_at_one_position_only():
+    """The prompt forwarded once for its group (its KV cache) needs no logits but its last: over a long prompt
+    the output layer's logits are gigabytes (a 7.9 K-token LoCoMo prompt: 1.5 GB) that no loss reads."""
+    records = [r for r in _common_prefix_records() if r.prompt_len > 9]
+    mb = collate_common(records)
+    assert mb.prefix_ids is not None and mb.prefix_ids.shape[1] >= 9
+    model = tiny_llama().eval()
+    positions = []
+    hook = model.lm_head.register_forward_hook(lambda _m, inp, _out: positions.append(inp[0].shape[1]))
+    try:
+        with torch.no_grad():
+            logits = forward_logits(model, mb)
+    finally:
+        hook.remove()
+    width = mb.input_ids.shape[1]
+    assert positions == [1, width - mb.scored_from + 1]  # the prefix's last position, then the scored block
+    assert logits.shape[1] == positions[-1]
+
+
 def test_rows_of_distinct_prompts_that_start_alike_share_one_micro_batch():
     """Memory writes: each its own prompt, all starting with the same instructions. They are gathered (also
     across the answer groups between them) into common-prefix micro-batches, with the log-probs and gradient of
