@@ -227,7 +227,7 @@ class MemorySystem:
         new = [
             NewFact(
                 decisions[i].text,
-                decisions[i].speaker or turn.speaker,
+                decisions[i].speaker,
                 turn.timestamp,
                 src,
                 turn.turn_id,
@@ -289,8 +289,7 @@ class MemorySystem:
     ) -> MemoryOp:
         """The new value becomes a fact of its own; the old one stays as history, marked with the date it
         stopped being true and the fact that replaced it (``FactRecord.extra``)."""
-        speaker = d.speaker or turn.speaker
-        new_id = self.store.add(ns, [NewFact(d.text, speaker, turn.timestamp, src, turn.turn_id)], [vec])[0]
+        new_id = self.store.add(ns, [NewFact(d.text, d.speaker, turn.timestamp, src, turn.turn_id)], [vec])[0]
         marks = {"superseded_by": new_id, "valid_until": turn.timestamp or turn.turn_id}
         self.store.update(
             ns, old.fact_id, old.text, self.store.chunk_vectors(ns, old.fact_id), turn.turn_id,

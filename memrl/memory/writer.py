@@ -61,7 +61,7 @@ def _invalid(errors: list[str], why: str) -> FactDecision:
     return FactDecision(MemoryOpType.NOOP, reason=f"{FORMAT_REASON}: {why}")
 
 
-def _parse_line(line: str, neighbours: Sequence[FactRecord], speaker: str, errors: list[str]) -> FactDecision:
+def _parse_line(line: str, neighbours: Sequence[FactRecord], errors: list[str]) -> FactDecision:
     m = _LINE.match(line)
     word = m["op"].upper() if m else ""
     if word not in ("ADD", "UPDATE", "DELETE", "NOOP"):
@@ -72,7 +72,7 @@ def _parse_line(line: str, neighbours: Sequence[FactRecord], speaker: str, error
     if op is MemoryOpType.ADD:
         if not rest:
             return _invalid(errors, "ADD without a fact")
-        return FactDecision(op, text=rest, speaker=speaker)
+        return FactDecision(op, text=rest)
     idm = _ID.match(rest)
     if not idm:
         return _invalid(errors, f"{word} needs a shown id, got {rest[:40]!r}")
@@ -82,11 +82,16 @@ def _parse_line(line: str, neighbours: Sequence[FactRecord], speaker: str, error
     if op is MemoryOpType.UPDATE and not text:
         return _invalid(errors, "UPDATE without the new fact")
     fid = neighbours[local].fact_id
-    return FactDecision(op, text=text, fact_id=fid, speaker=speaker, supersede=op is MemoryOpType.UPDATE)
+    return FactDecision(op, text=text, fact_id=fid, supersede=op is MemoryOpType.UPDATE)
 
 
-def parse_ops(reply: str, neighbours: Sequence[FactRecord], speaker: str = "") -> ParsedOps:
-    """One decision per non-empty line of ``reply`` (at most :data:`MAX_OPS`; more is a format error)."""
+def parse_ops(reply: str, neighbours: Sequence[FactRecord]) -> ParsedOps:
+    """One decision per non-empty line of ``reply`` (at most :data:`MAX_OPS`; more is a format error).
+
+    Written facts are attributed to no speaker: the writer names each fact's subject ("Omar lives in Nairobi."),
+    and labelling it with whoever said it ("Dario: Omar lives in Nairobi.") made the answerer read it as
+    Dario's, and the retrieval's speaker prior rank it for questions about Dario. Where a fact came from stays
+    in its ``source_ids`` and the op log."""
     lines = [ln.strip() for ln in (reply or "").splitlines() if ln.strip()]
     errors: list[str] = []
     if not lines:
@@ -99,7 +104,7 @@ def parse_ops(reply: str, neighbours: Sequence[FactRecord], speaker: str = "") -
         errors.append(f"{len(lines) - len(unique)} repeated line(s) ignored")
     if len(unique) > MAX_OPS:
         errors.append(f"{len(unique)} operations, more than {MAX_OPS}: the rest were ignored")
-    decisions = tuple(_parse_line(ln, neighbours, speaker, errors) for ln in unique[:MAX_OPS])
+    decisions = tuple(_parse_line(ln, neighbours, errors) for ln in unique[:MAX_OPS])
     return ParsedOps(decisions, tuple(errors))
 
 
@@ -109,11 +114,6 @@ class WriteRequest:
 
     turns: tuple[TurnSpec, ...]
     neighbours: tuple[FactRecord, ...] = ()
-
-    @property
-    def speaker(self) -> str:
-        """Who an ADD is attributed to: the speaker of every new turn, or "" when several speak."""
-        return self.turns[-1].speaker if len({t.speaker for t in self.turns}) == 1 else ""
 
 
 def chunk_end(length: int, cursor: int, chunk: int) -> int:
@@ -201,14 +201,11 @@ class PolicyWriter:
             raise RuntimeError(f"policy returned {len(outputs)} results for {len(requests)} memory writes")
         out = []
         for req, outs in zip(requests, outputs, strict=True):
-            speaker = req.speaker
             samples = []
             for o in outs:
                 text = self.tokenizer.decode(list(o.token_ids), skip_special_tokens=True)
                 samples.append(
-                    WriteSample(
-                        tuple(o.token_ids), tuple(o.logprobs), text, parse_ops(text, req.neighbours, speaker)
-                    )
+                    WriteSample(tuple(o.token_ids), tuple(o.logprobs), text, parse_ops(text, req.neighbours))
                 )
             out.append(samples)
         return prompts, out
@@ -221,9 +218,7 @@ class PolicyWriter:
         prompts, out = [self.prompt_ids(r) for r in requests], []
         for req, text in zip(requests, replies, strict=True):
             ids = (*self.tokenizer(text, add_special_tokens=False)["input_ids"], *self.stop_ids)
-            out.append(
-                [WriteSample(ids, (math.nan,) * len(ids), text, parse_ops(text, req.neighbours, req.speaker))]
-            )
+            out.append([WriteSample(ids, (math.nan,) * len(ids), text, parse_ops(text, req.neighbours))])
         return prompts, out
 
     def extract(self, requests: Sequence[ExtractionRequest]) -> list[list[FactDecision]]:

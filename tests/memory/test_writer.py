@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from memrl.episode.config import EpisodeConfig
+from memrl.episode.prompt import PromptBuilder, as_prompt_fact
 from memrl.memory.config import MemoryConfig
 from memrl.memory.llm import policy_text_generator
 from memrl.memory.manager import MemorySystem
@@ -26,7 +28,7 @@ def turn(text: str, tid: str, when: str = "2023-01-01 10:00", speaker: str = "An
 
 def test_parse_valid_lines_map_local_ids_to_fact_ids():
     shown = (fact(41, "Mia lives in Paris."), fact(7, "Mia is a baker."))
-    got = parse_ops("ADD Omar has 3 pets.\nUPDATE 0 Mia lives in Rome.\nDELETE 1\nNOOP", shown, "Ann")
+    got = parse_ops("ADD Omar has 3 pets.\nUPDATE 0 Mia lives in Rome.\nDELETE 1\nNOOP", shown)
     assert got.valid
     assert [d.op for d in got.decisions] == [ADD, UPDATE, DELETE, NOOP]
     assert got.decisions[1].fact_id == 41 and got.decisions[1].supersede
@@ -95,6 +97,20 @@ def test_update_supersedes_keeps_history_and_retrieval_prefers_the_current_value
     before = mgr.retrieve("Where did Ann live before?", k=2)
     past = next(h for h in before if h.fact_id == old)
     assert "no longer true since 2023-03-05 09:00" in past.text
+
+
+def test_a_written_fact_is_attributed_to_its_subject_not_to_whoever_said_it(minilm):
+    # Dario tells about Omar: the fact names Omar; labelling it "Dario:" made the answerer read it as Dario's.
+    system = _system(minilm, lambda ctx: "ADD Omar lives in Nairobi.", neighbour_turns=0)
+    mgr = system.manager("ep")
+    said = turn("Omar lives in Nairobi.", "D1:1", speaker="Dario")
+    system.write_batch([(mgr, [said])])
+    [stored] = mgr.facts()
+    assert stored.text == "Omar lives in Nairobi." and stored.speaker == "" and stored.source_ids == ("D1:1",)
+    [hit] = mgr.retrieve("Which city does Dario live in?", k=1)
+    tok = byte_tokenizer()
+    system_msg = PromptBuilder(EpisodeConfig(), tok).render_system([as_prompt_fact(hit)], "", [])
+    assert "- [2023-01-01 10:00] Omar lives in Nairobi." in system_msg and "Dario" not in system_msg
 
 
 def test_a_malformed_write_is_a_logged_noop_and_never_raises(minilm):
