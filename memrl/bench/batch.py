@@ -13,7 +13,14 @@ and backward of the summed response NLL over two micro-batchings of the same rec
 * ``padded``: the reference without prefix sharing: ``micro_batch_size`` consecutive sequences per forward as
   right-padded rows (:func:`~memrl.train.microbatch.collate`);
 * ``per_row``: one micro-batch per sequence (what the trainer did for rows of distinct prompts before it
-  gathered those that start alike).
+  gathered those that start alike);
+* ``checkpointed``: ``shared_prefix`` with the prompt forwarded under activation checkpointing
+  (``train.checkpoint_prompt_tokens``), the trainer's layout for LoCoMo's 7.9 K-token prompts.
+
+``--paths`` picks some of them (the padded reference stays the speedup's base when it runs, else the first path).
+``saved_mb`` is the most memory autograd keeps for one micro-batch's backward (distinct storages saved by the
+forward), the part of the update's peak that grows with the prompt: e.g. ``--layers 30 --groups 1 --group-size 8
+--prompt-min 7900 --prompt-max 7900 --response-max 48 --paths shared_prefix,checkpointed --repeats 1``.
 
 ``--common-prefix N`` shapes the batch like memory writes instead: every sequence has a prompt of its own that
 starts with the same ``N`` tokens (the write instructions), e.g. ``--groups 1 --group-size 9 --common-prefix 156
@@ -30,16 +37,20 @@ path feeds the model (padding included, a shared prompt once).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import torch
 
 from memrl.bench import BENCHES
 from memrl.data.batch import TrajectoryBatchBuilder
+from memrl.episode.pipeline import peak_rss_mb
 from memrl.threads import auto_threads
 from memrl.train.config import LoraConfig, TrainConfig
 from memrl.train.microbatch import (
+    PROMPT_CHECKPOINT_ATTR,
     MicroBatch,
     SeqRecord,
     collate,
@@ -60,6 +71,9 @@ SMOLLM2_135M = {
     "num_attention_heads": 9,
     "num_key_value_heads": 3,
 }
+
+
+PATHS = ("shared_prefix", "padded", "per_row", "checkpointed")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -86,7 +100,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--threads", type=int, default=1, help="torch threads (0 = chosen from the load: memrl.threads)"
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--paths", default="shared_prefix,padded,per_row", help=f"comma-separated, of {', '.join(PATHS)}"
+    )
     args = p.parse_args(argv)
+    args.paths = [x.strip() for x in args.paths.split(",") if x.strip()]
+    unknown = [x for x in args.paths if x not in PATHS]
+    if unknown or not args.paths:
+        p.error(f"--paths: unknown {unknown or 'empty'}; choose from {', '.join(PATHS)}")
     if args.micro_batch_size < 1:
         p.error(f"--micro-batch-size: need >= 1, got {args.micro_batch_size}")
     if not 1 <= args.prompt_min <= args.prompt_max:
@@ -155,15 +176,39 @@ def _model(args: argparse.Namespace) -> torch.nn.Module:
     return attach_lora(LlamaForCausalLM(config).float(), LoraConfig()).train()
 
 
-def _forward_backward(model: torch.nn.Module, micro: list[MicroBatch]) -> tuple[float, float, float]:
-    """One pass as the trainer's update runs it; returns (wall seconds, CPU seconds, summed response NLL)."""
+@contextlib.contextmanager
+def _saved_storages(into: dict[int, int], model: torch.nn.Module) -> Iterator[None]:
+    """Record in ``into`` (address → bytes) each distinct storage autograd saves for backward in the block,
+    the model's weights aside (they are there anyway)."""
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+
+    def keep(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in weights:
+            into[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        yield
+
+
+def _forward_backward(model: torch.nn.Module, micro: list[MicroBatch], checkpointed: bool = False):
+    """One pass as the trainer's update runs it; returns (wall seconds, CPU seconds, summed response NLL, the most
+    bytes autograd kept for one micro-batch's backward)."""
     model.zero_grad(set_to_none=True)
-    t0, c0, total = time.perf_counter(), time.process_time(), 0.0
+    if checkpointed:
+        setattr(model, PROMPT_CHECKPOINT_ATTR, 1)
+    else:
+        model.__dict__.pop(PROMPT_CHECKPOINT_ATTR, None)
+    t0, c0, total, peak = time.perf_counter(), time.process_time(), 0.0, 0
     for mb in micro:
-        loss = -(token_logprobs(forward_logits(model, mb), mb.input_ids) * mb.loss_mask).sum()
+        storages: dict[int, int] = {}
+        with _saved_storages(storages, model):
+            loss = -(token_logprobs(forward_logits(model, mb), mb.input_ids) * mb.loss_mask).sum()
+        peak = max(peak, sum(storages.values()))
         loss.backward()
         total += float(loss.detach())
-    return time.perf_counter() - t0, time.process_time() - c0, total
+    return time.perf_counter() - t0, time.process_time() - c0, total, peak
 
 
 def padded_reference(records: list[SeqRecord], max_rows: int) -> list[MicroBatch]:
@@ -182,31 +227,38 @@ def bench_batch(argv: list[str]) -> dict:
     torch.set_num_threads(args.threads or auto_threads())
     batch: PackedBatch = TrajectoryBatchBuilder().build(make_episodes(args))
     records = unpack(batch, torch.zeros(batch.num_steps), torch.ones(batch.num_steps))
-    micro = {
-        "shared_prefix": split_micro_batches(records, args.micro_batch_size),
-        "padded": padded_reference(records, args.micro_batch_size),
-        "per_row": [collate_shared([r]) for r in records],
+    layouts = {
+        "shared_prefix": lambda: split_micro_batches(records, args.micro_batch_size),
+        "padded": lambda: padded_reference(records, args.micro_batch_size),
+        "per_row": lambda: [collate_shared([r]) for r in records],
+        "checkpointed": lambda: split_micro_batches(records, args.micro_batch_size),
     }
+    micro = {path: layouts[path]() for path in args.paths}
     model = _model(args)
-    for mbs in micro.values():  # warm-up: one micro-batch each
-        _forward_backward(model, mbs[:1])
+    for path, mbs in micro.items():  # warm-up: one micro-batch each
+        _forward_backward(model, mbs[:1], path == "checkpointed")
     times: dict[str, list[float]] = {path: [] for path in micro}
     cpu: dict[str, list[float]] = {path: [] for path in micro}
     losses: dict[str, float] = {}
+    saved: dict[str, int] = {}
     for _ in range(args.repeats):
         for path, mbs in micro.items():
-            wall, cpu_s, losses[path] = _forward_backward(model, mbs)
+            wall, cpu_s, losses[path], saved[path] = _forward_backward(model, mbs, path == "checkpointed")
             times[path].append(wall)
             cpu[path].append(cpu_s)
     best = {path: min(v) for path, v in times.items()}
     best_cpu = {path: min(v) for path, v in cpu.items()}
     real = int((batch.prompt_lengths + batch.response_lengths).sum())
-    ref = losses["padded"]
+    base = "padded" if "padded" in micro else args.paths[0]
+    ref = losses[base]
     return {
-        "speedup": {path: best["padded"] / t for path, t in best.items()},
-        "cpu_speedup": {path: best_cpu["padded"] / t for path, t in best_cpu.items()},
+        "speedup_base": base,
+        "speedup": {path: best[base] / t for path, t in best.items()},
+        "cpu_speedup": {path: best_cpu[base] / t for path, t in best_cpu.items()},
         "tokens_per_s": {path: real / t for path, t in best.items()},
-        "loss_rel_diff": abs(losses["shared_prefix"] - ref) / max(abs(ref), 1e-12),
+        "loss_rel_diff": {path: abs(v - ref) / max(abs(ref), 1e-12) for path, v in losses.items()},
+        "saved_mb": {path: b / 2**20 for path, b in saved.items()},
+        "peak_rss_mb": peak_rss_mb(),
         "losses": losses,
         "real_tokens": real,
         "forwarded_tokens": {path: _forwarded(mbs) for path, mbs in micro.items()},

@@ -11,7 +11,9 @@ import torch
 from memrl.data.batch import TrajectoryBatchBuilder
 from memrl.data.config import BatchConfig
 from memrl.train.microbatch import (
+    PROMPT_CHECKPOINT_ATTR,
     SeqRecord,
+    checkpointed_layers,
     collate,
     collate_common,
     collate_shared,
@@ -127,6 +129,45 @@ def test_shared_prefix_gives_the_padded_reference_gradient():
         grads[path] = torch.cat([p.grad.flatten() for p in model.parameters()])
     assert torch.isfinite(grads["padded"]).all() and grads["padded"].abs().sum() > 0
     assert torch.allclose(grads["shared_prefix"], grads["padded"], atol=1e-5, rtol=1e-4)
+
+
+def _shared_prefix_pass(model, records) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Log-probs, gradient and the bytes autograd saved for backward over the records' shared-prefix micro-batches."""
+    saved = [0]
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved[0] += t.numel() * t.element_size()
+        return t
+
+    logps = []
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        for mb in split_micro_batches(records, 8):
+            logp = token_logprobs(forward_logits(model, mb), mb.input_ids)
+            logps.append(logp.detach().flatten())
+            (-(logp * mb.loss_mask).sum()).backward()
+    return torch.cat(logps), torch.cat([p.grad.flatten() for p in model.parameters()]), saved[0]
+
+
+def test_a_long_prompt_is_checkpointed_layer_by_layer_with_the_same_gradient_and_less_kept():
+    prompt = [random.Random(5).randrange(3, VOCAB) for _ in range(96)]
+    episodes = [_episode(f"e{i}", "g", _step(f"s{i}", prompt, [5 + i, 6, 7 + i])) for i in range(3)]
+    batch = TrajectoryBatchBuilder().build(episodes)
+    records = unpack(batch, torch.ones(batch.num_steps), torch.ones(batch.num_steps))
+    plain = _shared_prefix_pass(tiny_llama(), records)
+    model = tiny_llama()
+    setattr(model, PROMPT_CHECKPOINT_ATTR, 64)  # the 95-token shared prefix is long enough
+    checked = _shared_prefix_pass(model, records)
+    assert torch.allclose(checked[0], plain[0], atol=1e-6)
+    assert plain[1].abs().sum() > 0 and torch.allclose(checked[1], plain[1], atol=1e-6, rtol=1e-5)
+    assert checked[2] < plain[2] / 2  # the prompt's activations are recomputed, not kept
+    assert all("forward" not in vars(m) for m in model.modules())  # the layers' own forward is back
+    setattr(model, PROMPT_CHECKPOINT_ATTR, 200)  # now shorter than the threshold: forwarded as before
+    assert _shared_prefix_pass(model, records)[2] == plain[2]
+
+
+def test_checkpointing_refuses_a_model_without_decoder_layers():
+    with pytest.raises(TypeError, match="no decoder layers"), checkpointed_layers(torch.nn.Linear(2, 2)):
+        pass
 
 
 def test_one_token_prompts_and_groups_of_one_get_micro_batches_of_their_own():
