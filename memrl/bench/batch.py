@@ -50,9 +50,9 @@ from memrl.episode.pipeline import peak_rss_mb
 from memrl.threads import auto_threads
 from memrl.train.config import LoraConfig, TrainConfig
 from memrl.train.microbatch import (
-    PROMPT_CHECKPOINT_ATTR,
     MicroBatch,
     SeqRecord,
+    checkpoint_prompts,
     collate,
     collate_shared,
     forward_logits,
@@ -196,10 +196,7 @@ def _forward_backward(model: torch.nn.Module, micro: list[MicroBatch], checkpoin
     """One pass as the trainer's update runs it; returns (wall seconds, CPU seconds, summed response NLL, the most
     bytes autograd kept for one micro-batch's backward)."""
     model.zero_grad(set_to_none=True)
-    if checkpointed:
-        setattr(model, PROMPT_CHECKPOINT_ATTR, 1)
-    else:
-        model.__dict__.pop(PROMPT_CHECKPOINT_ATTR, None)
+    checkpoint_prompts(model, 1 if checkpointed else None)
     t0, c0, total, peak = time.perf_counter(), time.process_time(), 0.0, 0
     for mb in micro:
         storages: dict[int, int] = {}

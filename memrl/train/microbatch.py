@@ -339,6 +339,14 @@ def token_entropy(logits: torch.Tensor, length: int | None = None) -> torch.Tens
 PROMPT_CHECKPOINT_ATTR = "memrl_checkpoint_prompt_tokens"
 
 
+def checkpoint_prompts(model: torch.nn.Module, min_tokens: int | None) -> None:
+    """Forward shared prompts of ≥ ``min_tokens`` tokens under :func:`checkpointed_layers` (None: never)."""
+    if min_tokens is None:
+        model.__dict__.pop(PROMPT_CHECKPOINT_ATTR, None)
+    else:
+        setattr(model, PROMPT_CHECKPOINT_ATTR, min_tokens)
+
+
 class _KVRecorder:
     """Stands in for the cache inside one checkpointed layer: the layer's attention hands it the prompt's keys and
     values (its only call on a cache), which it keeps and returns as they are (the prompt has no past)."""

@@ -22,7 +22,7 @@ from memrl.policy.config import PolicyConfig
 from memrl.train.config import LoraConfig
 from memrl.train.demonstrations import GoldDemonstrations
 from memrl.train.lora import attach_lora, save_adapter
-from memrl.train.microbatch import PROMPT_CHECKPOINT_ATTR
+from memrl.train.microbatch import checkpoint_prompts
 from memrl.train.replay import ReplayBuffer
 from memrl.train.updater import PolicyUpdater
 
@@ -132,8 +132,7 @@ def build_resources(cfg: Config) -> TrainResources:
     torch.manual_seed(cfg.seed)
     per_role = cfg.train.role_adapters == "per_role"
     model, policy, shares = _model_and_policy(cfg.policy, cfg.train.lora, per_role)
-    if cfg.train.checkpoint_prompt_tokens is not None:
-        setattr(model, PROMPT_CHECKPOINT_ATTR, cfg.train.checkpoint_prompt_tokens)
+    checkpoint_prompts(model, cfg.train.checkpoint_prompt_tokens)
     train_inputs = load_split(cfg.data, cfg.data.split, cfg.data.limit)
     eval_inputs, final_eval_inputs = evaluation_inputs(cfg)
     # A writer that no step trains writes as it will at test (greedy), so answers train on that memory.
