@@ -174,6 +174,20 @@ class PolicyWriter:
         messages = [{"role": "system", "content": self.system}, {"role": "user", "content": render_user(req)}]
         return tuple(encode_chat(self.tokenizer, messages))
 
+    def _check_fits(self, requests: Sequence[WriteRequest], prompts: Sequence[tuple[int, ...]]) -> None:
+        """A write whose prompt fills the model's window would be aborted by the backend and leave the memory
+        empty without a word: LoCoMo with the default ``episode.ingest_chunk_turns: 0`` hands the writer a
+        whole ~20 K-token conversation. That is a setting to change, so it stops the run."""
+        limit = getattr(self.client, "max_model_len", None)
+        for req, p in zip(requests, prompts, strict=True):
+            if limit is not None and len(p) + 1 > limit:
+                first, last = req.turns[0].turn_id, req.turns[-1].turn_id
+                raise ValueError(
+                    f"memory write of {len(req.turns)} turn(s) ({first} .. {last}) is a {len(p)}-token prompt, "
+                    f"over policy.max_model_len={limit}: write in chunks that fit, episode.ingest_chunk_turns=N "
+                    f"(turns per write; 0 writes the whole history at once)"
+                )
+
     def sample(
         self, requests: Sequence[WriteRequest], n: Sequence[int], temperature: float, seed: int | None = None
     ) -> tuple[list[tuple[int, ...]], list[list[WriteSample]]]:
@@ -183,6 +197,7 @@ class PolicyWriter:
         if not requests:
             return [], []
         prompts = [self.prompt_ids(r) for r in requests]
+        self._check_fits(requests, prompts)
         gens = [
             GenerationRequest(
                 p,

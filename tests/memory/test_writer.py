@@ -205,3 +205,20 @@ def test_the_nearest_current_facts_are_shown_nearest_first(minilm):
     vec = minilm.encode([turn_line(new)])
     ranked = [f.text for fid, _ in system.store.search("ep", vec, 5)[0] for f in nearest if f.fact_id == fid]
     assert texts == ranked[:3] and texts[0] == "Ann lives in Paris." == facts[-1]
+
+
+def test_a_write_that_cannot_fit_the_model_window_stops_with_the_setting_to_change(minilm):
+    """The backend would abort an over-long write and leave memory empty without a word (a whole LoCoMo
+    conversation in one write): the writer names the turns, the sizes and episode.ingest_chunk_turns instead."""
+    policy = ScriptedPolicy(byte_tokenizer(), lambda ctx: "NOOP")
+    policy.max_model_len = 1200  # bytes: the instructions alone are ~500
+    system = MemorySystem(
+        MemoryConfig(extractor="policy"), embedder=minilm, generate_text=policy_text_generator(policy)
+    )
+    mgr = system.manager("ep")
+    turns = [turn(f"I went hiking with my dog on day {i}.", f"D1:{i}") for i in range(1, 20)]
+    with pytest.raises(
+        ValueError, match=r"19 turn\(s\) \(D1:1 \.\. D1:19\).*max_model_len=1200.*ingest_chunk_turns"
+    ):
+        system.write_batch([(mgr, turns)])
+    assert system.write_batch([(mgr, turns[:1])])[0].samples[0].ops.decisions[0].op is NOOP  # one turn fits
