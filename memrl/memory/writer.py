@@ -179,8 +179,10 @@ class PolicyWriter:
         empty without a word: LoCoMo with the default ``episode.ingest_chunk_turns: 0`` hands the writer a
         whole ~20 K-token conversation. That is a setting to change, so it stops the run."""
         limit = getattr(self.client, "max_model_len", None)
+        if limit is None:
+            return
         for req, p in zip(requests, prompts, strict=True):
-            if limit is not None and len(p) + 1 > limit:
+            if len(p) >= limit:  # the backends abort a prompt that leaves no room for one token
                 first, last = req.turns[0].turn_id, req.turns[-1].turn_id
                 raise ValueError(
                     f"memory write of {len(req.turns)} turn(s) ({first} .. {last}) is a {len(p)}-token prompt, "
