@@ -73,11 +73,21 @@ def adapter_active(model: Any, name: str):
         yield
         return
     previous = model.active_adapter
+    _unfold(model)
     model.set_adapter(name)
     try:
         yield
     finally:
+        _unfold(model)
         model.set_adapter(previous)
+
+
+def _unfold(model: Any) -> None:
+    """Unfold a LoRA adapter the policy folded in for decoding (memrl.policy.lora_merge) before PEFT switches
+    adapters: PEFT would unmerge it by subtraction, with a warning, and not exactly in bfloat16."""
+    fold = getattr(model, "memrl_lora_fold", None)
+    if fold is not None:
+        fold.restore()
 
 
 @runtime_checkable

@@ -38,6 +38,9 @@ class PolicyConfig:
     # and requests continue from their longest cached prefix; least recently used leaves go first; 0 = off.
     # A full cache of SmolLM2-135M in float32 holds ~3.0 GB (30 layers x 2 x 3 kv heads x 64 x 4 bytes a token).
     prefix_cache_tokens: int = 65536
+    # Decode with the active LoRA adapter folded into the base weights (memrl.policy.lora_merge): as fast as the
+    # bare model, for one extra copy of the adapted layers' weights (false saves that memory, e.g. a large model).
+    merge_lora: bool = True
     # --- openai-compatible http backend ---
     served_model_name: str | None = None  # "model" field sent to the server (default: the model string)
     api_key_env: str = "OPENAI_API_KEY"  # env var read for a bearer token (optional)

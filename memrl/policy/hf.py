@@ -31,6 +31,7 @@ from memrl.policy.base import MEMORY_ADAPTER, GenerationRequest, SamplingParams,
 from memrl.policy.batching import DecodeBatch, DecodeRow
 from memrl.policy.config import PolicyConfig
 from memrl.policy.errors import PolicyError
+from memrl.policy.hf_load import attach_adapter, load_model_and_tokenizer
 from memrl.policy.hf_stream import HFStream
 from memrl.policy.kv_cache import (
     SharedPrefixCache,
@@ -38,7 +39,7 @@ from memrl.policy.kv_cache import (
     prefix_filled_cache,
     shared_prefix_cache,
 )
-from memrl.policy.models import MODEL_ALIASES, policy_dtype, resolve_model_path
+from memrl.policy.lora_merge import LoraFold
 from memrl.policy.radix_cache import PrefixStates, RadixCache, shared_prefix_groups
 from memrl.policy.sampling import StopChecker, choose_tokens
 from memrl.types import FinishReason, GenerationOutput
@@ -46,7 +47,6 @@ from memrl.types import FinishReason, GenerationOutput
 logger = logging.getLogger(__name__)
 
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Requests of one call whose prompts share at least this many leading tokens get that prefix computed once (see
 # HFPolicy._share_prompts), when the radix cache does not hold it yet. Shorter common prefixes are mostly the
 # template's opening instructions, shared by unrelated prompts: sharing them saves little and costs one more
@@ -78,43 +78,6 @@ def _prefix_dominates(rows: Sequence[DecodeRow]) -> bool:
     return min(r.cached for r in rows) >= max(len(r.prompt) - r.cached for r in rows)
 
 
-def load_model_and_tokenizer(cfg: PolicyConfig):
-    """Load ``cfg.model`` (alias, path or hub id) in the precision ``cfg.dtype`` resolves to on ``cfg.device``
-    and, if ``cfg.lora_path`` is set, attach that PEFT adapter."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    path = resolve_model_path(cfg.model)
-    dtype = policy_dtype(cfg)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=_DTYPES[dtype], attn_implementation=cfg.attn_implementation
-        )
-    except OSError as exc:
-        raise PolicyError(
-            f"policy.model={cfg.model!r}: cannot load a causal LM from {path!r} ({exc}); give a local model "
-            f"directory, a hub id available offline, or an alias ({', '.join(sorted(MODEL_ALIASES))})"
-        ) from exc
-    logger.info("policy %s (%s) in %s on %s", cfg.model, path, dtype, cfg.device)
-    if cfg.lora_path:
-        model = _attach_adapter(model, cfg.lora_path)
-    return model.to(cfg.device).eval(), tokenizer
-
-
-def _attach_adapter(model, path: str):
-    """``path``'s adapter, and its writer's adapter when it has one (PEFT saves it in the ``memory/`` subfolder)."""
-    from peft import PeftModel
-
-    if not (Path(path) / "adapter_config.json").is_file():
-        raise PolicyError(
-            f"policy.lora_path={path!r}: no adapter_config.json there (expected a PEFT adapter dir)"
-        )
-    model = PeftModel.from_pretrained(model, path, is_trainable=False)
-    if (Path(path) / MEMORY_ADAPTER / "adapter_config.json").is_file():
-        model.load_adapter(str(Path(path) / MEMORY_ADAPTER), adapter_name=MEMORY_ADAPTER, is_trainable=False)
-    return model
-
-
 class HFPolicy:
     """:class:`~memrl.policy.base.PolicyClient` over a transformers model, in process."""
 
@@ -142,6 +105,7 @@ class HFPolicy:
         # Model forwards: calls, rows (sum of batch sizes), tokens fed, seconds (host time: exact on CPU, launch
         # time on an asynchronous device). Benchmarks split a speed-up into fewer forwards vs cheaper ones with it.
         self.forward_stats: Counter[str] = Counter()
+        self._fold: LoraFold | None = None  # see _own_forward
 
     @classmethod
     def from_model(cls, model, tokenizer, cfg: PolicyConfig | None = None) -> HFPolicy:
@@ -157,7 +121,7 @@ class HFPolicy:
 
         path = str(path)
         if not isinstance(self.model, PeftModel):
-            self.model = _attach_adapter(self.model, path).to(self.device).eval()
+            self.model = attach_adapter(self.model, path).to(self.device).eval()
         else:
             self.set_adapter_state(load_peft_weights(path, device=str(self.device)))
             if MEMORY_ADAPTER in self.model.peft_config:
@@ -184,6 +148,17 @@ class HFPolicy:
         self.prefix_cache.clear()
         for cache in self._adapter_caches.values():
             cache.clear()
+        if self._fold is not None:
+            self._fold.restore()  # the LoRA weights changed: fold them in anew at the next forward
+
+    def _own_forward(self):
+        """Around the policy's own forwards: the active LoRA adapter folded into the base weights, where
+        ``policy.merge_lora`` is on (:mod:`memrl.policy.lora_merge`)."""
+        if not self.cfg.merge_lora:
+            return contextlib.nullcontext()
+        if self._fold is None or self._fold.model is not self.model:  # load_adapter may wrap a new PeftModel
+            self._fold = LoraFold(self.model)
+        return self._fold.forward()
 
     @contextlib.contextmanager
     def use_adapter(self, name: str):
@@ -381,15 +356,16 @@ class HFPolicy:
         kernel instead of materialising and applying a ``[B, 1, q, k]`` mask."""
         extra = {"memrl_shared_prefix": cache.prefix} if isinstance(cache, SharedPrefixCache) else {}
         t0 = time.perf_counter()
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=mask,
-            position_ids=pos,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-            **extra,
-        )
+        with self._own_forward():
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=mask,
+                position_ids=pos,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+                **extra,
+            )
         stats = self.forward_stats
         stats["calls"] += 1
         stats["rows"] += input_ids.shape[0]
@@ -535,12 +511,13 @@ class HFPolicy:
             ids[i, L - len(seq) :] = torch.tensor(seq)
             mask[i, L - len(seq) :] = 1
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        logits = self.model(
-            input_ids=ids.to(self.device),
-            attention_mask=mask.to(self.device),
-            position_ids=pos.to(self.device),
-            logits_to_keep=keep,
-        ).logits  # [B, keep, V]: positions L-keep .. L-1
+        with self._own_forward():
+            logits = self.model(
+                input_ids=ids.to(self.device),
+                attention_mask=mask.to(self.device),
+                position_ids=pos.to(self.device),
+                logits_to_keep=keep,
+            ).logits  # [B, keep, V]: positions L-keep .. L-1
         logp = torch.log_softmax(logits.float() / temperature, dim=-1)
         out = []
         for i, (_, r) in enumerate(pairs):

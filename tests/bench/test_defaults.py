@@ -18,6 +18,7 @@ DOCUMENTED = {
     "batch": {"groups": 4, "group_size": 8, "prompt_min": 300, "prompt_max": 600, "response_max": 96,
               "layers": 2, "threads": 1, "repeats": 2},
     "policy": {"model": "random", "prefix_tokens": 1024, "branches": 8, "branch_tokens": 16},
+    "lora": {"model": "smollm2-135m", "batch": 4, "prompt_tokens": 400, "gen_tokens": 72, "rank": 16},
     "sandbox": {"runs": 1000, "timeout_fraction": 0.1},
     "rollout": {"model": "random", "prompts": 32, "leaves": 16, "max_tokens": 192, "seeds": 4, "repeats": 3,
                 "initial_rollouts": 1, "expansion_iterations": 3},
