@@ -41,7 +41,8 @@ class LoraFold:
         self._stash: list[tuple[torch.Tensor, torch.Tensor | None]] = []
         self.folded: str | None = None  # the adapter folded in now
         self._inside = 0  # > 0 while the policy's own forward runs
-        self._hook = model.register_forward_pre_hook(self._guard) if self.layers else None
+        if self.layers:
+            model.register_forward_pre_hook(self._guard)
         model.memrl_lora_fold = self  # adapter switches (memrl.policy.base.adapter_active) unfold first
 
     @contextlib.contextmanager
