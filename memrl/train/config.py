@@ -82,12 +82,21 @@ class WarmStartConfig:
 
     ``balance_ops``: weight each write by ``1/sqrt`` of how many writes make its decision (ADD, UPDATE, NOOP, …),
     normalised to mean 1. UPDATEs are ~1 write in 8; unweighted, one run in three settled on the majority and
-    ADDed the changes it was shown beside the stale fact."""
+    ADDed the changes it was shown beside the stale fact.
+
+    ``check_episodes``: the training episodes after the imitated ones, written greedily by the warm-started writer
+    and scored against their gold operations (``warm_start/check_*`` metrics; 0 = no check). ``min_recall``: a
+    gold decision whose recall on them is below this gets a class-balanced pass (each decision as many writes as
+    the rarest has), then the check again, at most :data:`~memrl.train.warm_start.BALANCED_PASSES` times; the
+    writer keeps the checked state with the best lowest recall. With it, a warm start that settled on ADD and
+    learned no UPDATE (one run in four) is caught on episodes it did not imitate, not on the test split."""
 
     episodes: int = 0
     batch_size: int = 8
     epochs: int = 1
     balance_ops: bool = False
+    check_episodes: int = 0
+    min_recall: float = 0.0
 
     def __post_init__(self) -> None:
         if self.episodes < 0:
@@ -97,6 +106,15 @@ class WarmStartConfig:
         if self.batch_size < 1 or self.epochs < 1:
             raise ValueError(
                 f"train.warm_start.batch_size and epochs must be >= 1, got {self.batch_size}, {self.epochs}"
+            )
+        if self.check_episodes < 0 or not 0.0 <= self.min_recall <= 1.0:
+            raise ValueError(
+                "train.warm_start.check_episodes must be >= 0 and min_recall in [0, 1], got "
+                f"{self.check_episodes}, {self.min_recall}"
+            )
+        if self.min_recall and not self.check_episodes:
+            raise ValueError(
+                "train.warm_start.min_recall needs check_episodes > 0: the recall is measured on them"
             )
 
 

@@ -147,36 +147,49 @@ def sft_step(
     return loss
 
 
+def _sft_pass(
+    res, demos: Sequence[Demonstration], rng: random.Random, desc: str, progress: bool
+) -> list[float]:
+    """One shuffled pass of SFT steps of ``train.warm_start.batch_size`` writes over ``demos``; their losses."""
+    cfg, wc = res.cfg, res.cfg.train.warm_start
+    order = list(demos)
+    rng.shuffle(order)
+    losses: list[float] = []
+    with tqdm(
+        total=-(-len(order) // wc.batch_size), desc=desc, unit="step", file=sys.stderr, disable=not progress
+    ) as bar:
+        for i in range(0, len(order), wc.batch_size):
+            losses.append(
+                sft_step(
+                    res.model, res.updater.optimizer, order[i : i + wc.batch_size],
+                    cfg.train.micro_batch_size, cfg.train.max_grad_norm,
+                )
+            )  # fmt: skip
+            bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
+            bar.update(1)
+    return losses
+
+
 def warm_start(res, progress: bool = False) -> dict[str, float]:
     """Run ``train.warm_start`` on ``res`` (:class:`~memrl.train.setup.TrainResources`): gold writes of the first
-    ``episodes`` training episodes, then ``epochs`` shuffled passes of SFT; returns ``warm_start/*`` metrics."""
+    ``episodes`` training episodes, then ``epochs`` shuffled passes of SFT, then the check (:func:`check_and_rebalance`)
+    on the next ``check_episodes``; returns ``warm_start/*`` metrics."""
     cfg, wc = res.cfg, res.cfg.train.warm_start
     t0 = time.perf_counter()
     from memrl.train.setup import load_split
 
     # The head of the training split (as loaded, before the data source shuffles): the data source's position
     # is untouched, so a resumed run draws exactly what an uninterrupted one would.
-    inputs = load_split(cfg.data, cfg.data.split, wc.episodes)
+    loaded = load_split(cfg.data, cfg.data.split, wc.episodes + wc.check_episodes)
+    inputs, held = loaded[: wc.episodes], loaded[wc.episodes :]
     demos = gold_writes(res.runner.memory, inputs, cfg.episode.ingest_chunk_turns)
     if wc.balance_ops:
         demos = op_weights(demos)
     t_ingest = time.perf_counter() - t0
     rng = random.Random(cfg.seed)
     losses: list[float] = []
-    steps = wc.epochs * -(-len(demos) // wc.batch_size)
-    with tqdm(total=steps, desc="warm start", unit="step", file=sys.stderr, disable=not progress) as bar:
-        for _ in range(wc.epochs):
-            order = list(demos)
-            rng.shuffle(order)
-            for i in range(0, len(order), wc.batch_size):
-                losses.append(
-                    sft_step(
-                        res.model, res.updater.optimizer, order[i : i + wc.batch_size],
-                        cfg.train.micro_batch_size, cfg.train.max_grad_norm,
-                    )
-                )  # fmt: skip
-                bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
-                bar.update(1)
+    for _ in range(wc.epochs):
+        losses += _sft_pass(res, demos, rng, "warm start", progress)
     tail = losses[-max(1, len(losses) // 10) :]
     metrics = {
         "warm_start/demonstrations": float(len(demos)),
@@ -185,11 +198,108 @@ def warm_start(res, progress: bool = False) -> dict[str, float]:
         "warm_start/loss_last": sum(tail) / len(tail) if tail else 0.0,
         "warm_start/reply_tokens": float(sum(len(d.response_ids) for d in demos)),
         "time/warm_start_ingest_s": t_ingest,
-        "time/warm_start_s": time.perf_counter() - t0,
     }
+    if held:
+        metrics.update(check_and_rebalance(res, demos, held, rng, progress))
+    metrics["time/warm_start_s"] = time.perf_counter() - t0
     logger.info(
         "warm start: %d gold writes of %d episodes, %d SFT steps, loss %.3f -> %.3f (%.0f s)",
         len(demos), len(inputs), len(losses), metrics["warm_start/loss_first"], metrics["warm_start/loss_last"],
         metrics["time/warm_start_s"],
     )  # fmt: skip
     return metrics
+
+
+# A failed check's balanced passes: ~41 SFT steps each on the synthetic recipe (109 writes per decision), ~3.5
+# minutes on 2 CPU cores, taken from the RL phase's budget.
+BALANCED_PASSES = 2
+CHECKED_DECISIONS = ("ADD", "UPDATE", "NOOP")
+
+
+def balanced(demos: Sequence[Demonstration], rng: random.Random, floor: int = 1) -> list[Demonstration]:
+    """As many writes of each decision as the rarest decision with at least ``floor`` writes has (a decision
+    with fewer gives all of its own), unweighted: one class-balanced pass, as in re-balancing a classifier after
+    its representation is learned."""
+    by: dict[str, list[Demonstration]] = {}
+    for d in demos:
+        by.setdefault(d.decision, []).append(d)
+    n = min((len(v) for v in by.values() if len(v) >= floor), default=0)
+    return [dataclasses.replace(d, weight=1.0) for v in by.values() for d in rng.sample(v, min(n, len(v)))]
+
+
+def check_writer(res, episodes: Sequence[BatchInput], progress: bool = False) -> dict:
+    """The current writer's greedy writes of ``episodes``, scored against their gold operations
+    (:func:`~memrl.memory.write_scores.score_writes`; needs a dataset that knows them)."""
+    from memrl.memory.write_scores import score_writes
+    from memrl.train.setup import publish_adapter
+
+    publish_adapter(res, 0)  # generate with the weights the SFT steps left
+    return score_writes(
+        res.runner.memory, episodes, chunk=res.cfg.episode.ingest_chunk_turns,
+        desc="warm-start check" if progress else "",
+    )  # fmt: skip
+
+
+def lowest_recall(scores: dict) -> float:
+    """The lowest recall among the decisions the check's episodes call for (ADD / UPDATE / NOOP)."""
+    recalls = [scores["recall"].get(op) for op in CHECKED_DECISIONS]
+    return min((r for r in recalls if r is not None), default=1.0)
+
+
+def check_and_rebalance(
+    res,
+    demos: Sequence[Demonstration],
+    held: Sequence[BatchInput],
+    rng: random.Random,
+    progress: bool = False,
+) -> dict[str, float]:
+    """Check the warm-started writer on ``held`` (training episodes it did not imitate). While a decision's recall
+    is under ``train.warm_start.min_recall``, run a class-balanced pass (:func:`balanced`) and check again, at
+    most :data:`BALANCED_PASSES` times; keep the checked weights with the best lowest recall."""
+    wc = res.cfg.train.warm_start
+    t0 = time.perf_counter()
+    scores = check_writer(res, held, progress)
+    best = (lowest_recall(scores), _lora_state(res.model), scores)
+    passes = 0
+    while best[0] < wc.min_recall and passes < BALANCED_PASSES:
+        passes += 1
+        logger.warning(
+            "warm start: lowest decision recall %.2f on %d held-out training episodes (recall %s), under "
+            "train.warm_start.min_recall=%.2f: class-balanced pass %d of %d",
+            best[0], len(held), scores["recall"], wc.min_recall, passes, BALANCED_PASSES,
+        )  # fmt: skip
+        _sft_pass(res, balanced(demos, rng, wc.batch_size), rng, f"balanced pass {passes}", progress)
+        scores = check_writer(res, held, progress)
+        if lowest_recall(scores) > best[0]:
+            best = (lowest_recall(scores), _lora_state(res.model), scores)
+    if best[2] is not scores:  # the last pass made it worse: back to the best checked weights
+        _load_lora_state(res.model, best[1])
+        from memrl.train.setup import publish_adapter
+
+        publish_adapter(res, 0)
+    kept = best[2]
+    out = {
+        f"warm_start/check_recall_{op}": kept["recall"][op]
+        for op in CHECKED_DECISIONS
+        if kept["recall"][op] is not None
+    }
+    out.update({
+        "warm_start/check_lowest_recall": best[0],
+        "warm_start/check_update_right_target": kept["update_recall_right_target"] or 0.0,
+        "warm_start/check_end_state_correct": kept["end_state"]["correct"] or 0.0,
+        "warm_start/check_malformed_rate": kept["malformed_rate"] or 0.0,
+        "warm_start/balanced_passes": float(passes),
+        "time/warm_start_check_s": time.perf_counter() - t0,
+    })  # fmt: skip
+    return out
+
+
+def _lora_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
+
+
+def _load_lora_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, value in state.items():
+            params[name].copy_(value)

@@ -269,6 +269,34 @@ def test_warm_start_imitates_gold_writes_before_the_first_step_as_step_zero(tmp_
     assert kept.keys() == step0.keys() and all(torch.equal(kept[k], v) for k, v in step0.items())
 
 
+def test_a_warm_start_under_its_check_gets_class_balanced_passes_and_logs_the_check(tmp_path, tiny_model_dir):
+    """train.warm_start.check_episodes: the warm-started writer writes the next training episodes greedily and is
+    scored against their gold operations; under min_recall (a random model's writes are all malformed NOOPs, so
+    ADD and UPDATE recall are 0) it gets class-balanced passes, at most BALANCED_PASSES, all in step 0."""
+    from memrl.train.loop import train
+    from memrl.train.setup import build_resources
+    from memrl.train.warm_start import BALANCED_PASSES
+
+    cfg = _in_process_cfg(
+        tmp_path,
+        tiny_model_dir,
+        "checked",
+        "memory.extractor=policy",
+        "memory.write_max_tokens=8",
+        "episode.ingest_chunk_turns=1",
+        "train.warm_start={episodes: 2, batch_size: 4, check_episodes: 1, min_recall: 0.5}",
+        "train.steps=1",
+        "train.final_eval_episodes=1",
+    )
+    train(cfg, resources=build_resources(cfg))
+    rows = [json.loads(line) for line in (tmp_path / "checked" / "metrics.jsonl").read_text().splitlines()]
+    warm = next(r for r in rows if "warm_start/demonstrations" in r)
+    assert warm["step"] == 0 and warm["warm_start/balanced_passes"] == BALANCED_PASSES
+    assert warm["warm_start/check_recall_ADD"] < 0.5 and warm["warm_start/check_lowest_recall"] < 0.5
+    assert warm["warm_start/steps"] == 2  # 8 gold writes in batches of 4; the balanced passes are logged apart
+    assert 0 < warm["time/warm_start_check_s"] < warm["time/warm_start_s"]
+
+
 def test_start_eval_key_follows_content_not_seed(tmp_path):
     """Seeds of one setup share the cached untrained evaluation (it is greedy); a reworded question with the
     same episode id gets its own."""
