@@ -293,7 +293,9 @@ def test_a_warm_start_under_its_check_gets_class_balanced_passes_and_logs_the_ch
     warm = next(r for r in rows if "warm_start/demonstrations" in r)
     assert warm["step"] == 0 and warm["warm_start/balanced_passes"] == BALANCED_PASSES
     assert warm["warm_start/check_recall_ADD"] < 0.5 and warm["warm_start/check_lowest_recall"] < 0.5
-    assert warm["warm_start/steps"] == 2  # 8 gold writes in batches of 4; the balanced passes are logged apart
+    assert (
+        warm["warm_start/steps"] == 2
+    )  # 8 gold writes in batches of 4; the balanced passes are logged apart
     assert 0 < warm["time/warm_start_check_s"] < warm["time/warm_start_s"]
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import random
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -13,6 +15,7 @@ from memrl.data.adapters import load_dataset
 from memrl.episode.build import build_runner
 from memrl.memory.writer import WriteRequest
 from memrl.testing.scripted import ScriptedPolicy
+from memrl.train import warm_start as ws
 from memrl.train.config import LoraConfig, WarmStartConfig
 from memrl.train.lora import attach_lora
 from memrl.train.warm_start import Demonstration, _teacher, gold_writes, op_weights, sft_step
@@ -110,6 +113,70 @@ def test_warm_start_config_rejects_nonsense():
         WarmStartConfig(episodes=-1)
     with pytest.raises(ValueError, match="batch_size and epochs"):
         WarmStartConfig(episodes=4, batch_size=0)
+    with pytest.raises(ValueError, match="min_recall needs check_episodes"):
+        WarmStartConfig(episodes=4, min_recall=0.5)
+    with pytest.raises(ValueError, match=r"min_recall in \[0, 1\]"):
+        WarmStartConfig(episodes=4, check_episodes=2, min_recall=1.5)
+
+
+def test_a_balanced_pass_takes_as_many_writes_of_each_decision_as_the_rarest_has():
+    demos = [Demonstration((1,), (2,), f"a{i}", "ADD", 0.7) for i in range(9)]
+    demos += [Demonstration((1,), (2,), f"u{i}", "UPDATE", 2.0) for i in range(3)]
+    demos += [Demonstration((1,), (2,), f"n{i}", "NOOP", 0.9) for i in range(5)]
+    demos += [
+        Demonstration((1,), (2,), "x", "ADD+NOOP")
+    ]  # under the floor: all of its one write, not the count
+    got = ws.balanced(demos, random.Random(0), floor=2)
+    kinds = [d.decision for d in got]
+    assert {k: kinds.count(k) for k in set(kinds)} == {"ADD": 3, "UPDATE": 3, "NOOP": 3, "ADD+NOOP": 1}
+    assert len({d.episode_id for d in got}) == len(got) and all(d.weight == 1.0 for d in got)
+
+
+def test_lowest_recall_reads_only_the_decisions_the_episodes_call_for():
+    assert ws.lowest_recall({"recall": {"ADD": 0.9, "UPDATE": 0.0, "DELETE": None, "NOOP": 1.0}}) == 0.0
+    assert ws.lowest_recall({"recall": {"ADD": 0.9, "UPDATE": None, "DELETE": None, "NOOP": 0.8}}) == 0.8
+
+
+def test_a_failed_check_gets_balanced_passes_and_keeps_the_best_checked_weights(monkeypatch):
+    """Checks score 0.0, then 0.6, then 0.3: the second pass is undone and the weights after the first kept."""
+    model = attach_lora(tiny_llama(), LoraConfig(r=4, alpha=8))
+    lora = [p for n, p in model.named_parameters() if "lora_" in n]
+    checks = iter([0.0, 0.6, 0.3])
+    passes: list[int] = []
+
+    def fake_pass(res, demos, rng, desc, progress):  # one pass = every LoRA weight + 1
+        with torch.no_grad():
+            for p in lora:
+                p.add_(1.0)
+        passes.append(len(demos))
+        return [0.0]
+
+    def fake_check(res, held, progress=False):
+        r = next(checks)
+        return {"recall": {"ADD": 1.0, "UPDATE": r, "NOOP": 1.0}, "update_recall_right_target": r,
+                "end_state": {"correct": r}, "malformed_rate": 0.0}  # fmt: skip
+
+    published = []
+    monkeypatch.setattr(ws, "_sft_pass", fake_pass)
+    monkeypatch.setattr(ws, "check_writer", fake_check)
+    monkeypatch.setattr("memrl.train.setup.publish_adapter", lambda res, step: published.append(step))
+    start = [p.detach().clone() for p in lora]
+    cfg = SimpleNamespace(
+        train=SimpleNamespace(warm_start=WarmStartConfig(4, 2, check_episodes=1, min_recall=0.5))
+    )
+    demos = [Demonstration((1,), (2,), f"e{i}", op) for i, op in enumerate(["ADD"] * 6 + ["UPDATE"] * 2)]
+    out = ws.check_and_rebalance(SimpleNamespace(cfg=cfg, model=model), demos, ["held"], random.Random(0))
+    assert passes == [4] and published == []  # 0.6 >= 0.5 after one pass (2 writes per decision): kept as is
+    assert all(torch.equal(p, s + 1.0) for p, s in zip(lora, start, strict=True))
+    assert out["warm_start/balanced_passes"] == 1 and out["warm_start/check_recall_UPDATE"] == 0.6
+
+    checks = iter([0.0, 0.3, 0.2])  # never reaches 0.5: two passes, the first one's weights kept
+    passes.clear()
+    start = [p.detach().clone() for p in lora]
+    out = ws.check_and_rebalance(SimpleNamespace(cfg=cfg, model=model), demos, ["held"], random.Random(0))
+    assert len(passes) == ws.BALANCED_PASSES == 2 and published == [0]  # restored, then published
+    assert all(torch.equal(p, s + 1.0) for p, s in zip(lora, start, strict=True))
+    assert out["warm_start/check_lowest_recall"] == 0.3 and out["warm_start/balanced_passes"] == 2
 
 
 def test_balanced_writes_weigh_a_rare_decision_more_and_average_one():
