@@ -141,7 +141,9 @@ def run_step(res: TrainResources, step: int, counters: dict[str, float]) -> Step
     }
     replay_sample = None
     if res.replay is not None and cfg.train.replay.batch_size > 0 and len(res.replay):
-        replay_sample = res.replay.sample(cfg.train.replay.batch_size)
+        replay_sample = dataclasses.replace(
+            res.replay.sample(cfg.train.replay.batch_size), roles=tuple(active_roles(cfg.train, step))
+        )
     if cfg.train.rollout_only:
         pass
     elif trainable := keep_roles(trainable, active_roles(cfg.train, step)):

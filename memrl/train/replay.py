@@ -43,7 +43,7 @@ from memrl.train.microbatch import (
     token_logprobs,
     unpack,
 )
-from memrl.train.roles import label_adapters
+from memrl.train.roles import label_adapters, step_role
 from memrl.types import EpisodeStatus, EpisodeTrajectory, PackedBatch
 
 logger = logging.getLogger(__name__)
@@ -66,6 +66,9 @@ class ReplaySample:
     targets: ReplayTargets
     segments: list[EpisodeTrajectory] | None
     demonstrations: list[EpisodeTrajectory] = field(default_factory=list)  # rows of ``batch``, not segments
+    # The roles trained this step (``train.roles``, by phase): rows of another role get no coefficient, so a
+    # writer kept as the warm start left it is not trained on its own replayed writes. None: every row.
+    roles: tuple[str, ...] | None = None
 
     def __iter__(self):  # so `batch, targets, segments = buffer.sample(n)` reads as the seed describes
         return iter((self.batch, self.targets, self.segments))
@@ -170,7 +173,13 @@ def replay_loss(model: torch.nn.Module, sample: ReplaySample, cfg: TrainConfig) 
         is_sft = is_demo
     else:
         is_sft = torch.maximum(sft_rows(batch, segments, rc.min_reward), is_demo)
-    coef = rc.sft_weight * is_sft + rc.rft_weight * targets.rewards * (1.0 - is_demo)
+    if sample.roles is not None and batch.step_meta:  # rows of a role not trained this step: no coefficient
+        in_role = torch.tensor([float(step_role(m) in sample.roles) for m in batch.step_meta])
+        is_sft, is_demo = is_sft * in_role, is_demo * in_role
+        rewards = targets.rewards * in_role
+    else:
+        rewards = targets.rewards
+    coef = rc.sft_weight * is_sft + rc.rft_weight * rewards * (1.0 - is_demo)
     # The row coefficient rides in the advantage slot: loss_tok = -coef · logp, mean per sequence.
     records = unpack(batch, coef, torch.ones(batch.num_steps))
     label_adapters(records, batch.step_meta, model)

@@ -87,3 +87,22 @@ def test_state_dict_round_trip():
 def test_empty_buffer_says_so():
     with pytest.raises(ValueError, match="empty"):
         ReplayBuffer(capacity=3, build_batch=BUILD).sample(2)
+
+
+def test_rows_of_a_role_not_trained_this_step_get_no_replay_coefficient():
+    """A replayed episode's rows count only for the roles trained at this step: answer rows (the target steps of
+    these episodes) train when ``answer`` is trained and add nothing, not even a forward, when only ``memory`` is."""
+    import dataclasses
+
+    model = attach_lora(tiny_llama(), LoraConfig(r=4, alpha=8))
+    cfg = TrainConfig(replay=ReplayConfig(batch_size=8, sft_weight=1.0, rft_weight=0.5))
+    sample = _buffer().sample(8)
+    for p in model.parameters():
+        p.grad = None
+    loss, metrics = replay_loss(model, dataclasses.replace(sample, roles=("answer",)), cfg)
+    assert metrics["replay/sft_rows"] == 2 and loss.item() != 0
+    for p in model.parameters():
+        p.grad = None
+    loss, metrics = replay_loss(model, dataclasses.replace(sample, roles=("memory",)), cfg)
+    assert metrics["replay/sft_rows"] == 0 and loss.item() == 0
+    assert all(p.grad is None for p in model.parameters())
