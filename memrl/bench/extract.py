@@ -40,12 +40,7 @@ from memrl.memory.config import MemoryConfig
 from memrl.memory.embedder import Embedder, build_embedder
 from memrl.memory.extract import TextGenerator
 from memrl.memory.manager import MemorySystem
-from memrl.memory.write_scores import (  # noqa: F401  (the bench's scoring, importable from here too)
-    ExtractScores,
-    expected_decisions,
-    holds,
-    score_writes,
-)
+from memrl.memory.write_scores import score_writes
 from memrl.types import BatchInput
 
 logger = logging.getLogger(__name__)

@@ -104,6 +104,7 @@ def load_adapter_weights(model: PeftModel, path: str | Path) -> None:
 
 
 def adapter_state(model: PeftModel, adapter: str = DEFAULT_ADAPTER) -> dict[str, torch.Tensor]:
-    """A detached copy of one adapter's tensors (for tests and change checks)."""
+    """A detached copy of one adapter's tensors (for change checks, and to restore with
+    ``set_peft_model_state_dict``)."""
     state = get_peft_model_state_dict(model, adapter_name=adapter)
     return {k: v.detach().clone() for k, v in state.items()}

@@ -30,12 +30,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+from peft import set_peft_model_state_dict
 from tqdm import tqdm
 
 from memrl.memory.gold import gold_text
 from memrl.memory.manager import MemorySystem
 from memrl.memory.writer import chunk_end
-from memrl.train.lora import adapter_for, trainable_parameters, use_adapter
+from memrl.train.lora import adapter_for, adapter_state, trainable_parameters, use_adapter
 from memrl.train.losses import LOSS_AGGREGATIONS
 from memrl.train.microbatch import SeqRecord, collate_common, forward_logits, model_device, token_logprobs
 from memrl.types import BatchInput
@@ -259,7 +260,8 @@ def check_and_rebalance(
     wc = res.cfg.train.warm_start
     t0 = time.perf_counter()
     scores = check_writer(res, held, progress)
-    best = (lowest_recall(scores), _lora_state(res.model), scores)
+    adapter = adapter_for(res.model, "memory")  # the only adapter the warm start trains
+    best = (lowest_recall(scores), adapter_state(res.model, adapter), scores)
     passes = 0
     while best[0] < wc.min_recall and passes < BALANCED_PASSES:
         passes += 1
@@ -271,9 +273,9 @@ def check_and_rebalance(
         _sft_pass(res, balanced(demos, rng, wc.batch_size), rng, f"balanced pass {passes}", progress)
         scores = check_writer(res, held, progress)
         if lowest_recall(scores) > best[0]:
-            best = (lowest_recall(scores), _lora_state(res.model), scores)
+            best = (lowest_recall(scores), adapter_state(res.model, adapter), scores)
     if best[2] is not scores:  # the last pass made it worse: back to the best checked weights
-        _load_lora_state(res.model, best[1])
+        set_peft_model_state_dict(res.model, best[1], adapter_name=adapter)
         from memrl.train.setup import publish_adapter
 
         publish_adapter(res, 0)
@@ -292,14 +294,3 @@ def check_and_rebalance(
         "time/warm_start_check_s": time.perf_counter() - t0,
     })  # fmt: skip
     return out
-
-
-def _lora_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" in n}
-
-
-def _load_lora_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
-    params = dict(model.named_parameters())
-    with torch.no_grad():
-        for name, value in state.items():
-            params[name].copy_(value)

@@ -11,9 +11,10 @@ import pytest
 
 from memrl.adapters.synthetic import make_episode, parse_statement
 from memrl.bench import BENCHES
-from memrl.bench.extract import expected_decisions, holds, run_extractor
+from memrl.bench.extract import run_extractor
 from memrl.memory.config import MemoryConfig
 from memrl.memory.embedder import build_embedder
+from memrl.memory.write_scores import expected_decisions, holds
 from memrl.types import MemoryOpType
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
