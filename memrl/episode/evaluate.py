@@ -29,6 +29,7 @@ from memrl.episode.output import write_json
 from memrl.episode.pipeline import load_inputs, peak_rss_mb, run_episodes
 from memrl.episode.recent import turn_line
 from memrl.episode.rows import step_meta_of_row
+from memrl.episode.write_quality import write_quality
 from memrl.policy.models import describe_policy
 from memrl.rewards.base import RewardContext, RewardInput, make_reward
 from memrl.rewards.benchmarks import LOCOMO_CATEGORY_NAMES, is_abstention_question
@@ -239,8 +240,11 @@ def evaluate(
         run_episodes(sub, out / ablation, inputs=inputs, worker=worker, progress=progress)
         from memrl.episode.output import TrajectoryWriter
 
-        trajs = _reload(TrajectoryWriter(out / ablation), inputs)
-        report["ablations"][ablation] = score_ablation(inputs, trajs, metric_fns, hist)
+        writer = TrajectoryWriter(out / ablation)
+        frame = _frame(writer)
+        report["ablations"][ablation] = score_ablation(inputs, _reload(frame, writer), metric_fns, hist)
+        if (quality := write_quality(_history_rows(frame))) is not None:
+            report["ablations"][ablation]["memory_writes"] = quality
         report["ablations"][ablation]["wall_time_s"] = time.perf_counter() - ta
         worker.close()
     report["full_history_tokens_mean"] = sum(hist) / len(hist) if hist else 0.0
@@ -257,14 +261,26 @@ def evaluate(
     return report
 
 
-def _reload(writer: Any, inputs: Sequence[BatchInput]) -> list[EpisodeTrajectory]:
-    """Leaf-0 trajectories rebuilt from the committed Parquet parts (also covers resumed runs)."""
+def _frame(writer: Any) -> Any:
+    """Every committed Parquet row of one arm (also covers resumed runs)."""
     import pandas as pd
 
+    parts = sorted(writer.parts_dir.glob("part-*.parquet"))
+    return pd.concat([pd.read_parquet(p) for p in parts]) if parts else pd.DataFrame()
+
+
+def _history_rows(frame: Any) -> list[dict[str, Any]]:
+    """The memory-writing rows of an arm, with only the columns :func:`write_quality` reads."""
+    if frame.empty:
+        return []
+    cols = ["turn_role", "extra", "memory_op_types"]
+    return frame.loc[frame.turn_role == "history", cols].to_dict("records")
+
+
+def _reload(frame: Any, writer: Any) -> list[EpisodeTrajectory]:
+    """Leaf-0 trajectories rebuilt from an arm's rows (:func:`_frame`) and its failed manifests."""
     from memrl.types import EpisodeStatus, StepTrajectory, TurnRole
 
-    parts = sorted(writer.parts_dir.glob("part-*.parquet"))
-    frame = pd.concat([pd.read_parquet(p) for p in parts]) if parts else pd.DataFrame()
     out: list[EpisodeTrajectory] = []
     if not frame.empty:
         target = frame[frame.turn_role == "target"]

@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from memrl.episode.write_quality import render_write_quality
+
 # Short column names of the metrics memrl ships; any other metric is shown under its own name.
 METRIC_LABELS = {
     "exact_match": "strict",
@@ -125,4 +127,11 @@ def render_eval(report: Mapping[str, Any]) -> str:
         table = breakdown_table(ablations, metrics, by)
         if len(table.splitlines()) - 1 > len(ablations):  # more than one group
             parts.append(table)
+    writes = [
+        render_write_quality(ARM_LABELS.get(a, a), s["memory_writes"])
+        for a, s in ablations.items()
+        if "memory_writes" in s
+    ]
+    if writes:
+        parts.append("\n".join(writes))
     return "\n\n".join(parts)

@@ -1,0 +1,82 @@
+"""How well the policy wrote memory in a run, against the dataset's gold operations (``memrl eval``'s
+``memory_writes``).
+
+``memrl bench extract`` scores a writer on 20 episodes with their own store; an evaluation already holds every
+applied write of its episodes (200 × 18 on the synthetic eval config), each with the gold reply for the store it
+read (``extra["gold_ops"]``, :func:`memrl.memory.gold.gold_text`) and whether its operations were right
+(``op_right``). This reads them back from the arm's Parquet rows, so the writer's quality is reported on the same
+episodes whose answers are scored, at no extra cost. Decisions are matched per write as multisets of operation
+kinds (a chunk of several turns has one gold line per turn), so for one-turn writes recall and precision are the
+plain per-decision ones, and ``confusion`` (gold → written) counts the one-turn writes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+
+def _extra(value: Any) -> Mapping[str, Any]:
+    if isinstance(value, str):
+        return json.loads(value) if value else {}
+    return value or {}
+
+
+def gold_kinds(gold_ops: str) -> list[str]:
+    """``"UPDATE 0 Mia lives in Rome.\\nNOOP"`` → ``["UPDATE", "NOOP"]``."""
+    return [line.split()[0] for line in gold_ops.splitlines() if line.split()]
+
+
+def write_quality(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """Summary of the applied memory writes among ``rows`` (Parquet rows as dicts: ``turn_role``, ``extra``,
+    ``memory_op_types``) whose gold operations are known; ``None`` when there are none (rule memory, LoCoMo)."""
+    gold_n: Counter[str] = Counter()
+    written_n: Counter[str] = Counter()
+    matched: Counter[str] = Counter()
+    confusion: dict[str, Counter[str]] = {}
+    writes = right = 0
+    score_sum = 0.0
+    for row in rows:
+        extra = _extra(row.get("extra"))
+        if (
+            row.get("turn_role") != "history"
+            or extra.get("gold_ops") is None
+            or not extra.get("applied", True)
+        ):
+            continue
+        gold = Counter(gold_kinds(str(extra["gold_ops"])))
+        kinds = row.get("memory_op_types")  # a numpy array from Parquet: no truth value
+        written = Counter(map(str, kinds if kinds is not None else ()))
+        writes += 1
+        right += bool(extra.get("op_right"))
+        score_sum += float(extra.get("op_score") or 0.0)
+        gold_n.update(gold)
+        written_n.update(written)
+        matched.update(gold & written)
+        if sum(gold.values()) == 1 and sum(written.values()) == 1:
+            (g,), (w,) = gold, written
+            confusion.setdefault(g, Counter())[w] += 1
+    if not writes:
+        return None
+    return {
+        "writes": writes,
+        "ops_right": right / writes,
+        "op_score_mean": score_sum / writes,
+        "recall": {k: matched[k] / n for k, n in sorted(gold_n.items())},
+        "precision": {k: matched[k] / n for k, n in sorted(written_n.items())},
+        "gold": dict(sorted(gold_n.items())),
+        "written": dict(sorted(written_n.items())),
+        "confusion": {g: dict(sorted(c.items())) for g, c in sorted(confusion.items())},
+    }
+
+
+def render_write_quality(arm: str, q: Mapping[str, Any]) -> str:
+    """One line for ``memrl eval``'s table: ``memory writes (memory): 3,600, ops right 0.855; recall ADD 0.779 …``."""
+    recall = " ".join(f"{k} {v:.3f}" for k, v in q["recall"].items())
+    precision = " ".join(f"{k} {v:.3f}" for k, v in q["precision"].items())
+    return (
+        f"memory writes ({arm}): {q['writes']:,}, ops right {q['ops_right']:.3f}; "
+        f"recall {recall}; precision {precision}"
+    )

@@ -1,0 +1,124 @@
+"""The writer's quality in `memrl eval`: decisions against gold, from the rows an evaluation writes."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from transformers import ByT5Tokenizer
+
+from memrl.episode.write_quality import gold_kinds, render_write_quality, write_quality
+
+
+def _row(
+    gold: str | None, written: list[str], *, right: bool = False, role: str = "history", **extra
+) -> dict:
+    x = {"role": "memory", "applied": True, "op_right": right, "op_score": 1.0 if right else 0.0, **extra}
+    if gold is not None:
+        x["gold_ops"] = gold
+    return {"turn_role": role, "extra": json.dumps(x), "memory_op_types": np.array(written, dtype=object)}
+
+
+def test_gold_kinds_reads_one_operation_per_line():
+    assert gold_kinds("UPDATE 0 Mia lives in Rome.\nNOOP\n\nADD Bo is 3 years old.") == [
+        "UPDATE",
+        "NOOP",
+        "ADD",
+    ]
+
+
+def test_recall_precision_and_confusion_of_one_turn_writes():
+    rows = [
+        _row("ADD Ann lives in Oslo.", ["ADD"], right=True),
+        _row("ADD Bo has 2 pets.", ["UPDATE"]),  # a new fact written over another one
+        _row("UPDATE 1 Ann lives in Rome.", ["UPDATE"], right=True),
+        _row("UPDATE 0 Bo has 3 pets.", ["ADD"]),  # the stale value stays current
+        _row("NOOP", ["NOOP"], right=True),
+    ]
+    q = write_quality(rows)
+    assert (
+        q["writes"] == 5
+        and q["ops_right"] == pytest.approx(3 / 5)
+        and q["op_score_mean"] == pytest.approx(0.6)
+    )
+    assert q["gold"] == {"ADD": 2, "NOOP": 1, "UPDATE": 2} and q["written"] == {
+        "ADD": 2,
+        "NOOP": 1,
+        "UPDATE": 2,
+    }
+    assert q["recall"] == {"ADD": 0.5, "NOOP": 1.0, "UPDATE": 0.5}
+    assert q["precision"] == {"ADD": 0.5, "NOOP": 1.0, "UPDATE": 0.5}
+    assert q["confusion"] == {
+        "ADD": {"ADD": 1, "UPDATE": 1},
+        "NOOP": {"NOOP": 1},
+        "UPDATE": {"ADD": 1, "UPDATE": 1},
+    }
+
+
+def test_chunk_writes_match_as_multisets_and_stay_out_of_the_confusion():
+    q = write_quality([_row("ADD Ann lives in Oslo.\nNOOP\nUPDATE 0 Bo has 3 pets.", ["ADD", "ADD", "NOOP"])])
+    assert q["recall"] == {"ADD": 1.0, "NOOP": 1.0, "UPDATE": 0.0}
+    assert q["precision"] == {"ADD": 0.5, "NOOP": 1.0} and q["confusion"] == {}
+
+
+def test_only_applied_writes_with_known_gold_count():
+    rows = [
+        _row("ADD Ann lives in Oslo.", ["ADD"], right=True),
+        _row("ADD Ann lives in Oslo.", ["NOOP"], applied=False),  # a sampled alternative, scored on a fork
+        _row(None, ["ADD"]),  # a dataset without gold operations (LoCoMo)
+        _row("NOOP", [], role="target"),
+    ]
+    q = write_quality(rows)
+    assert q["writes"] == 1 and q["recall"] == {"ADD": 1.0}
+    assert write_quality(rows[2:]) is None and write_quality([]) is None
+
+
+def test_render_names_the_arm_and_every_decision():
+    q = write_quality([_row("ADD Ann lives in Oslo.", ["ADD"], right=True), _row("NOOP", ["ADD"])])
+    line = render_write_quality("memory", q)
+    assert line.startswith("memory writes (memory): 2, ops right 0.500")
+    assert "recall ADD 1.000 NOOP 0.000" in line and "precision ADD 0.500" in line
+
+
+def test_an_evaluation_of_policy_written_memory_reports_its_writes(tmp_path):
+    """Real episodes, MiniLM and FAISS, a scripted writer that ADDs every statement and never UPDATEs: the report
+    holds every one-turn write, and the changes it ADDed show as UPDATE → ADD."""
+    from memrl.config import load_config
+    from memrl.episode.evaluate import evaluate
+    from memrl.episode.report_table import render_eval
+    from memrl.testing.scripted import ScriptedPolicy
+    from tests.episode.test_memory_writes import script
+
+    cfg = load_config(
+        None,
+        [
+            f"output_dir={tmp_path}",
+            "data.options={num_episodes: 3}",
+            "data.split=test",
+            "tools.enabled=[]",
+            "rollout.n=1",
+            "rollout.max_response_tokens=48",
+            "memory.extractor=policy",
+            "memory.write_max_tokens=64",
+            "memory.neighbour_turns=0",
+            "episode.history_steps=none",
+            "episode.ingest_chunk_turns=1",
+            "episode.eval_ablations=[memory, no_memory]",
+        ],
+    )
+    report = evaluate(cfg, policy=ScriptedPolicy(ByT5Tokenizer(), script), progress=False)
+    q = report["ablations"]["memory"]["memory_writes"]
+    assert (
+        q["writes"]
+        == 3 * 18
+        == sum(q["gold"].values())
+        == sum(sum(c.values()) for c in q["confusion"].values())
+    )
+    assert q["gold"]["UPDATE"] > 0 and q["recall"]["UPDATE"] == 0.0 and "UPDATE" not in q["written"]
+    assert q["confusion"]["UPDATE"] == {"ADD": q["gold"]["UPDATE"]}
+    assert q["recall"]["ADD"] > 0.5 and q["recall"]["NOOP"] > 0.5
+    assert "memory_writes" in json.loads((tmp_path / "eval.json").read_text())["ablations"]["memory"]
+    # Without memory in the prompt no memory is built, so that arm has no writes to report.
+    assert "memory_writes" not in report["ablations"]["no_memory"]
+    assert "memory writes (memory): 54" in render_eval(report)
