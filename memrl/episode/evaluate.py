@@ -273,7 +273,7 @@ def _history_rows(frame: Any) -> list[dict[str, Any]]:
     """The memory-writing rows of an arm, with only the columns :func:`write_quality` reads."""
     if frame.empty:
         return []
-    cols = ["turn_role", "extra", "memory_op_types"]
+    cols = ["turn_role", "extra", "memory_ops"]
     return frame.loc[frame.turn_role == "history", cols].to_dict("records")
 
 

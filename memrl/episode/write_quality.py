@@ -12,16 +12,12 @@ plain per-decision ones, and ``confusion`` (gold → written) counts the one-tur
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-
-def _extra(value: Any) -> Mapping[str, Any]:
-    if isinstance(value, str):
-        return json.loads(value) if value else {}
-    return value or {}
+from memrl.episode.rows import step_meta_of_row
+from memrl.types import TurnRole
 
 
 def gold_kinds(gold_ops: str) -> list[str]:
@@ -30,8 +26,8 @@ def gold_kinds(gold_ops: str) -> list[str]:
 
 
 def write_quality(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
-    """Summary of the applied memory writes among ``rows`` (Parquet rows as dicts: ``turn_role``, ``extra``,
-    ``memory_op_types``) whose gold operations are known; ``None`` when there are none (rule memory, LoCoMo)."""
+    """Summary of the applied memory writes among ``rows`` (Parquet rows as dicts, read by
+    :func:`~memrl.episode.rows.step_meta_of_row`: ``turn_role``, ``extra``, ``memory_ops``) whose gold operations are known; ``None`` when there are none (rule memory, LoCoMo)."""
     gold_n: Counter[str] = Counter()
     written_n: Counter[str] = Counter()
     matched: Counter[str] = Counter()
@@ -39,16 +35,16 @@ def write_quality(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
     writes = right = 0
     score_sum = 0.0
     for row in rows:
-        extra = _extra(row.get("extra"))
+        meta = step_meta_of_row(dict(row))
+        extra = meta.extra
         if (
-            row.get("turn_role") != "history"
+            meta.turn_role is not TurnRole.HISTORY
             or extra.get("gold_ops") is None
             or not extra.get("applied", True)
         ):
             continue
         gold = Counter(gold_kinds(str(extra["gold_ops"])))
-        kinds = row.get("memory_op_types")  # a numpy array from Parquet: no truth value
-        written = Counter(map(str, kinds if kinds is not None else ()))
+        written = Counter(op.op.value for op in meta.memory_ops)
         writes += 1
         right += bool(extra.get("op_right"))
         score_sum += float(extra.get("op_score") or 0.0)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 from transformers import ByT5Tokenizer
 
@@ -17,7 +16,10 @@ def _row(
     x = {"role": "memory", "applied": True, "op_right": right, "op_score": 1.0 if right else 0.0, **extra}
     if gold is not None:
         x["gold_ops"] = gold
-    return {"turn_role": role, "extra": json.dumps(x), "memory_op_types": np.array(written, dtype=object)}
+    # The ops as the Parquet rows hold them: an UPDATE names the old fact and the new one.
+    ids = {"ADD": [1], "UPDATE": [0, 1], "NOOP": []}
+    ops = [{"op": op, "turn_id": "D1:1", "fact_ids": ids[op], "text": ""} for op in written]
+    return {"turn_role": role, "extra": json.dumps(x), "memory_ops": json.dumps(ops)}
 
 
 def test_gold_kinds_reads_one_operation_per_line():
