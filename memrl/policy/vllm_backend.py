@@ -100,6 +100,14 @@ class VLLMPolicy:
             include_stop_str_in_output=True,
         )
 
+    def close(self) -> None:
+        """Stop the engine's core process now. Left to interpreter exit, vLLM's finalizers race its liveness
+        monitor thread, which logs to closed streams and can abort the process after a clean run."""
+        engine = getattr(self.llm, "llm_engine", None)
+        core = getattr(engine, "engine_core", None)
+        if core is not None:
+            core.shutdown()
+
     def generate(self, requests: Sequence[GenerationRequest]) -> list[list[GenerationOutput]]:
         from vllm.inputs import TokensPrompt
 

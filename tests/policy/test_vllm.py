@@ -47,6 +47,7 @@ def pair(model_dir):
         vllm_policy = make_policy(cfg)
         hf_policy = HFPolicy(PolicyConfig(model=str(model_dir)))
         yield hf_policy, vllm_policy
+        vllm_policy.close()  # before the temp dir goes, and not at interpreter exit (see VLLMPolicy.close)
 
 
 def enc(policy, text):
