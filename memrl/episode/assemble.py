@@ -99,6 +99,8 @@ def memory_steps(st: EpisodeState) -> list[StepTrajectory]:
             }
             if j < len(rewards):
                 extra["snapshot_reward"] = rewards[j]
+            if sample.resolved is not None:  # what the store changed (memrl.memory.update_guard)
+                extra["resolved"] = [d.extra["resolved"] for d in sample.resolved if "resolved" in d.extra]
             n = len(sample.response_ids)
             out.append(
                 StepTrajectory(

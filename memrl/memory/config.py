@@ -4,6 +4,7 @@ from dataclasses import dataclass
 
 _INDEXES = ("flat", "hnsw", "ivf")
 _GRANULARITIES = ("turn", "sentence")
+UPDATE_TARGETS = ("written", "nearest")  # memrl.memory.update_guard
 EMBEDDER_DTYPES = ("float32", "bfloat16", "float16", "auto")
 
 
@@ -50,6 +51,11 @@ class MemoryConfig:
     # The policy extractor (memrl.memory.writer): reply length per write, and the current facts it is shown.
     write_max_tokens: int = 48
     write_neighbours: int = 5
+    # Where a written UPDATE lands (memrl.memory.update_guard): "nearest" supersedes the shown fact nearest its
+    # text, not the id written; an UPDATE under update_floor (cosine) to every shown fact is kept as an ADD, so a
+    # new fact written as an UPDATE retires nothing. configs/synthetic_memory_eval.yaml sets both.
+    update_target: str = "written"
+    update_floor: float = 0.0
     # Retrieval of a fact an UPDATE superseded: its score is multiplied by this unless the query asks about the
     # past ("before", "used to", ...), so the current value wins and the old one stays findable as history.
     superseded_weight: float = 0.5
@@ -118,6 +124,10 @@ class MemoryConfig:
                 f"memory.candidate_pool={self.candidate_pool} < memory.top_k={self.top_k}: "
                 "raise candidate_pool (fusion needs at least top_k candidates per retriever)"
             )
+        if self.update_target not in UPDATE_TARGETS:
+            raise ValueError(f"memory.update_target={self.update_target!r}: expected one of {UPDATE_TARGETS}")
+        if not 0.0 <= self.update_floor <= 1.0:
+            raise ValueError(f"memory.update_floor={self.update_floor}: must be a cosine in [0, 1]")
         for name in ("llm_neighbours", "neighbour_turns", "write_neighbours"):
             if getattr(self, name) < 0:
                 raise ValueError(f"memory.{name}={getattr(self, name)}: must be >= 0")

@@ -35,6 +35,7 @@ from memrl.memory.embedder import Embedder, build_embedder, window_chunks
 from memrl.memory.extract import EXTRACTORS, ExtractionRequest, FactDecision, TextGenerator
 from memrl.memory.retrieval import RETRIEVERS, Query, as_history, supersede_rescore, time_rescore
 from memrl.memory.store import FACT_STORES, FactRecord, FactStore, FactStoreError, NewFact
+from memrl.memory.update_guard import resolve_updates
 from memrl.types import MemoryOp, MemoryOpType, TurnRole, TurnSpec
 
 if TYPE_CHECKING:
@@ -62,9 +63,7 @@ def _use_order(samples, fork: bool = True) -> list:
     """The decision lists of a write batch in the order ``write_batch`` applies them: per item, every fork's reply
     (snapshot writes), then reply 0 to the episode's own store."""
     return [
-        alt.ops.decisions
-        for alts in samples
-        for alt in ((*alts, alts[0]) if fork and len(alts) > 1 else alts[:1])
+        alt.applied for alts in samples for alt in ((*alts, alts[0]) if fork and len(alts) > 1 else alts[:1])
     ]
 
 
@@ -344,19 +343,39 @@ class MemorySystem:
             prompts, samples = writer.sample(requests, n or [1] * len(items), temperature, seed)
         else:
             prompts, samples = writer.forced(requests, [teacher(r) for r in requests])
+        samples = [
+            self._resolve(mgr, req, alts)
+            for (mgr, _), req, alts in zip(items, requests, samples, strict=True)
+        ]
         # One encode call for the facts of every reply that gets applied (forks first, then reply 0, per item).
         vecs = self._decision_vectors([d for ds in _use_order(samples, fork) for d in ds])
         out = []
         for (mgr, turns), req, prompt, alts in zip(items, requests, prompts, samples, strict=True):
             before = tuple(r.fact_id for r in self.current_facts(mgr))
             forks = self._fork_alternatives(mgr, turns, alts, vecs) if fork and len(alts) > 1 else ()
-            ops = self.apply_decisions(mgr, turns, alts[0].ops.decisions, vecs)
+            ops = self.apply_decisions(mgr, turns, alts[0].applied, vecs)
             after = tuple(r.fact_id for r in self.current_facts(mgr))
             out.append(
                 WriteResult(
                     tuple(turns), req.neighbours, prompt, tuple(alts), tuple(ops), before, after, forks
                 )
             )
+        return out
+
+    def _resolve(self, mgr: MemoryManager, req, alts: Sequence[Any]) -> list[Any]:
+        """``alts`` with their UPDATEs resolved against the shown facts (:mod:`memrl.memory.update_guard`)."""
+        out = []
+        for alt in alts:
+            resolved, counts = resolve_updates(
+                alt.ops.decisions, req.neighbours, self.encode_chunked,
+                lambda fid: self.store.chunk_vectors(mgr.episode_id, fid),
+                target=self.cfg.update_target, floor=self.cfg.update_floor,
+            )  # fmt: skip
+            changed = sum(counts.values())
+            for name, n in counts.items():
+                if n:
+                    self.metrics[f"memory/{name}"] += n
+            out.append(dataclasses.replace(alt, resolved=resolved) if changed else alt)
         return out
 
     def _fork_alternatives(
@@ -371,7 +390,7 @@ class MemorySystem:
             # The reply named the episode's fact ids; the fork holds the same facts under its own ids.
             decisions = [
                 d if d.fact_id is None else dataclasses.replace(d, fact_id=ids[d.fact_id])
-                for d in alt.ops.decisions
+                for d in alt.applied
             ]
             self.apply_decisions(fork, turns, decisions, vecs)
         return tuple(fork.episode_id for fork, _ in forks)

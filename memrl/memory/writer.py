@@ -130,6 +130,12 @@ class WriteSample:
     logprobs: tuple[float, ...]
     text: str
     ops: ParsedOps
+    # What reaches the store where it differs from what was written (memrl.memory.update_guard); None: the same.
+    resolved: tuple[FactDecision, ...] | None = None
+
+    @property
+    def applied(self) -> tuple[FactDecision, ...]:
+        return self.ops.decisions if self.resolved is None else self.resolved
 
 
 def turn_line(turn: TurnSpec) -> str:

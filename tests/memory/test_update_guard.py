@@ -1,0 +1,114 @@
+"""Where a written UPDATE lands (memrl.memory.update_guard), with the real MiniLM and FAISS store."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from memrl.memory.config import MemoryConfig
+from memrl.memory.extract import FactDecision
+from memrl.memory.llm import policy_text_generator
+from memrl.memory.manager import MemorySystem
+from memrl.memory.store import FactRecord
+from memrl.memory.update_guard import resolve_updates, similarity
+from memrl.testing.models import byte_tokenizer
+from memrl.testing.scripted import ScriptedPolicy
+from memrl.types import MemoryOpType, TurnRole, TurnSpec
+
+ADD, UPDATE = MemoryOpType.ADD, MemoryOpType.UPDATE
+FACTS = ["Ann lives in Paris.", "Ann works as a baker."]
+
+
+def turn(text: str, tid: str) -> TurnSpec:
+    return TurnSpec(TurnRole.HISTORY, text, tid, speaker="Ann", timestamp="2023-01-01 10:00")
+
+
+def shown_id(ctx_text: str, fact: str) -> str:
+    """The local id the writer was shown ``fact`` under (the order is the retrieval's, nearest first)."""
+    return re.search(rf"(\d+)\. \[[^\]]*\] {re.escape(fact)}", ctx_text)[1]
+
+
+def _seeded(minilm, second_reply, **cfg):
+    """A store holding FACTS, then one write of "I moved to Rome." answered by ``second_reply(ctx text)``."""
+    replies = iter([f"ADD {FACTS[0]}", f"ADD {FACTS[1]}"])
+    policy = ScriptedPolicy(
+        byte_tokenizer(),
+        lambda ctx: next(replies) if "I moved to Rome" not in ctx.text else second_reply(ctx.text),
+    )
+    system = MemorySystem(
+        MemoryConfig(extractor="policy", neighbour_turns=0, **cfg),
+        embedder=minilm,
+        generate_text=policy_text_generator(policy),
+    )
+    mgr = system.manager("ep")
+    system.write_batch([(mgr, [turn("I live in Paris.", "D1:1")])])
+    system.write_batch([(mgr, [turn("I bake bread for a living.", "D1:2")])])
+    res = system.write_batch([(mgr, [turn("I moved to Rome. I got a dog, Rex.", "D2:1")])])[0]
+    return system, mgr, res
+
+
+def test_an_update_far_from_every_shown_fact_is_kept_as_an_add_and_retires_nothing(minilm):
+    system, mgr, res = _seeded(
+        minilm, lambda text: f"UPDATE {shown_id(text, FACTS[0])} Ann has a dog named Rex.", update_floor=0.67
+    )
+    assert [o.op for o in res.ops] == [ADD]
+    assert sorted(r.text for r in system.current_facts(mgr)) == sorted([*FACTS, "Ann has a dog named Rex."])
+    assert not any(r.superseded for r in mgr.facts())
+    # The writer's step keeps what it wrote (its op term scores that); the store got the ADD.
+    assert [d.op for d in res.samples[0].ops.decisions] == [UPDATE]
+    assert "kept as an ADD" in res.samples[0].resolved[0].extra["resolved"]
+    assert system.metrics["memory/update_as_add"] == 1
+
+
+def test_a_change_of_value_above_the_floor_still_supersedes(minilm):
+    system, mgr, res = _seeded(
+        minilm, lambda text: f"UPDATE {shown_id(text, FACTS[0])} Ann lives in Rome.", update_floor=0.67
+    )
+    assert [o.op for o in res.ops] == [UPDATE] and res.samples[0].resolved is None
+    assert sorted(r.text for r in system.current_facts(mgr)) == ["Ann lives in Rome.", FACTS[1]]
+    assert [r.text for r in mgr.facts() if r.superseded] == [FACTS[0]]
+
+
+def test_nearest_target_supersedes_the_shown_fact_nearest_the_text_not_the_written_id(minilm):
+    wrong_id = {}
+
+    def reply(text):
+        wrong_id["id"] = shown_id(text, FACTS[1])  # the baker fact, not the one the change replaces
+        return f"UPDATE {wrong_id['id']} Ann lives in Rome."
+
+    system, mgr, res = _seeded(minilm, reply, update_target="nearest")
+    assert sorted(r.text for r in system.current_facts(mgr)) == ["Ann lives in Rome.", FACTS[1]]
+    assert [r.text for r in mgr.facts() if r.superseded] == [FACTS[0]]
+    assert system.metrics["memory/update_retargeted"] == 1
+    # As written (the default), the same reply retires the baker fact.
+    system, mgr, _ = _seeded(minilm, reply)
+    assert [r.text for r in mgr.facts() if r.superseded] == [FACTS[1]]
+
+
+def test_resolution_encodes_nothing_without_an_update_or_a_setting(counting):
+    shown = (FactRecord(0, "ep", FACTS[0]),)
+    adds = (FactDecision(ADD, text="Ann likes tea."),)
+    out, counts = resolve_updates(adds, shown, counting.encode, lambda fid: None, target="nearest", floor=0.9)
+    assert out == adds and counts == {"update_retargeted": 0, "update_as_add": 0} and counting.calls == []
+    upd = (FactDecision(UPDATE, text="Ann likes tea.", fact_id=0, supersede=True),)
+    out, _ = resolve_updates(upd, shown, counting.encode, lambda fid: None, target="written", floor=0.0)
+    assert out == upd and counting.calls == []
+
+
+def test_similarity_takes_the_best_pair_of_chunks():
+    a = np.array([[1.0, 0.0], [0.0, 1.0]])
+    assert similarity(a, np.array([0.6, 0.8])) == pytest.approx(0.8)
+
+
+@pytest.mark.parametrize(
+    ("cfg", "message"),
+    [
+        ({"update_target": "closest"}, "expected one of ('written', 'nearest')"),
+        ({"update_floor": 1.5}, "[0, 1]"),
+    ],
+)
+def test_bad_settings_name_what_is_expected(cfg, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        MemoryConfig(**cfg)
