@@ -196,6 +196,7 @@ def _writes_html(view: EpisodeView) -> str:
             _ops_html(w.ops) if w.applied else '<span class="src">not applied (snapshot alternative)</span>'
         )
         errors = "".join(f'<div class="rb">✗ {escape(e)}</div>' for e in w.errors)
+        errors += "".join(f'<div class="src">→ {escape(n)}</div>' for n in w.resolved)
         score = "" if w.op_score is None else f" (F1 {w.op_score:.2f})"
         right = "" if w.op_right is None else f'<div class="src">ops right: {w.op_right}{score}</div>'
         gold = f'<div class="src">gold: {escape(w.gold_ops)}</div>' if w.gold_ops else ""

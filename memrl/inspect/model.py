@@ -61,6 +61,7 @@ class MemoryWriteView:
     snapshot_reward: float | None
     store_before: list[str]
     store_after: list[str]
+    resolved: list[str] = field(default_factory=list)  # what the store changed (memrl.memory.update_guard)
 
 
 @dataclass
@@ -246,6 +247,7 @@ def _writes(rows: list[tuple[dict, StepMeta]], memory: _Memory) -> list[MemoryWr
                 snapshot_reward=x.get("snapshot_reward"),
                 store_before=before,
                 store_after=memory.current() if x.get("applied", True) else before,
+                resolved=list(x.get("resolved", [])),
             )
         )
     return out

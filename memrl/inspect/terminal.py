@@ -187,6 +187,8 @@ def writes_table(view: EpisodeView) -> Table:
             wrote.append("not applied (snapshot alternative): " + "; ".join(w.decisions), style="dim")
         for err in w.errors:
             wrote.append(f"\n✗ {err}", style="red")
+        for note in w.resolved:
+            wrote.append(f"\n→ {note}", style="cyan")
         if w.op_right is not None:
             score = "" if w.op_score is None else f" (F1 {w.op_score:.2f})"
             wrote.append(f"\nops right: {w.op_right}{score}", style="green" if w.op_right else "yellow")

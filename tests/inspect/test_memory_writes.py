@@ -3,6 +3,8 @@ after, its credit (terminal and HTML)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from rich.console import Console
 
@@ -54,3 +56,36 @@ def test_terminal_and_html_show_the_writes(view):
     html = render_html(view)
     assert '<table id="writes">' in html and "current facts before" in html
     assert f"(F1 {view.writes[0].op_score:.2f})" in html
+
+
+def test_an_update_the_store_resolved_shows_what_it_changed(tmp_path):
+    """A writer that writes every fact as ``UPDATE 0`` over a store whose floor no text reaches: each such write
+    is kept as an ADD, and the view says so beside the reply."""
+
+    def updater(ctx):
+        if not re.search(r"Operations:\s*(<\|assistant\|>)?\s*$", ctx.text):
+            return script(ctx)
+        shown = "0. [" in ctx.text.rsplit("Memory:", 1)[-1]
+        return "\n".join(
+            f"UPDATE 0 {line[4:]}" if shown and line != "NOOP" else line for line in [script(ctx)]
+        )
+
+    cfg = load_config(
+        None,
+        [
+            "data.options={num_episodes: 1}", "tools.enabled=[]", "rollout.n=1", "rollout.max_response_tokens=48",
+            "memory.extractor=policy", "memory.top_k=4", "memory.neighbour_turns=0", "memory.update_floor=1.0",
+            "episode.history_steps=none", "episode.ingest_chunk_turns=1", f"output_dir={tmp_path}",
+        ],
+    )  # fmt: skip
+    run_episodes(cfg, tmp_path, policy=ScriptedPolicy(byte_tokenizer(), updater), progress=False)
+    (view,) = load_run(tmp_path).episode_views()
+    resolved = [w for w in view.writes if w.resolved]
+    assert resolved and all(w.reply.startswith("UPDATE 0") for w in resolved)
+    assert all(op.op.value == "ADD" for w in resolved for op in w.ops)
+    assert len(view.writes[-1].store_after) == sum(
+        1 for w in view.writes for op in w.ops if op.op.value == "ADD"
+    )
+    console = Console(record=True, width=200)
+    render(view, console)
+    assert "kept as an ADD" in console.export_text() and "kept as an ADD" in render_html(view)
