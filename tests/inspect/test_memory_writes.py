@@ -18,20 +18,29 @@ from memrl.testing.scripted import ScriptedPolicy
 from tests.episode.test_memory_writes import script
 
 
-@pytest.fixture(scope="module")
-def view(tmp_path_factory):
-    out = tmp_path_factory.mktemp("writes")
+def _view(out, writer, *overrides):
+    """The one episode's view after a run whose memory ``writer`` (a ScriptedPolicy script) writes."""
     cfg = load_config(
         None,
         [
             "data.options={num_episodes: 1}", "tools.enabled=[]", "rollout.n=1", "rollout.max_response_tokens=48",
-            "memory.extractor=policy", "memory.write_max_tokens=400", "memory.top_k=4", "memory.neighbour_turns=0",
-            "episode.history_steps=none", "episode.ingest_chunk_turns=6", f"output_dir={out}",
+            "memory.extractor=policy", "memory.top_k=4", "memory.neighbour_turns=0", "episode.history_steps=none",
+            *overrides, f"output_dir={out}",
         ],
     )  # fmt: skip
-    run_episodes(cfg, out, policy=ScriptedPolicy(byte_tokenizer(), script), progress=False)
+    run_episodes(cfg, out, policy=ScriptedPolicy(byte_tokenizer(), writer), progress=False)
     (view,) = load_run(out).episode_views()
     return view
+
+
+@pytest.fixture(scope="module")
+def view(tmp_path_factory):
+    return _view(
+        tmp_path_factory.mktemp("writes"),
+        script,
+        "memory.write_max_tokens=400",
+        "episode.ingest_chunk_turns=6",
+    )
 
 
 def test_view_replays_each_write_with_the_store_before_and_after(view):
@@ -70,16 +79,7 @@ def test_an_update_the_store_resolved_shows_what_it_changed(tmp_path):
             f"UPDATE 0 {line[4:]}" if shown and line != "NOOP" else line for line in [script(ctx)]
         )
 
-    cfg = load_config(
-        None,
-        [
-            "data.options={num_episodes: 1}", "tools.enabled=[]", "rollout.n=1", "rollout.max_response_tokens=48",
-            "memory.extractor=policy", "memory.top_k=4", "memory.neighbour_turns=0", "memory.update_floor=1.0",
-            "episode.history_steps=none", "episode.ingest_chunk_turns=1", f"output_dir={tmp_path}",
-        ],
-    )  # fmt: skip
-    run_episodes(cfg, tmp_path, policy=ScriptedPolicy(byte_tokenizer(), updater), progress=False)
-    (view,) = load_run(tmp_path).episode_views()
+    view = _view(tmp_path, updater, "memory.update_floor=1.0", "episode.ingest_chunk_turns=1")
     resolved = [w for w in view.writes if w.resolved]
     assert resolved and all(w.reply.startswith("UPDATE 0") for w in resolved)
     assert all(op.op.value == "ADD" for w in resolved for op in w.ops)
