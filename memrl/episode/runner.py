@@ -40,7 +40,7 @@ from memrl.memory.writer import chunk_end
 from memrl.rewards.base import RewardFn, RewardInput
 from memrl.rollout.base import RolloutRequest, run_rollout
 from memrl.rollout.config import RolloutConfig
-from memrl.types import BatchInput, EpisodeStatus, EpisodeTrajectory
+from memrl.types import BatchInput, EpisodeStatus, EpisodeTrajectory, MemoryOpType
 
 logger = logging.getLogger(__name__)
 
@@ -265,6 +265,11 @@ class EpisodeRunner:
             st.history_ops.setdefault(res.turns[-1].turn_id, []).extend(res.ops)
             self.metrics["memory/writes"] += 1
             self.metrics["memory/format_errors"] += len(res.samples[0].ops.errors)
+            for d in res.samples[0].resolved or ():  # UPDATEs the store resolved (memrl.memory.update_guard)
+                if "resolved" in d.extra:
+                    self.metrics[
+                        "memory/update_as_add" if d.op is MemoryOpType.ADD else "memory/update_retargeted"
+                    ] += 1
         scored = [(st, res) for st, res in zip(owners, results, strict=True) if res.alternatives]
         if scored:
             self._timed_call("snapshot", lambda: self.snapshot.score(self, scored))

@@ -3,6 +3,7 @@ after, its credit (terminal and HTML)."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
@@ -83,6 +84,8 @@ def test_an_update_the_store_resolved_shows_what_it_changed(tmp_path):
     resolved = [w for w in view.writes if w.resolved]
     assert resolved and all(w.reply.startswith("UPDATE 0") for w in resolved)
     assert all(op.op.value == "ADD" for w in resolved for op in w.ops)
+    (metrics,) = tmp_path.rglob("metrics.json")
+    assert json.loads(metrics.read_text())["memory/update_as_add"] == len(resolved)
     assert len(view.writes[-1].store_after) == sum(
         1 for w in view.writes for op in w.ops if op.op.value == "ADD"
     )
