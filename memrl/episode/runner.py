@@ -36,11 +36,12 @@ from memrl.episode.prompt import PromptBuilder, PromptTooLongError, order_facts
 from memrl.episode.recent import RecentHistory
 from memrl.episode.snapshot import SnapshotScorer
 from memrl.episode.state import EpisodeState, Phase
+from memrl.memory.update_guard import resolved_counts
 from memrl.memory.writer import chunk_end
 from memrl.rewards.base import RewardFn, RewardInput
 from memrl.rollout.base import RolloutRequest, run_rollout
 from memrl.rollout.config import RolloutConfig
-from memrl.types import BatchInput, EpisodeStatus, EpisodeTrajectory, MemoryOpType
+from memrl.types import BatchInput, EpisodeStatus, EpisodeTrajectory
 
 logger = logging.getLogger(__name__)
 
@@ -265,11 +266,9 @@ class EpisodeRunner:
             st.history_ops.setdefault(res.turns[-1].turn_id, []).extend(res.ops)
             self.metrics["memory/writes"] += 1
             self.metrics["memory/format_errors"] += len(res.samples[0].ops.errors)
-            for d in res.samples[0].resolved or ():  # UPDATEs the store resolved (memrl.memory.update_guard)
-                if "resolved" in d.extra:
-                    self.metrics[
-                        "memory/update_as_add" if d.op is MemoryOpType.ADD else "memory/update_retargeted"
-                    ] += 1
+            # UPDATEs the store resolved in the applied reply (memrl.memory.update_guard)
+            for name, n in resolved_counts(res.samples[0].resolved or ()).items():
+                self.metrics[f"memory/{name}"] += n
         scored = [(st, res) for st, res in zip(owners, results, strict=True) if res.alternatives]
         if scored:
             self._timed_call("snapshot", lambda: self.snapshot.score(self, scored))

@@ -35,7 +35,7 @@ from memrl.memory.embedder import Embedder, build_embedder, window_chunks
 from memrl.memory.extract import EXTRACTORS, ExtractionRequest, FactDecision, TextGenerator
 from memrl.memory.retrieval import RETRIEVERS, Query, as_history, supersede_rescore, time_rescore
 from memrl.memory.store import FACT_STORES, FactRecord, FactStore, FactStoreError, NewFact
-from memrl.memory.update_guard import resolve_updates
+from memrl.memory.update_guard import resolve_batch
 from memrl.types import MemoryOp, MemoryOpType, TurnRole, TurnSpec
 
 if TYPE_CHECKING:
@@ -343,10 +343,7 @@ class MemorySystem:
             prompts, samples = writer.sample(requests, n or [1] * len(items), temperature, seed)
         else:
             prompts, samples = writer.forced(requests, [teacher(r) for r in requests])
-        samples = [
-            self._resolve(mgr, req, alts)
-            for (mgr, _), req, alts in zip(items, requests, samples, strict=True)
-        ]
+        samples = self._resolve(items, requests, samples)
         # One encode call for the facts of every reply that gets applied (forks first, then reply 0, per item).
         vecs = self._decision_vectors([d for ds in _use_order(samples, fork) for d in ds])
         out = []
@@ -362,20 +359,14 @@ class MemorySystem:
             )
         return out
 
-    def _resolve(self, mgr: MemoryManager, req, alts: Sequence[Any]) -> list[Any]:
-        """``alts`` with their UPDATEs resolved against the shown facts (:mod:`memrl.memory.update_guard`)."""
-        out = []
-        for alt in alts:
-            resolved, counts = resolve_updates(
-                alt.ops.decisions, req.neighbours, self.encode_chunked,
-                lambda fid: self.store.chunk_vectors(mgr.episode_id, fid),
-                target=self.cfg.update_target, floor=self.cfg.update_floor,
-            )  # fmt: skip
-            changed = sum(counts.values())
-            for name, n in counts.items():
-                if n:
-                    self.metrics[f"memory/{name}"] += n
-            out.append(dataclasses.replace(alt, resolved=resolved) if changed else alt)
+    def _resolve(self, items, requests, samples) -> list[list[Any]]:
+        """Every reply's UPDATEs resolved against the facts its write was shown (:mod:`memrl.memory.update_guard`)."""
+        out, counts = resolve_batch(
+            [mgr.episode_id for mgr, _ in items], [r.neighbours for r in requests], samples,
+            self.encode_chunked, self.store.chunk_vectors,
+            target=self.cfg.update_target, floor=self.cfg.update_floor,
+        )  # fmt: skip
+        self.metrics.update(+counts)
         return out
 
     def _fork_alternatives(

@@ -24,11 +24,12 @@ docs/experiments.md ("resolving UPDATEs by similarity").
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
-from memrl.memory.config import UPDATE_TARGETS
 from memrl.memory.extract import FactDecision
 from memrl.memory.store import FactRecord
 from memrl.types import MemoryOpType
@@ -39,42 +40,97 @@ def similarity(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(np.atleast_2d(a) @ np.atleast_2d(b).T))
 
 
+def is_active(target: str, floor: float) -> bool:
+    """Does the store resolve UPDATEs at all under these settings?"""
+    return target != "written" or floor > 0
+
+
+def to_resolve(decisions: Sequence[FactDecision], neighbours: Sequence[FactRecord]) -> list[FactDecision]:
+    """The UPDATEs of ``decisions`` that resolution reads (none when no fact was shown), in order: the caller
+    embeds their texts, all writes of a batch in one encode call."""
+    return [d for d in decisions if d.op is MemoryOpType.UPDATE] if neighbours else []
+
+
 def resolve_updates(
     decisions: Sequence[FactDecision],
     neighbours: Sequence[FactRecord],
-    encode: Callable[[list[str]], list[np.ndarray]],
+    vectors: Sequence[np.ndarray],
     neighbour_vectors: Callable[[int], np.ndarray],
     *,
     target: str,
     floor: float,
-) -> tuple[tuple[FactDecision, ...], dict[str, int]]:
-    """``decisions`` with every UPDATE resolved as the module doc says, and the counts of what changed
-    (``update_retargeted``, ``update_as_add``). ``encode`` embeds texts (one ``[n_chunks, dim]`` array each);
-    ``neighbour_vectors(fact_id)`` gives a shown fact's vectors. Nothing is encoded when no UPDATE is written."""
-    if target not in UPDATE_TARGETS:
-        raise ValueError(f"memory.update_target={target!r}: expected one of {UPDATE_TARGETS}")
-    counts = {"update_retargeted": 0, "update_as_add": 0}
-    updates = [i for i, d in enumerate(decisions) if d.op is MemoryOpType.UPDATE]
-    if not updates or not neighbours or (target == "written" and floor <= 0):
-        return tuple(decisions), counts
+) -> tuple[FactDecision, ...]:
+    """``decisions`` with every UPDATE resolved as the module doc says; a changed decision says why in
+    ``extra["resolved"]``. ``vectors``: one ``[n_chunks, dim]`` array per decision of :func:`to_resolve`;
+    ``neighbour_vectors(fact_id)`` gives a shown fact's vectors."""
+    updates = to_resolve(decisions, neighbours)
+    if len(vectors) != len(updates):
+        raise ValueError(f"resolve_updates: {len(vectors)} vectors for {len(updates)} UPDATEs")
+    if not updates or not is_active(target, floor):
+        return tuple(decisions)
     shown = [neighbour_vectors(f.fact_id) for f in neighbours]
-    vecs = encode([decisions[i].embed_text or decisions[i].text for i in updates])
-    out = list(decisions)
-    for i, vec in zip(updates, vecs, strict=True):
-        d = out[i]
+    resolved = {}
+    for d, vec in zip(updates, vectors, strict=True):
         sims = [similarity(vec, s) for s in shown]
         best = int(np.argmax(sims))
         if sims[best] < floor:
-            why = f"UPDATE of fact {d.fact_id} kept as an ADD: its text is {sims[best]:.2f} from every shown fact"
-            out[i] = FactDecision(
+            why = f"UPDATE of fact {d.fact_id} kept as an ADD: its text is {sims[best]:.2f} to the nearest shown fact"
+            resolved[id(d)] = FactDecision(
                 MemoryOpType.ADD, text=d.text, speaker=d.speaker, embed_text=d.embed_text,
                 extra={**d.extra, "resolved": why},
             )  # fmt: skip
-            counts["update_as_add"] += 1
         elif target == "nearest" and neighbours[best].fact_id != d.fact_id:
             why = f"UPDATE of fact {d.fact_id} moved to fact {neighbours[best].fact_id}, nearest its text"
-            out[i] = dataclasses.replace(
+            resolved[id(d)] = dataclasses.replace(
                 d, fact_id=neighbours[best].fact_id, extra={**d.extra, "resolved": why}
             )
-            counts["update_retargeted"] += 1
-    return tuple(out), counts
+    return tuple(resolved.get(id(d), d) for d in decisions)
+
+
+def resolved_counts(decisions: Sequence[FactDecision]) -> dict[str, int]:
+    """What resolution changed among ``decisions``: ``update_as_add`` and ``update_retargeted``."""
+    notes = [d for d in decisions if "resolved" in d.extra]
+    adds = sum(d.op is MemoryOpType.ADD for d in notes)
+    return {"update_as_add": adds, "update_retargeted": len(notes) - adds}
+
+
+def resolve_batch(
+    episode_ids: Sequence[str],
+    shown: Sequence[Sequence[FactRecord]],
+    samples: Sequence[Sequence[Any]],
+    encode: Callable[[list[str]], list[np.ndarray]],
+    vectors_of: Callable[[str, int], np.ndarray],
+    *,
+    target: str,
+    floor: float,
+) -> tuple[list[list[Any]], Counter[str]]:
+    """One write batch resolved: ``samples[i]`` are write i's replies (``WriteSample``), ``shown[i]`` the facts
+    it was shown from episode ``episode_ids[i]``'s store (``vectors_of(episode_id, fact_id)``). The UPDATE texts
+    of the whole batch are embedded in one ``encode`` call. Returns the replies (a changed one carries
+    ``resolved``) and the ``memory/update_as_add`` / ``memory/update_retargeted`` counts."""
+    counts: Counter[str] = Counter()
+    if not is_active(target, floor):
+        return [list(alts) for alts in samples], counts
+    todo = [
+        to_resolve(alt.ops.decisions, nb) for nb, alts in zip(shown, samples, strict=True) for alt in alts
+    ]
+    texts = [d.embed_text or d.text for ds in todo for d in ds]
+    vecs, pending = iter(encode(texts) if texts else []), iter(todo)
+    out = []
+    for ns, nb, alts in zip(episode_ids, shown, samples, strict=True):
+        replies = []
+        for alt in alts:
+            mine = [next(vecs) for _ in next(pending)]
+            decisions = resolve_updates(
+                alt.ops.decisions,
+                nb,
+                mine,
+                lambda fid, ns=ns: vectors_of(ns, fid),
+                target=target,
+                floor=floor,
+            )
+            changed = resolved_counts(decisions)
+            counts.update({f"memory/{k}": n for k, n in changed.items() if n})
+            replies.append(dataclasses.replace(alt, resolved=decisions) if any(changed.values()) else alt)
+        out.append(replies)
+    return out, counts

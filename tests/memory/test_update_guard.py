@@ -87,14 +87,30 @@ def test_nearest_target_supersedes_the_shown_fact_nearest_the_text_not_the_writt
     assert [r.text for r in mgr.facts() if r.superseded] == [FACTS[1]]
 
 
-def test_resolution_encodes_nothing_without_an_update_or_a_setting(counting):
+def test_resolution_embeds_a_batch_s_update_texts_in_one_call_and_nothing_without_an_update(counting):
+    def run(reply, **cfg):
+        replies = iter(["ADD Ann lives in Paris."] * 3)
+        policy = ScriptedPolicy(
+            byte_tokenizer(), lambda ctx: reply if "I moved to Rome" in ctx.text else next(replies)
+        )
+        system = MemorySystem(
+            MemoryConfig(extractor="policy", **cfg),
+            embedder=counting,
+            generate_text=policy_text_generator(policy),
+        )
+        mgrs = [system.manager(f"ep{i}") for i in range(3)]
+        system.write_batch([(m, [turn("I live in Paris.", "D1:1")]) for m in mgrs])
+        counting.calls.clear()
+        system.write_batch([(m, [turn("I moved to Rome.", "D2:1")]) for m in mgrs])
+        return list(counting.calls)
+
+    plain = run("UPDATE 0 Ann lives in Rome.")  # the neighbour lookup, then the written facts
+    assert run("UPDATE 0 Ann lives in Rome.", update_target="nearest", update_floor=0.6) == [3, 3, 3]
+    assert plain == [3, 3]
+    assert run("ADD Ann likes Rome.", update_target="nearest", update_floor=0.6) == [3, 3]
     shown = (FactRecord(0, "ep", FACTS[0]),)
     adds = (FactDecision(ADD, text="Ann likes tea."),)
-    out, counts = resolve_updates(adds, shown, counting.encode, lambda fid: None, target="nearest", floor=0.9)
-    assert out == adds and counts == {"update_retargeted": 0, "update_as_add": 0} and counting.calls == []
-    upd = (FactDecision(UPDATE, text="Ann likes tea.", fact_id=0, supersede=True),)
-    out, _ = resolve_updates(upd, shown, counting.encode, lambda fid: None, target="written", floor=0.0)
-    assert out == upd and counting.calls == []
+    assert resolve_updates(adds, shown, [], lambda fid: None, target="nearest", floor=0.9) == adds
 
 
 def test_similarity_takes_the_best_pair_of_chunks():
