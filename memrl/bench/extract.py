@@ -21,8 +21,8 @@ target accuracy, malformed replies (the extractor turns them into NOOPs) by reas
 changed (person, attribute) — the active facts hold the latest value and no longer the stale one — also for the
 update questions alone, wall seconds and (llm) prompt / completion tokens per turn, and a few raw replies.
 
-Options: ``--episodes N`` (test split, 4 by default), ``--extractor rule|llm|both`` (both, the default: side by
-side in one JSON), ``--seed``, and ``key=value`` MemoryConfig overrides (``llm_neighbours=3``). The defaults are
+Options: ``--episodes N`` (test split, 4 by default), ``--extractor rule|llm|policy|gold|both`` (both, the default:
+rule and llm side by side in one JSON; gold writes the dataset's own operations, the scoring's ceiling), ``--seed``, and ``key=value`` MemoryConfig overrides (``llm_neighbours=3``). The defaults are
 the run docs/benchmarks.md reports, replies capped at :data:`LLM_MAX_TOKENS` tokens for CPU time.
 """
 
@@ -45,7 +45,7 @@ from memrl.types import BatchInput
 
 logger = logging.getLogger(__name__)
 
-EXTRACTOR_CHOICES = ("rule", "llm", "policy", "both")
+EXTRACTOR_CHOICES = ("rule", "llm", "policy", "gold", "both")
 
 # ---------------------------------------------------------------------------------------------------------
 # Running an extractor over the episodes
@@ -197,7 +197,7 @@ def bench_extract(argv: list[str]) -> dict:
     for name in names:
         cfg = MemoryConfig(**{**overrides, "extractor": name})
         generate_text, client, model = (
-            _policy_generator(cfg, policy_overrides) if name != "rule" else (None, None, "")
+            _policy_generator(cfg, policy_overrides) if name in ("llm", "policy") else (None, None, "")
         )
         t0 = time.perf_counter()
         # The bench counts malformed replies itself; one warning per reply would bury the progress bar.

@@ -78,6 +78,7 @@ ExtractorFactory = Callable[[MemoryConfig, "TextGenerator | None"], FactExtracto
 
 
 def _populate() -> None:
+    import memrl.memory.gold  # noqa: F401 -- registers "gold"
     import memrl.memory.writer  # noqa: F401 -- registers "policy"
 
 

@@ -8,6 +8,10 @@ has no gold operations (outcome-only credit, as on LoCoMo).
 
 Facts are model-written paraphrases, so a fact "holds" a value when it names the person and the value as words
 (:func:`holds`), not when it matches a template.
+
+``memory.extractor: gold`` writes these operations into the store: the memory a perfect policy writer leaves,
+reading what the policy writer reads (its ``write_neighbours`` current facts nearest the turn). It is the ceiling
+of any trained writer under the same answer policy, and the bench's check on its own scoring.
 """
 
 from __future__ import annotations
@@ -15,8 +19,10 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from memrl.memory.extract import FactDecision
+from memrl.memory.config import MemoryConfig
+from memrl.memory.extract import EXTRACTORS, ExtractionRequest, FactDecision, TextGenerator
 from memrl.memory.store import FactRecord
+from memrl.memory.writer import parse_ops, turn_line
 from memrl.types import MemoryOpType, TurnSpec
 
 _WORD = re.compile(r"[a-z0-9]+")
@@ -106,3 +112,33 @@ def _matches(
         # the same (a restatement): the per-turn writer's commonest error, replacing a person's other fact.
         return old is not None and holds(old.text, person, value)
     return d.op is MemoryOpType.ADD
+
+
+class GoldExtractor:
+    """``memory.extractor: gold``: each turn's gold operations, written as the policy writer writes them."""
+
+    needs_neighbours = True
+
+    def __init__(self, cfg: MemoryConfig) -> None:
+        self.neighbour_count = cfg.write_neighbours
+
+    @staticmethod
+    def neighbour_query(turn: TurnSpec) -> str:
+        return turn_line(turn)  # the text the policy writer's neighbours are searched with
+
+    def extract(self, requests: Sequence[ExtractionRequest]) -> list[list[FactDecision]]:
+        out = []
+        for req in requests:
+            text = gold_text((req.turn,), req.neighbours)
+            if text is None:
+                raise ValueError(
+                    f"memory.extractor=gold: history turn {req.turn.turn_id} has no gold operation (metadata "
+                    "'memory_op'); only datasets that know them (synthetic) can use it"
+                )
+            out.append(list(parse_ops(text, req.neighbours).decisions))
+        return out
+
+
+@EXTRACTORS.register("gold")
+def _gold(cfg: MemoryConfig, generate_text: TextGenerator | None = None) -> GoldExtractor:
+    return GoldExtractor(cfg)

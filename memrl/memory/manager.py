@@ -186,11 +186,14 @@ class MemorySystem:
         if not items:
             return []
         neighbours: list[tuple[FactRecord, ...]] = [() for _ in items]
-        if self.extractor.needs_neighbours and self.cfg.llm_neighbours:
-            qvecs = self.embedder.encode([t.text for _, t in items])
+        # An extractor may say how it looks facts up (the gold one sees what the policy writer would see);
+        # neighbours are current facts, nearest first, as the policy writer's are.
+        k = getattr(self.extractor, "neighbour_count", self.cfg.llm_neighbours)
+        if self.extractor.needs_neighbours and k:
+            query = getattr(self.extractor, "neighbour_query", None) or (lambda t: t.text)
+            qvecs = self.embedder.encode([query(t) for _, t in items])
             for i, (mgr, _) in enumerate(items):
-                hits = self.store.search(mgr.episode_id, qvecs[i : i + 1], self.cfg.llm_neighbours)[0]
-                neighbours[i] = tuple(self.store.get(mgr.episode_id, fid) for fid, _ in hits)
+                neighbours[i] = self.current_neighbours(mgr, qvecs[i : i + 1], k)
         requests = [ExtractionRequest(turn, nb) for (_, turn), nb in zip(items, neighbours, strict=True)]
         decisions = self.extractor.extract(requests)
         if len(decisions) != len(items):
