@@ -23,7 +23,7 @@ from memrl.memory.config import MemoryConfig
 from memrl.memory.extract import EXTRACTORS, ExtractionRequest, FactDecision, TextGenerator
 from memrl.memory.store import FactRecord
 from memrl.memory.writer import parse_ops, turn_line
-from memrl.types import MemoryOpType, TurnSpec
+from memrl.types import MemoryOpType, TurnRole, TurnSpec
 
 _WORD = re.compile(r"[a-z0-9]+")
 
@@ -129,6 +129,9 @@ class GoldExtractor:
     def extract(self, requests: Sequence[ExtractionRequest]) -> list[list[FactDecision]]:
         out = []
         for req in requests:
+            if req.turn.role is not TurnRole.HISTORY:  # the agent's own answer states nothing the chat knows
+                out.append([FactDecision(MemoryOpType.NOOP, reason="gold memory remembers history turns only")])
+                continue
             text = gold_text((req.turn,), req.neighbours)
             if text is None:
                 raise ValueError(

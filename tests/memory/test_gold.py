@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from memrl.memory.extract import FactDecision
 from memrl.memory.gold import gold_text, holds, ops_right, ops_score
 from memrl.memory.store import FactRecord
@@ -78,3 +80,39 @@ def test_an_update_on_an_add_turn_is_wrong_unless_it_restates_the_fact():
 def test_holds_is_a_word_test():
     assert holds("Leo's home is in Rome now", "Leo", "Rome")
     assert not holds("Leonora lives in Rome", "Leo", "Rome")
+
+
+def test_the_gold_extractor_supersedes_the_stale_fact_and_keeps_it_as_history(minilm):
+    from memrl.memory.config import MemoryConfig
+    from memrl.memory.manager import MemorySystem
+
+    system = MemorySystem(MemoryConfig(extractor="gold", write_neighbours=4), embedder=minilm)
+    mgr = system.manager("ep")
+    first = turn("I live in Paris.", "ADD", "D1:1", memory_fact="Leo lives in Paris.", memory_person="Leo",
+                 memory_value="Paris")  # fmt: skip
+    for t in (first, ANN, CHAT, MOVE):
+        mgr.extract_facts(t)
+    facts = {f.text: f for f in system.store.records("ep")}
+    assert set(facts) == {"Leo lives in Paris.", "Ann is a baker.", "Leo lives in Rome."}
+    assert facts["Leo lives in Paris."].superseded and not facts["Leo lives in Rome."].superseded
+    assert [op.op for op in mgr.memory_ops] == [
+        MemoryOpType.ADD, MemoryOpType.ADD, MemoryOpType.NOOP, MemoryOpType.UPDATE,
+    ]  # fmt: skip
+
+
+def test_the_gold_extractor_refuses_a_turn_without_gold_operations(minilm):
+    from memrl.memory.config import MemoryConfig
+    from memrl.memory.manager import MemorySystem
+
+    system = MemorySystem(MemoryConfig(extractor="gold"), embedder=minilm)
+    with pytest.raises(ValueError, match=r"extractor=gold: history turn D9:9 has no gold operation"):
+        system.manager("ep").extract_facts(TurnSpec(TurnRole.HISTORY, "hello", "D9:9"))
+
+
+def test_the_gold_extractor_remembers_nothing_of_the_agent_s_own_answer(minilm):
+    from memrl.memory.config import MemoryConfig
+    from memrl.memory.manager import MemorySystem
+
+    system = MemorySystem(MemoryConfig(extractor="gold"), embedder=minilm)
+    ops = system.manager("ep").update_memory("<answer>Rome</answer>", "Q")
+    assert [op.op for op in ops] == [MemoryOpType.NOOP] and system.store.records("ep") == []
