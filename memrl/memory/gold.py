@@ -130,7 +130,9 @@ class GoldExtractor:
         out = []
         for req in requests:
             if req.turn.role is not TurnRole.HISTORY:  # the agent's own answer states nothing the chat knows
-                out.append([FactDecision(MemoryOpType.NOOP, reason="gold memory remembers history turns only")])
+                out.append(
+                    [FactDecision(MemoryOpType.NOOP, reason="gold memory remembers history turns only")]
+                )
                 continue
             text = gold_text((req.turn,), req.neighbours)
             if text is None:
