@@ -53,9 +53,11 @@ class MemoryConfig:
     write_neighbours: int = 5
     # Where a written UPDATE lands (memrl.memory.update_guard): "nearest" supersedes the shown fact nearest its
     # text, not the id written; an UPDATE under update_floor (cosine) to every shown fact is kept as an ADD, so a
-    # new fact written as an UPDATE retires nothing. configs/synthetic_memory_eval.yaml sets both.
+    # new fact written as an UPDATE retires nothing; an ADD at or above add_ceiling to a shown fact supersedes it
+    # (a change written as a new fact). 0 turns either off. configs/synthetic_memory_eval.yaml sets all three.
     update_target: str = "written"
     update_floor: float = 0.0
+    add_ceiling: float = 0.0
     # Retrieval of a fact an UPDATE superseded: its score is multiplied by this unless the query asks about the
     # past ("before", "used to", ...), so the current value wins and the old one stays findable as history.
     superseded_weight: float = 0.5
@@ -126,8 +128,9 @@ class MemoryConfig:
             )
         if self.update_target not in UPDATE_TARGETS:
             raise ValueError(f"memory.update_target={self.update_target!r}: expected one of {UPDATE_TARGETS}")
-        if not 0.0 <= self.update_floor <= 1.0:
-            raise ValueError(f"memory.update_floor={self.update_floor}: must be a cosine in [0, 1]")
+        for name in ("update_floor", "add_ceiling"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"memory.{name}={getattr(self, name)}: must be a cosine in [0, 1] (0: off)")
         for name in ("llm_neighbours", "neighbour_turns", "write_neighbours"):
             if getattr(self, name) < 0:
                 raise ValueError(f"memory.{name}={getattr(self, name)}: must be >= 0")

@@ -363,11 +363,11 @@ class MemorySystem:
         return out
 
     def _resolve(self, items, requests, samples) -> list[list[Any]]:
-        """Every reply's UPDATEs resolved against the facts its write was shown (:mod:`memrl.memory.update_guard`)."""
+        """Every reply's writes resolved against the facts its write was shown (:mod:`memrl.memory.update_guard`)."""
         out, counts = resolve_batch(
             [mgr.episode_id for mgr, _ in items], [r.neighbours for r in requests], samples,
             self.encode_chunked, self.store.chunk_vectors,
-            target=self.cfg.update_target, floor=self.cfg.update_floor,
+            target=self.cfg.update_target, floor=self.cfg.update_floor, ceiling=self.cfg.add_ceiling,
         )  # fmt: skip
         self.metrics.update(+counts)
         return out

@@ -1,4 +1,4 @@
-"""Where a policy-written UPDATE lands: ``memory.update_target`` and ``memory.update_floor``.
+"""Where a policy-written UPDATE or ADD lands: ``memory.update_target``, ``update_floor`` and ``add_ceiling``.
 
 The writer names the fact an UPDATE supersedes by a shown id, and SmolLM2-135M gets the id wrong more often than
 the text: on held-out synthetic chats about 9 % of its UPDATEs of a changed value name another shown fact, and
@@ -13,12 +13,16 @@ to the shown facts, before the write is applied:
 * ``update_target: nearest`` supersedes the shown fact nearest the new text, whatever id was written
   (``written``, the default, keeps the writer's id);
 * ``update_floor: f`` (> 0) turns an UPDATE whose text is under ``f`` to every shown fact into an ADD: the new
-  fact is kept and nothing true is retired.
+  fact is kept and nothing true is retired;
+* ``add_ceiling: c`` (> 0) turns an ADD whose text is at least ``c`` to a shown fact into an UPDATE of that fact:
+  the writer's other error, a change written as a new fact beside the stale one ("ADD Leo has 7 siblings." with
+  "Leo has 2 siblings." shown), differs from the fact it replaces in the value alone.
 
 The writer's own reply is what its step is scored and trained on (:func:`memrl.memory.gold.ops_score`); the
-resolution changes only what reaches the store, and each change is counted in ``memory/update_retargeted`` and
-``memory/update_as_add``. How ``configs/synthetic_memory_eval.yaml``'s floor was chosen, and what it changes:
-docs/experiments.md ("resolving UPDATEs by similarity").
+resolution changes only what reaches the store, and each change is counted in ``memory/update_retargeted``,
+``memory/update_as_add`` and ``memory/add_as_update``. How ``configs/synthetic_memory_eval.yaml``'s floor and
+ceiling were chosen, from the training split's gold writes, and what they change: docs/experiments.md ("resolving
+UPDATEs by similarity", "changes written as ADDs").
 """
 
 from __future__ import annotations
@@ -40,15 +44,23 @@ def similarity(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(np.atleast_2d(a) @ np.atleast_2d(b).T))
 
 
-def is_active(target: str, floor: float) -> bool:
-    """Does the store resolve UPDATEs at all under these settings?"""
-    return target != "written" or floor > 0
+_ADD_AS_UPDATE = (
+    "ADD kept as an UPDATE"  # how a resolved ADD's note starts (resolved_counts tells them apart)
+)
 
 
-def to_resolve(decisions: Sequence[FactDecision], neighbours: Sequence[FactRecord]) -> list[FactDecision]:
-    """The UPDATEs of ``decisions`` that resolution reads (none when no fact was shown), in order: the caller
-    embeds their texts, all writes of a batch in one encode call."""
-    return [d for d in decisions if d.op is MemoryOpType.UPDATE] if neighbours else []
+def is_active(target: str, floor: float, ceiling: float = 0.0) -> bool:
+    """Does the store resolve writes at all under these settings?"""
+    return target != "written" or floor > 0 or ceiling > 0
+
+
+def to_resolve(
+    decisions: Sequence[FactDecision], neighbours: Sequence[FactRecord], ceiling: float = 0.0
+) -> list[FactDecision]:
+    """The writes of ``decisions`` that resolution reads, in order (none when no fact was shown): the UPDATEs,
+    and the ADDs too under a ceiling. The caller embeds their texts, all writes of a batch in one encode call."""
+    ops = (MemoryOpType.UPDATE, MemoryOpType.ADD) if ceiling > 0 else (MemoryOpType.UPDATE,)
+    return [d for d in decisions if d.op in ops] if neighbours else []
 
 
 def resolve_updates(
@@ -59,21 +71,29 @@ def resolve_updates(
     *,
     target: str,
     floor: float,
+    ceiling: float = 0.0,
 ) -> tuple[FactDecision, ...]:
-    """``decisions`` with every UPDATE resolved as the module doc says; a changed decision says why in
-    ``extra["resolved"]``. ``vectors``: one ``[n_chunks, dim]`` array per decision of :func:`to_resolve`;
-    ``neighbour_vectors(fact_id)`` gives a shown fact's vectors."""
-    updates = to_resolve(decisions, neighbours)
-    if len(vectors) != len(updates):
-        raise ValueError(f"resolve_updates: {len(vectors)} vectors for {len(updates)} UPDATEs")
-    if not updates or not is_active(target, floor):
+    """``decisions`` with every UPDATE (and, under a ceiling, every ADD) resolved as the module doc says; a changed
+    decision says why in ``extra["resolved"]``. ``vectors``: one ``[n_chunks, dim]`` array per decision of
+    :func:`to_resolve`; ``neighbour_vectors(fact_id)`` gives a shown fact's vectors."""
+    todo = to_resolve(decisions, neighbours, ceiling)
+    if len(vectors) != len(todo):
+        raise ValueError(f"resolve_updates: {len(vectors)} vectors for {len(todo)} writes to resolve")
+    if not todo or not is_active(target, floor, ceiling):
         return tuple(decisions)
     shown = [neighbour_vectors(f.fact_id) for f in neighbours]
     resolved = {}
-    for d, vec in zip(updates, vectors, strict=True):
+    for d, vec in zip(todo, vectors, strict=True):
         sims = [similarity(vec, s) for s in shown]
         best = int(np.argmax(sims))
-        if sims[best] < floor:
+        if d.op is MemoryOpType.ADD:
+            if sims[best] >= ceiling:
+                fid = neighbours[best].fact_id
+                why = f"{_ADD_AS_UPDATE} of fact {fid}: its text is {sims[best]:.2f} to it"
+                resolved[id(d)] = dataclasses.replace(
+                    d, op=MemoryOpType.UPDATE, fact_id=fid, supersede=True, extra={**d.extra, "resolved": why}
+                )
+        elif sims[best] < floor:
             why = f"UPDATE of fact {d.fact_id} kept as an ADD: its text is {sims[best]:.2f} to the nearest shown fact"
             resolved[id(d)] = FactDecision(
                 MemoryOpType.ADD, text=d.text, speaker=d.speaker, embed_text=d.embed_text,
@@ -88,10 +108,11 @@ def resolve_updates(
 
 
 def resolved_counts(decisions: Sequence[FactDecision]) -> dict[str, int]:
-    """What resolution changed among ``decisions``: ``update_as_add`` and ``update_retargeted``."""
+    """What resolution changed among ``decisions``: ``update_as_add``, ``update_retargeted``, ``add_as_update``."""
     notes = [d for d in decisions if "resolved" in d.extra]
     adds = sum(d.op is MemoryOpType.ADD for d in notes)
-    return {"update_as_add": adds, "update_retargeted": len(notes) - adds}
+    ups = sum(d.extra["resolved"].startswith(_ADD_AS_UPDATE) for d in notes)
+    return {"update_as_add": adds, "update_retargeted": len(notes) - adds - ups, "add_as_update": ups}
 
 
 def resolve_batch(
@@ -103,16 +124,19 @@ def resolve_batch(
     *,
     target: str,
     floor: float,
+    ceiling: float = 0.0,
 ) -> tuple[list[list[Any]], Counter[str]]:
     """One write batch resolved: ``samples[i]`` are write i's replies (``WriteSample``), ``shown[i]`` the facts
     it was shown from episode ``episode_ids[i]``'s store (``vectors_of(episode_id, fact_id)``). The UPDATE texts
     of the whole batch are embedded in one ``encode`` call. Returns the replies (a changed one carries
-    ``resolved``) and the ``memory/update_as_add`` / ``memory/update_retargeted`` counts."""
+    ``resolved``) and the ``memory/*`` counts of :func:`resolved_counts`."""
     counts: Counter[str] = Counter()
-    if not is_active(target, floor):
+    if not is_active(target, floor, ceiling):
         return [list(alts) for alts in samples], counts
     todo = [
-        to_resolve(alt.ops.decisions, nb) for nb, alts in zip(shown, samples, strict=True) for alt in alts
+        to_resolve(alt.ops.decisions, nb, ceiling)
+        for nb, alts in zip(shown, samples, strict=True)
+        for alt in alts
     ]
     texts = [d.embed_text or d.text for ds in todo for d in ds]
     vecs, pending = iter(encode(texts) if texts else []), iter(todo)
@@ -128,6 +152,7 @@ def resolve_batch(
                 lambda fid, ns=ns: vectors_of(ns, fid),
                 target=target,
                 floor=floor,
+                ceiling=ceiling,
             )
             changed = resolved_counts(decisions)
             counts.update({f"memory/{k}": n for k, n in changed.items() if n})

@@ -87,6 +87,21 @@ def test_nearest_target_supersedes_the_shown_fact_nearest_the_text_not_the_writt
     assert [r.text for r in mgr.facts() if r.superseded] == [FACTS[1]]
 
 
+def test_an_add_at_the_ceiling_supersedes_the_shown_fact_it_restates_with_a_new_value(minilm):
+    system, mgr, res = _seeded(minilm, lambda text: "ADD Ann lives in Rome.", add_ceiling=0.75)
+    assert [o.op for o in res.ops] == [UPDATE]
+    assert sorted(r.text for r in system.current_facts(mgr)) == ["Ann lives in Rome.", FACTS[1]]
+    assert [r.text for r in mgr.facts() if r.superseded] == [FACTS[0]]  # kept as history
+    assert [d.op for d in res.samples[0].ops.decisions] == [ADD]  # the writer's step keeps what it wrote
+    assert res.samples[0].resolved[0].extra["resolved"].startswith("ADD kept as an UPDATE")
+    assert system.metrics["memory/add_as_update"] == 1 and "memory/update_retargeted" not in system.metrics
+    # A new fact stays an ADD under the ceiling; without one, the change stays beside the stale fact.
+    system, mgr, res = _seeded(minilm, lambda text: "ADD Ann has a dog named Rex.", add_ceiling=0.75)
+    assert [o.op for o in res.ops] == [ADD] and not any(r.superseded for r in mgr.facts())
+    system, mgr, _ = _seeded(minilm, lambda text: "ADD Ann lives in Rome.")
+    assert len(system.current_facts(mgr)) == 3
+
+
 def test_resolution_embeds_a_batch_s_update_texts_in_one_call_and_nothing_without_an_update(counting):
     def run(reply, **cfg):
         replies = iter(["ADD Ann lives in Paris."] * 3)
@@ -108,6 +123,7 @@ def test_resolution_embeds_a_batch_s_update_texts_in_one_call_and_nothing_withou
     assert run("UPDATE 0 Ann lives in Rome.", update_target="nearest", update_floor=0.6) == [3, 3, 3]
     assert plain == [3, 3]
     assert run("ADD Ann likes Rome.", update_target="nearest", update_floor=0.6) == [3, 3]
+    assert run("ADD Ann likes Rome.", add_ceiling=0.75) == [3, 3, 3]  # under a ceiling ADDs are read too
     shown = (FactRecord(0, "ep", FACTS[0]),)
     adds = (FactDecision(ADD, text="Ann likes tea."),)
     assert resolve_updates(adds, shown, [], lambda fid: None, target="nearest", floor=0.9) == adds
@@ -123,6 +139,7 @@ def test_similarity_takes_the_best_pair_of_chunks():
     [
         ({"update_target": "closest"}, "expected one of ('written', 'nearest')"),
         ({"update_floor": 1.5}, "[0, 1]"),
+        ({"add_ceiling": -0.1}, "memory.add_ceiling=-0.1: must be a cosine in [0, 1]"),
     ],
 )
 def test_bad_settings_name_what_is_expected(cfg, message):
