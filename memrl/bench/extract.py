@@ -22,8 +22,9 @@ changed (person, attribute) — the active facts hold the latest value and no lo
 update questions alone, wall seconds and (llm) prompt / completion tokens per turn, and a few raw replies.
 
 Options: ``--episodes N`` (test split, 4 by default), ``--extractor rule|llm|policy|gold|both`` (both, the default:
-rule and llm side by side in one JSON; gold writes the dataset's own operations, the scoring's ceiling), ``--seed``, and ``key=value`` MemoryConfig overrides (``llm_neighbours=3``). The defaults are
-the run docs/benchmarks.md reports, replies capped at :data:`LLM_MAX_TOKENS` tokens for CPU time.
+rule and llm side by side in one JSON; gold writes the dataset's own operations, the scoring's ceiling),
+``--seed``, and ``key=value`` MemoryConfig overrides (``llm_neighbours=3``). The defaults are the run
+docs/benchmarks.md reports, replies capped at :data:`LLM_MAX_TOKENS` tokens for CPU time.
 """
 
 from __future__ import annotations

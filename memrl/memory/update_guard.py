@@ -44,9 +44,8 @@ def similarity(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(np.atleast_2d(a) @ np.atleast_2d(b).T))
 
 
-_ADD_AS_UPDATE = (
-    "ADD kept as an UPDATE"  # how a resolved ADD's note starts (resolved_counts tells them apart)
-)
+# How a resolved ADD's note starts: resolved_counts tells the three kinds of change apart by it.
+_ADD_AS_UPDATE = "ADD kept as an UPDATE"
 
 
 def is_active(target: str, floor: float, ceiling: float = 0.0) -> bool:
