@@ -266,7 +266,7 @@ class EpisodeRunner:
             st.history_ops.setdefault(res.turns[-1].turn_id, []).extend(res.ops)
             self.metrics["memory/writes"] += 1
             self.metrics["memory/format_errors"] += len(res.samples[0].ops.errors)
-            # UPDATEs the store resolved in the applied reply (memrl.memory.update_guard)
+            # writes the store resolved in the applied reply (memrl.memory.update_guard)
             for name, n in resolved_counts(res.samples[0].resolved or ()).items():
                 self.metrics[f"memory/{name}"] += n
         scored = [(st, res) for st, res in zip(owners, results, strict=True) if res.alternatives]
