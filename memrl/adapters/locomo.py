@@ -29,6 +29,16 @@ Option ``abstention_answer``: the ``target_answer`` category-5 questions get (de
 The ``locomo`` reward scores them by abstention either way; a gold string lets gold demonstrations
 (``train.replay.demonstrations: gold``) teach the phrase the official scorer accepts.
 
+Option ``gold_memory``:
+
+* ``none`` (default): history turns carry no gold memory operations (outcome-only credit for a policy writer).
+* ``observations``: LoCoMo's own per-session ``observation`` facts (written by the dataset's authors with an
+  LLM, each citing the dialog turns it rests on) become the turns' gold operations (:mod:`memrl.memory.gold`):
+  a turn some observations cite last gets ``memory_op: ADD`` with those observations joined as its
+  ``memory_fact``; every other turn ``NOOP``. ``memory.extractor: gold`` then writes a strong LLM writer's
+  memory (the ceiling check of a trained writer), and a policy writer's warm start imitates it. An
+  observation citing no dialog id of its conversation is an error naming it.
+
 Option ``question_format``:
 
 * ``plain`` (default): the question as written.
@@ -47,7 +57,7 @@ import hashlib
 import math
 import re
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from memrl.data.adapters import (
@@ -70,6 +80,7 @@ ADVERSARIAL_CATEGORY = 5
 MEMORY_R1_SPLIT = {"conv-26": "train", "conv-30": "validation"}
 SPLIT_SCHEMES = ("hash", "memory_r1")
 QUESTION_FORMATS = ("plain", "official")
+GOLD_MEMORY = ("none", "observations")
 NOT_MENTIONED = "Not mentioned in the conversation"
 TEMPORAL_HINT = " Use DATE of CONVERSATION to answer with an approximate date."
 
@@ -97,7 +108,46 @@ def _turn(view: RecordView, raw: Any, where: str, date: str, captions: bool) -> 
     )
 
 
-def _parse_conversation(view: RecordView, record: Any, captions: bool) -> _Conversation:
+def _observations(view: RecordView, record: Any, turn_ids: set[str]) -> dict[str, list[str]]:
+    """LoCoMo's observation facts by the dialog turn that completes them: the last turn each one cites."""
+    raw = view.get(record, "observation", dict)
+    by_turn: dict[str, list[str]] = defaultdict(list)
+    order = {t: i for i, t in enumerate(sorted(turn_ids, key=_dia_order))}
+    for key, speakers in raw.items():
+        for speaker, facts in view.check(speakers, dict, f"observation.{key}").items():
+            for i, item in enumerate(view.check(facts, list, f"observation.{key}.{speaker}")):
+                where = f"observation.{key}.{speaker}[{i}]"
+                if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)):
+                    raise view.fail(where, "a [fact, dialog id(s)] pair", repr(item)[:80])
+                cited = item[1] if isinstance(item[1], list) else [item[1]]
+                ids = [t for c in cited for t in _DIA_ID.findall(str(c))]
+                if not ids or any(t not in turn_ids for t in ids):
+                    raise view.fail(where, "dialog ids of this conversation", repr(item[1]))
+                by_turn[max(ids, key=order.__getitem__)].append(item[0].strip())
+    return by_turn
+
+
+def _dia_order(dia_id: str) -> tuple[int, int]:
+    session, turn = dia_id[1:].split(":")
+    return int(session), int(turn)
+
+
+def _with_gold(history: list[TurnSpec], by_turn: dict[str, list[str]]) -> list[TurnSpec]:
+    out = []
+    for t in history:
+        facts = by_turn.get(t.turn_id)
+        meta = (
+            {"memory_op": "ADD", "memory_fact": " ".join(facts), "memory_person": t.speaker, "memory_value": ""}
+            if facts
+            else {"memory_op": "NOOP"}
+        )
+        out.append(replace(t, metadata={**t.metadata, **meta}))
+    return out
+
+
+def _parse_conversation(
+    view: RecordView, record: Any, captions: bool, gold_memory: str = "none"
+) -> _Conversation:
     sample_id = view.get(record, "sample_id", str)
     conv = view.get(record, "conversation", dict)
     numbers = sorted(int(m.group(1)) for key in conv if (m := _SESSION_KEY.fullmatch(key)))
@@ -122,6 +172,8 @@ def _parse_conversation(view: RecordView, record: Any, captions: bool) -> _Conve
         if turn.turn_id in seen:
             raise view.fail("conversation", "unique dia_id values", f"{turn.turn_id!r} appears twice")
         seen.add(turn.turn_id)
+    if gold_memory == "observations":
+        history = _with_gold(history, _observations(view, record, seen))
     speakers = tuple(
         s
         for s in (view.get(conv, k, str, "conversation", optional=True) for k in ("speaker_a", "speaker_b"))
@@ -247,6 +299,7 @@ def locomo(
     test_sample: float = 1.0,
     abstention_answer: str | None = None,
     question_format: str = "plain",
+    gold_memory: str = "none",
     include_captions: bool = True,
     max_turn_chars: int = DEFAULT_MAX_TURN_CHARS,
 ) -> list[BatchInput]:
@@ -257,6 +310,8 @@ def locomo(
         raise ValueError(f"locomo: split_scheme={split_scheme!r}; valid: {', '.join(SPLIT_SCHEMES)}")
     if question_format not in QUESTION_FORMATS:
         raise ValueError(f"locomo: question_format={question_format!r}; valid: {', '.join(QUESTION_FORMATS)}")
+    if gold_memory not in GOLD_MEMORY:
+        raise ValueError(f"locomo: gold_memory={gold_memory!r}; valid: {', '.join(GOLD_MEMORY)}")
     if split == "validation" and split_scheme != "memory_r1":
         raise ValueError("locomo: split 'validation' exists only with option split_scheme: memory_r1")
     if not 0.0 < float(test_sample) <= 1.0:
@@ -265,7 +320,7 @@ def locomo(
     for idx, record in iter_json_records(path, lenient=lenient, report=report):
         view = RecordView(path, idx, int(max_turn_chars))
         with record_guard(report, lenient):
-            conv = _parse_conversation(view, record, bool(include_captions))
+            conv = _parse_conversation(view, record, bool(include_captions), gold_memory)
             qas = view.json_list(record, "qa")
             side = _conversation_split(conv.sample_id, split_scheme, float(test_fraction))
             if split != "all" and side != split:

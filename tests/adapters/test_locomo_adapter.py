@@ -208,3 +208,35 @@ def test_real_file_official_choices_put_abstention_first_about_half_the_time():
     choices = [e.metadata["choices"] for e in episodes if "choices" in e.metadata]
     first = sum(c["a"] == "Not mentioned in the conversation" for c in choices)
     assert len(choices) >= 440 and 0.4 < first / len(choices) < 0.6
+
+
+def test_observations_become_gold_adds_on_the_turn_that_completes_them():
+    episodes, _ = _load(gold_memory="observations")
+    ops = {t.turn_id: t.metadata for t in episodes[0].history}
+    # Cited by D1:3 and D1:5: written when its last evidence arrives, not before.
+    assert ops["D1:3"] == {"memory_op": "NOOP"}
+    assert ops["D1:5"]["memory_op"] == "ADD"
+    assert ops["D1:5"]["memory_fact"].startswith("Caroline attended an LGBTQ support group")
+    assert ops["D1:5"]["memory_person"] == "Caroline"
+    assert ops["D2:8"]["memory_fact"].startswith("Caroline is researching adoption agencies")
+    assert sum(m["memory_op"] == "ADD" for m in ops.values()) == 5
+    plain, _ = _load()
+    assert all("memory_op" not in t.metadata for t in plain[0].history)
+
+
+def test_observation_citing_an_unknown_turn_is_refused_by_name(tmp_path):
+    raw = json.loads(LOCOMO_FIXTURE.read_text())
+    raw[0]["observation"]["session_2_observation"]["Melanie"][0][1] = "D9:1"
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(Exception, match=r"observation\.session_2_observation\.Melanie\[0\].*D9:1"):
+        _load(path, gold_memory="observations")
+    with pytest.raises(ValueError, match="valid: none, observations"):
+        _load(gold_memory="facts")
+
+
+@pytest.mark.skipif(not REAL.exists(), reason="real LoCoMo file not present")
+def test_real_file_observations_cover_a_third_to_a_half_of_turns():
+    episodes, _ = _load(REAL, split="train", split_scheme="memory_r1", gold_memory="observations")
+    ops = Counter(t.metadata["memory_op"] for t in episodes[0].history)
+    assert ops == {"ADD": 165, "NOOP": 254}
