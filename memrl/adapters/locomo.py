@@ -137,7 +137,12 @@ def _with_gold(history: list[TurnSpec], by_turn: dict[str, list[str]]) -> list[T
     for t in history:
         facts = by_turn.get(t.turn_id)
         meta = (
-            {"memory_op": "ADD", "memory_fact": " ".join(facts), "memory_person": t.speaker, "memory_value": ""}
+            {
+                "memory_op": "ADD",
+                "memory_fact": " ".join(facts),
+                "memory_person": t.speaker,
+                "memory_value": "",
+            }
             if facts
             else {"memory_op": "NOOP"}
         )
