@@ -89,7 +89,14 @@ class WarmStartConfig:
     gold decision whose recall on them is below this gets a class-balanced pass (each decision as many writes as
     the rarest has), then the check again, at most :data:`~memrl.train.warm_start.BALANCED_PASSES` times; the
     writer keeps the checked state with the best lowest recall. With it, a warm start that settled on ADD and
-    learned no UPDATE (one run in four) is caught on episodes it did not imitate, not on the test split."""
+    learned no UPDATE (one run in four) is caught on episodes it did not imitate, not on the test split.
+
+    ``loss_agg``: how the SFT loss averages token log-probs (a name of the RL loss's aggregations).
+    ``seq-mean-token-mean`` (default) averages each write's tokens, then the writes: the decision word weighs
+    ``1/len`` of its reply, fine while replies are short and alike (the synthetic task's ~7 tokens). Where an ADD's
+    fact is ~23 tokens and a NOOP 2 (LoCoMo's observations), that weighs a NOOP's decision ~10x an ADD's and the
+    writer settled on NOOP for all 369 turns of a held-out conversation; ``token-mean`` counts every reply token
+    once across the step (as SFT trainers do), so each decision word weighs the same."""
 
     episodes: int = 0
     batch_size: int = 8
@@ -97,6 +104,7 @@ class WarmStartConfig:
     balance_ops: bool = False
     check_episodes: int = 0
     min_recall: float = 0.0
+    loss_agg: str = "seq-mean-token-mean"
 
     def __post_init__(self) -> None:
         if self.episodes < 0:
@@ -111,6 +119,10 @@ class WarmStartConfig:
             raise ValueError(
                 "train.warm_start.check_episodes must be >= 0 and min_recall in [0, 1], got "
                 f"{self.check_episodes}, {self.min_recall}"
+            )
+        if self.loss_agg not in ("seq-mean-token-mean", "token-mean"):
+            raise ValueError(
+                f"train.warm_start.loss_agg must be 'seq-mean-token-mean' or 'token-mean', got {self.loss_agg!r}"
             )
         if self.min_recall and not self.check_episodes:
             raise ValueError(

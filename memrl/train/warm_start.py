@@ -124,13 +124,16 @@ def _records(demos: Sequence[Demonstration], adapter: str) -> list[SeqRecord]:
 
 def sft_step(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, demos: Sequence[Demonstration],
-    micro_batch_size: int, max_grad_norm: float,
+    micro_batch_size: int, max_grad_norm: float, loss_agg: str = "seq-mean-token-mean",
 ) -> float:  # fmt: skip
-    """One optimizer step of ``-mean over demos of (mean token log p(reply | prompt))``; returns that loss."""
-    agg = LOSS_AGGREGATIONS.get("seq-mean-token-mean")
+    """One optimizer step of ``-mean over demos of (mean token log p(reply | prompt))`` (``loss_agg``
+    ``token-mean``: ``-mean over every reply token of the step``); returns that loss."""
+    agg = LOSS_AGGREGATIONS.get(loss_agg)
     adapter = adapter_for(model, "memory")  # the demonstrations are memory writes
     records = _records(demos, adapter)
-    total, loss = float(len(records)), 0.0
+    per_token = loss_agg == "token-mean"
+    total = float(sum(len(d.response_ids) for d in demos) if per_token else len(records))
+    loss = 0.0
     model.train()
     device = model_device(model)
     for i in range(0, len(records), micro_batch_size):
@@ -163,7 +166,7 @@ def _sft_pass(
             losses.append(
                 sft_step(
                     res.model, res.updater.optimizer, order[i : i + wc.batch_size],
-                    cfg.train.micro_batch_size, cfg.train.max_grad_norm,
+                    cfg.train.micro_batch_size, cfg.train.max_grad_norm, wc.loss_agg,
                 )
             )  # fmt: skip
             bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)

@@ -209,3 +209,27 @@ def test_sft_loss_weighs_each_write_by_its_weight():
     )  # fmt: skip
     assert weighted == pytest.approx(alone, rel=1e-5)  # (2a + 0b) / 2
     assert both != pytest.approx(alone, rel=1e-3)
+
+
+def test_token_mean_sft_counts_every_reply_token_once():
+    model = attach_lora(tiny_llama(), LoraConfig(r=4, alpha=8))
+    gen = torch.Generator().manual_seed(2)
+
+    def demo(name, reply_len):
+        prompt = tuple(torch.randint(3, 300, (10,), generator=gen).tolist())
+        return Demonstration(prompt, tuple(torch.randint(3, 300, (reply_len,), generator=gen).tolist()), name)
+
+    short, long = demo("noop", 2), demo("add", 8)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)  # the model never moves
+    step = lambda demos, agg: sft_step(model, opt, demos, 4, 1.0, agg)  # noqa: E731
+    l_short, l_long = step([short], "token-mean"), step([long], "token-mean")
+    # alone, a write's token mean is its sequence mean
+    assert l_short == pytest.approx(step([short], "seq-mean-token-mean"), rel=1e-5)
+    # together: each of the 10 reply tokens once, not each write's mean once
+    assert step([short, long], "token-mean") == pytest.approx((2 * l_short + 8 * l_long) / 10, rel=1e-4)
+    assert step([short, long], "seq-mean-token-mean") == pytest.approx((l_short + l_long) / 2, rel=1e-4)
+
+
+def test_warm_start_loss_agg_is_checked():
+    with pytest.raises(ValueError, match="loss_agg must be"):
+        WarmStartConfig(loss_agg="sum")
