@@ -90,8 +90,8 @@ def _from_metadata(turn: TurnSpec) -> Expected:
     return Expected(
         MemoryOpType(m["memory_op"]),
         m["memory_person"],
-        m["memory_attr"],
-        m["memory_value"],
+        m.get("memory_attr", ""),  # LoCoMo's observations name a person, no attribute or value
+        m.get("memory_value", ""),
         m.get("memory_stale", ""),
     )
 
@@ -100,7 +100,7 @@ def holds(text: str, person: str, attr: str, value: str) -> bool:
     """Does a fact text state ``person``'s ``attr`` = ``value``? (Both as words; numbers also need a word of
     the attribute.) Model-written facts are paraphrases, so this is a word test, not a template match."""
     words = set(re.findall(r"[a-z0-9]+", text.lower()))
-    if person.lower() not in words or value.lower() not in words:
+    if person.lower() not in words or (value and value.lower() not in words):
         return False
     keyword = _NUMERIC_KEYWORDS.get(attr)
     return keyword is None or re.search(rf"\b({keyword})\b", text.lower()) is not None

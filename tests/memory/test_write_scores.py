@@ -38,3 +38,22 @@ def test_chunk_zero_writes_each_whole_history_at_once(minilm):
     scores = score_writes(system, EPISODES, chunk=0)
     assert scores["writes"] == len(EPISODES) == len(calls)
     assert scores["turns"] == sum(len(ep.history) for ep in EPISODES)
+
+
+def test_gold_adds_without_attribute_or_value_score_by_the_person_named():
+    # LoCoMo's observations (adapter option gold_memory: observations) name a person, no attribute or value.
+    from memrl.memory.write_scores import holds
+    from memrl.types import TurnRole, TurnSpec
+
+    meta = {
+        "memory_op": "ADD",
+        "memory_fact": "Caroline went to a support group.",
+        "memory_person": "Caroline",
+    }
+    turns = [TurnSpec(TurnRole.HISTORY, "I went to a support group.", "D1:3", speaker="Caroline", metadata=meta),
+             TurnSpec(TurnRole.HISTORY, "Cool!", "D1:4", speaker="Mel", metadata={"memory_op": "NOOP"})]  # fmt: skip
+    expected = expected_decisions(turns)
+    assert [e.op.value for e in expected] == ["ADD", "NOOP"] and expected[0].person == "Caroline"
+    assert holds("Caroline attended an LGBTQ support group.", "Caroline", "", "")
+    assert not holds("Melanie paints.", "Caroline", "", "")
+    assert not holds("Caroline lives in Rome.", "Caroline", "city", "Oslo")  # a value still has to be there
