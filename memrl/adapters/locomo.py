@@ -108,10 +108,11 @@ def _turn(view: RecordView, raw: Any, where: str, date: str, captions: bool) -> 
     )
 
 
-def _observations(view: RecordView, record: Any, turn_ids: set[str]) -> dict[str, list[str]]:
-    """LoCoMo's observation facts by the dialog turn that completes them: the last turn each one cites."""
+def _observations(view: RecordView, record: Any, turn_ids: set[str]) -> dict[str, list[tuple[str, str]]]:
+    """LoCoMo's observation facts (with the person each is about) by the dialog turn that completes them: the
+    last turn each one cites."""
     raw = view.get(record, "observation", dict)
-    by_turn: dict[str, list[str]] = defaultdict(list)
+    by_turn: dict[str, list[tuple[str, str]]] = defaultdict(list)
     order = {t: i for i, t in enumerate(sorted(turn_ids, key=_dia_order))}
     for key, speakers in raw.items():
         for speaker, facts in view.check(speakers, dict, f"observation.{key}").items():
@@ -123,7 +124,7 @@ def _observations(view: RecordView, record: Any, turn_ids: set[str]) -> dict[str
                 ids = [t for c in cited for t in _DIA_ID.findall(str(c))]
                 if not ids or any(t not in turn_ids for t in ids):
                     raise view.fail(where, "dialog ids of this conversation", repr(item[1]))
-                by_turn[max(ids, key=order.__getitem__)].append(item[0].strip())
+                by_turn[max(ids, key=order.__getitem__)].append((speaker, item[0].strip()))
     return by_turn
 
 
@@ -132,15 +133,16 @@ def _dia_order(dia_id: str) -> tuple[int, int]:
     return int(session), int(turn)
 
 
-def _with_gold(history: list[TurnSpec], by_turn: dict[str, list[str]]) -> list[TurnSpec]:
+def _with_gold(history: list[TurnSpec], by_turn: dict[str, list[tuple[str, str]]]) -> list[TurnSpec]:
     out = []
     for t in history:
         facts = by_turn.get(t.turn_id)
         meta = (
             {
                 "memory_op": "ADD",
-                "memory_fact": " ".join(facts),
-                "memory_person": t.speaker,
+                "memory_fact": " ".join(fact for _, fact in facts),
+                # whom the (first) observation is about: a reply can complete a fact about the other speaker
+                "memory_person": facts[0][0],
                 "memory_value": "",
             }
             if facts

@@ -213,12 +213,14 @@ def test_real_file_official_choices_put_abstention_first_about_half_the_time():
 def test_observations_become_gold_adds_on_the_turn_that_completes_them():
     episodes, _ = _load(gold_memory="observations")
     ops = {t.turn_id: t.metadata for t in episodes[0].history}
-    # Cited by D1:3 and D1:5: written when its last evidence arrives, not before.
+    # Cited by D1:3 (Caroline's) and D1:4 (Melanie's reply): written when its last evidence arrives, and
+    # about Caroline, whoever spoke last.
     assert ops["D1:3"] == {"memory_op": "NOOP"}
-    assert ops["D1:5"]["memory_op"] == "ADD"
-    assert ops["D1:5"]["memory_fact"].startswith("Caroline attended an LGBTQ support group")
-    assert ops["D1:5"]["memory_person"] == "Caroline"
+    assert ops["D1:4"]["memory_op"] == "ADD"
+    assert ops["D1:4"]["memory_fact"].startswith("Caroline attended an LGBTQ support group")
+    assert ops["D1:4"]["memory_person"] == "Caroline"
     assert ops["D2:8"]["memory_fact"].startswith("Caroline is researching adoption agencies")
+    assert ops["D1:2"]["memory_person"] == "Melanie"
     assert sum(m["memory_op"] == "ADD" for m in ops.values()) == 5
     plain, _ = _load()
     assert all("memory_op" not in t.metadata for t in plain[0].history)
