@@ -113,7 +113,6 @@ def _observations(view: RecordView, record: Any, turn_ids: set[str]) -> dict[str
     last turn each one cites."""
     raw = view.get(record, "observation", dict)
     by_turn: dict[str, list[tuple[str, str]]] = defaultdict(list)
-    order = {t: i for i, t in enumerate(sorted(turn_ids, key=_dia_order))}
     for key, speakers in raw.items():
         for speaker, facts in view.check(speakers, dict, f"observation.{key}").items():
             for i, item in enumerate(view.check(facts, list, f"observation.{key}.{speaker}")):
@@ -124,7 +123,7 @@ def _observations(view: RecordView, record: Any, turn_ids: set[str]) -> dict[str
                 ids = [t for c in cited for t in _DIA_ID.findall(str(c))]
                 if not ids or any(t not in turn_ids for t in ids):
                     raise view.fail(where, "dialog ids of this conversation", repr(item[1]))
-                by_turn[max(ids, key=order.__getitem__)].append((speaker, item[0].strip()))
+                by_turn[max(ids, key=_dia_order)].append((speaker, item[0].strip()))
     return by_turn
 
 
