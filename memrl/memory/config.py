@@ -48,6 +48,10 @@ class MemoryConfig:
     embed_speaker: bool = False
     llm_neighbours: int = 5  # existing facts shown to the llm extractor per turn
     llm_max_tokens: int = 256
+    # Also store every history turn as its rule fact, beside what the extractor writes (the llm, gold or policy
+    # writer): the written facts are added to the verbatim dialogue, not put in its place, as Zep keeps raw
+    # episodes beside extracted facts. The turn is stored after the extractor has read its neighbours.
+    keep_turns: bool = False
     # The policy extractor (memrl.memory.writer): reply length per write, and the current facts it is shown.
     write_max_tokens: int = 48
     write_neighbours: int = 5

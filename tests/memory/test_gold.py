@@ -116,3 +116,15 @@ def test_the_gold_extractor_remembers_nothing_of_the_agent_s_own_answer(minilm):
     system = MemorySystem(MemoryConfig(extractor="gold"), embedder=minilm)
     ops = system.manager("ep").update_memory("<answer>Rome</answer>", "Q")
     assert [op.op for op in ops] == [MemoryOpType.NOOP] and system.store.records("ep") == []
+
+
+def test_keep_turns_adds_the_verbatim_turn_beside_the_gold_write(minilm):
+    from memrl.memory.config import MemoryConfig
+    from memrl.memory.manager import MemorySystem
+
+    for keep, want in ((False, ["Ann is a baker."]), (True, ["Leo: I am a baker now.", "Ann is a baker."])):
+        system = MemorySystem(MemoryConfig(extractor="gold", keep_turns=keep), embedder=minilm)
+        mgr = system.manager("ep")
+        system.extract_facts_batch([(mgr, ANN), (mgr, CHAT)])
+        chat = ["Leo: Nice weather today."] if keep else []
+        assert [r.text for r in mgr.facts()] == want + chat

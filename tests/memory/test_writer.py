@@ -222,3 +222,31 @@ def test_a_write_that_cannot_fit_the_model_window_stops_with_the_setting_to_chan
     ):
         system.write_batch([(mgr, turns)])
     assert system.write_batch([(mgr, turns[:1])])[0].samples[0].ops.decisions[0].op is NOOP  # one turn fits
+
+
+def test_keep_turns_stores_each_verbatim_turn_before_what_was_written_about_it(minilm):
+    seen = []
+    system = _system(minilm, lambda ctx: "ADD Ann lives in Paris.", keep_turns=True, write_neighbours=5)
+    real = system.extractor.sample
+    system.extractor.sample = lambda reqs, *a: seen.append([r.neighbours for r in reqs]) or real(reqs, *a)
+    mgr = system.manager("ep")
+    first = system.write_batch([(mgr, [turn("I live in Paris.", "D1:1"), turn("Yes, Paris.", "D1:2")])])[0]
+    # The writer read the store as it was before its turns: nothing yet.
+    assert seen[0] == [()]
+    assert [r.text for r in mgr.facts()] == ["Ann: I live in Paris.", "Ann: Yes, Paris.", "Ann lives in Paris."]
+    assert [o.op for o in first.ops] == [ADD]  # the write's own ops; the kept turns are logged apart
+    assert sum(o.op is ADD for o in mgr.memory_ops) == 3
+    system.write_batch([(mgr, [turn("Nice weather.", "D1:3")])])
+    # The next write is shown the kept turns too (current facts of the episode).
+    assert {f.text for f in seen[1][0]} >= {"Ann: I live in Paris.", "Ann lives in Paris."}
+    assert mgr.facts()[3].text == "Ann: Nice weather." and len(mgr.facts()) == 5
+
+
+def test_keep_turns_holds_in_every_fork_of_a_sampled_write(minilm):
+    system = _system(
+        minilm, lambda ctx: ["ADD Ann is a baker.", "NOOP"][ctx.sample_index], keep_turns=True
+    )
+    mgr = system.manager("ep")
+    [res] = system.write_batch([(mgr, [turn("I bake bread.", "D1:1")])], [2], temperature=1.0)
+    forks = [[r.text for r in system.current_facts(system.manager(ns))] for ns in res.alternatives]
+    assert forks == [["Ann: I bake bread.", "Ann is a baker."], ["Ann: I bake bread."]]
