@@ -233,7 +233,11 @@ def test_keep_turns_stores_each_verbatim_turn_before_what_was_written_about_it(m
     first = system.write_batch([(mgr, [turn("I live in Paris.", "D1:1"), turn("Yes, Paris.", "D1:2")])])[0]
     # The writer read the store as it was before its turns: nothing yet.
     assert seen[0] == [()]
-    assert [r.text for r in mgr.facts()] == ["Ann: I live in Paris.", "Ann: Yes, Paris.", "Ann lives in Paris."]
+    assert [r.text for r in mgr.facts()] == [
+        "Ann: I live in Paris.",
+        "Ann: Yes, Paris.",
+        "Ann lives in Paris.",
+    ]
     assert [o.op for o in first.ops] == [ADD]  # the write's own ops; the kept turns are logged apart
     assert sum(o.op is ADD for o in mgr.memory_ops) == 3
     system.write_batch([(mgr, [turn("Nice weather.", "D1:3")])])
@@ -243,9 +247,7 @@ def test_keep_turns_stores_each_verbatim_turn_before_what_was_written_about_it(m
 
 
 def test_keep_turns_holds_in_every_fork_of_a_sampled_write(minilm):
-    system = _system(
-        minilm, lambda ctx: ["ADD Ann is a baker.", "NOOP"][ctx.sample_index], keep_turns=True
-    )
+    system = _system(minilm, lambda ctx: ["ADD Ann is a baker.", "NOOP"][ctx.sample_index], keep_turns=True)
     mgr = system.manager("ep")
     [res] = system.write_batch([(mgr, [turn("I bake bread.", "D1:1")])], [2], temperature=1.0)
     forks = [[r.text for r in system.current_facts(system.manager(ns))] for ns in res.alternatives]
