@@ -50,7 +50,8 @@ class MemoryConfig:
     llm_max_tokens: int = 256
     # Also store every history turn as its rule fact, beside what the extractor writes (the llm, gold or policy
     # writer): the written facts are added to the verbatim dialogue, not put in its place, as Zep keeps raw
-    # episodes beside extracted facts. The turn is stored after the extractor has read its neighbours.
+    # episodes beside extracted facts. The turn is stored after the extractor has read its neighbours and
+    # before its written facts (a passage reads the turn first). No effect with extractor: rule.
     keep_turns: bool = False
     # The policy extractor (memrl.memory.writer): reply length per write, and the current facts it is shown.
     write_max_tokens: int = 48

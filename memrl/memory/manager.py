@@ -159,7 +159,6 @@ class MemorySystem:
         if self.store.dim != self.embedder.dim:
             raise ValueError(f"fact store dim {self.store.dim} != embedder dim {self.embedder.dim}")
         self.extractor = EXTRACTORS.get(cfg.extractor)(cfg, generate_text)
-        # memory.keep_turns: the turns' verbatim rule facts go in beside the extractor's (none for rule itself).
         self._turn_facts = RuleExtractor(cfg) if cfg.keep_turns and cfg.extractor != "rule" else None
         self.compressor = COMPRESSORS.get(cfg.compressor)(cfg, generate_text, self.embedder.count_tokens)
         self.retriever = RETRIEVERS.get(cfg.retrieval)(cfg)
@@ -201,7 +200,6 @@ class MemorySystem:
         if len(decisions) != len(items):
             raise RuntimeError(f"extractor returned {len(decisions)} decision lists for {len(items)} turns")
         if self._turn_facts is not None:
-            # The verbatim turn first, then what was written about it: a passage reads them in that order.
             kept = self._turn_facts.extract([ExtractionRequest(turn) for _, turn in items])
             decisions = [k + list(d) for k, d in zip(kept, decisions, strict=True)]
         texts = [
@@ -354,8 +352,7 @@ class MemorySystem:
             prompts, samples = writer.forced(requests, [teacher(r) for r in requests])
         samples = self._resolve(items, requests, samples)
         if self._turn_facts is not None:
-            # Verbatim turns go in before the write is applied (and before its forks are taken), after the
-            # writer has read its neighbours: every fork holds them, and the written facts follow their turns.
+            # after the writer read its neighbours, before its forks are taken: every fork holds them
             self._keep_turns([(mgr, t) for mgr, turns in items for t in turns])
         # One encode call for the facts of every reply that gets applied (forks first, then reply 0, per item).
         vecs = self._decision_vectors([d for ds in _use_order(samples, fork) for d in ds])
@@ -373,7 +370,7 @@ class MemorySystem:
         return out
 
     def _keep_turns(self, items: Sequence[tuple[MemoryManager, TurnSpec]]) -> None:
-        """Store each turn's verbatim rule facts in its episode (``memory.keep_turns``), one encode call."""
+        """Store each turn's verbatim rule facts (``memory.keep_turns``; before its written facts), one encode."""
         kept = self._turn_facts.extract([ExtractionRequest(t) for _, t in items])
         vecs = self._decision_vectors([d for ds in kept for d in ds])
         for (mgr, turn), ds in zip(items, kept, strict=True):
