@@ -177,8 +177,9 @@ class TrainConfig:
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     eval_every: int = 5
     eval_episodes: int = 64
-    # Start and final evaluation (em_start / em_final with bootstrap intervals); None = eval_episodes. The
-    # start evaluation of a given model and config is cached and reused across runs and seeds.
+    # Start and final evaluation (em_start / em_final with bootstrap intervals); None = eval_episodes; 0 = none
+    # (a writer that writes each conversation turn by turn costs minutes per episode: evaluate with memrl eval).
+    # The start evaluation of a given model and config is cached and reused across runs and seeds.
     final_eval_episodes: int | None = None
     eval_split: str = "test"
     # Where the start and final evaluation draw from; None = eval_split (the in-run subset is then its head).
@@ -232,9 +233,9 @@ class TrainConfig:
             raise ValueError(
                 f"train.checkpoint_prompt_tokens must be >= 1 or null, got {self.checkpoint_prompt_tokens}"
             )
-        if self.final_eval_episodes is not None and self.final_eval_episodes < 1:
+        if self.final_eval_episodes is not None and self.final_eval_episodes < 0:
             raise ValueError(
-                f"train.final_eval_episodes must be >= 1 or null, got {self.final_eval_episodes}"
+                f"train.final_eval_episodes must be >= 0 or null, got {self.final_eval_episodes}"
             )
         bad = [r for r in self.roles if r not in ROLES]
         if bad or not self.roles:

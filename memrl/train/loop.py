@@ -273,9 +273,12 @@ def _train(cfg: Config, resources: TrainResources | None, progress: bool) -> dic
     state = _restore(res, ckpt_root)
     counters = dict(state.counters)
     evaluating = not cfg.train.rollout_only and cfg.train.train_only is None
+    ends = evaluating and bool(
+        res.final_eval_inputs
+    )  # train.final_eval_episodes=0: no start/final evaluation
     log = MetricsLogger(run_dir, resume_step=state.step, tensorboard=cfg.train.tensorboard)
     try:
-        if evaluating and "em_start" not in counters:
+        if ends and "em_start" not in counters:
             t0 = time.perf_counter()
             start = _start_eval(res, progress)
             _counters_from_eval(counters, "em_start", start)
@@ -284,7 +287,7 @@ def _train(cfg: Config, resources: TrainResources | None, progress: bool) -> dic
         if cfg.train.warm_start.episodes and "warm_start_s" not in counters and not cfg.train.train_only:
             _warm_start(res, counters, log, ckpt_root, progress)
         step = _train_steps(res, state.step, counters, log, ckpt_root, evaluating, progress)
-        if evaluating and (step != state.step or "em_final" not in counters):  # not again on a finished run
+        if ends and (step != state.step or "em_final" not in counters):  # not again on a finished run
             t0 = time.perf_counter()
             final = _eval(res, step, res.final_eval_inputs, desc="final eval" if progress else None)
             _counters_from_eval(counters, "em_final", final)

@@ -21,7 +21,7 @@ from memrl.data.config import DataConfig
 from memrl.policy.config import PolicyConfig
 from memrl.train.config import LoraConfig
 from memrl.train.demonstrations import GoldDemonstrations
-from memrl.train.lora import attach_lora, save_adapter
+from memrl.train.lora import attach_lora, load_adapter_weights, save_adapter
 from memrl.train.microbatch import checkpoint_prompts
 from memrl.train.replay import ReplayBuffer
 from memrl.train.updater import PolicyUpdater
@@ -92,14 +92,12 @@ def evaluation_inputs(cfg: Config) -> tuple[list[BatchInput], list[BatchInput]]:
     (``train.final_eval_episodes`` of ``train.final_eval_split``; without a split of their own, of the same split,
     the in-run subset being their head)."""
     tc = cfg.train
-    final_n = tc.final_eval_episodes or tc.eval_episodes
+    final_n = tc.eval_episodes if tc.final_eval_episodes is None else tc.final_eval_episodes
     if tc.final_eval_split in (None, tc.eval_split):
         inputs = load_split(cfg.data, tc.eval_split, max(final_n, tc.eval_episodes))
         return inputs[: tc.eval_episodes], inputs[:final_n]
-    return (
-        load_split(cfg.data, tc.eval_split, tc.eval_episodes),
-        load_split(cfg.data, tc.final_eval_split, final_n),
-    )
+    final = load_split(cfg.data, tc.final_eval_split, final_n) if final_n else []
+    return load_split(cfg.data, tc.eval_split, tc.eval_episodes), final
 
 
 def _model_and_policy(
@@ -117,6 +115,10 @@ def _model_and_policy(
         )
     model, tokenizer = load_model_and_tokenizer(dataclasses.replace(policy, lora_path=None))
     model = attach_lora(model, lora, per_role=per_role)
+    if policy.lora_path:
+        # Training goes on from a saved adapter (both roles' with per_role): a writer warm-started in one run
+        # beside an answer adapter trained in another, trained on by RL without redoing either.
+        load_adapter_weights(model, policy.lora_path)
     if policy.backend == "hf":
         return model, HFPolicy.from_model(model, tokenizer, policy), True
     from memrl.policy import make_policy

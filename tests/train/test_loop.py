@@ -393,3 +393,54 @@ def test_a_writer_trained_by_imitation_only_is_the_warm_starts_writer_after_rl_s
     a0, a2 = (load_file(d / "adapter_model.safetensors") for d in (first, last))
     assert w0.keys() == w2.keys() and all(torch.equal(w0[k], w2[k]) for k in w0)
     assert any(not torch.equal(a0[k], a2[k]) for k in a0)  # the answer role did train
+
+
+def test_training_starts_from_the_adapter_policy_lora_path_names(tmp_path, tiny_model_dir):
+    """policy.lora_path in training: both roles' adapters start from the saved ones (a writer warm-started in one
+    run beside an answer adapter trained in another); a directory without the writer's adapter is refused."""
+    import torch
+
+    from memrl.train.lora import adapter_state, save_adapter
+    from memrl.train.setup import build_resources
+
+    roles = ("memory.extractor=policy", "train.role_adapters=per_role")
+    saved = build_resources(_in_process_cfg(tmp_path, tiny_model_dir, "a", *roles))
+    with torch.no_grad():
+        for i, (name, p) in enumerate(saved.model.named_parameters()):
+            if "lora_B" in name:
+                p.add_(0.01 * (i + 1))
+    save_adapter(saved.model, tmp_path / "saved")
+    want = {a: adapter_state(saved.model, a) for a in ("default", "memory")}
+
+    res = build_resources(
+        _in_process_cfg(tmp_path, tiny_model_dir, "b", *roles, f"policy.lora_path={tmp_path / 'saved'}")
+    )
+    for adapter, tensors in want.items():
+        got = adapter_state(res.model, adapter)
+        assert got.keys() == tensors.keys()
+        assert all(torch.equal(got[k], tensors[k]) for k in tensors), adapter
+    assert any(t.any() for k, t in adapter_state(res.model, "memory").items() if "lora_B" in k)
+
+    (tmp_path / "answer_only").mkdir()
+    for f in (tmp_path / "saved").iterdir():
+        if f.is_file():
+            (tmp_path / "answer_only" / f.name).write_bytes(f.read_bytes())
+    with pytest.raises(FileNotFoundError, match="adapter 'memory'"):
+        build_resources(
+            _in_process_cfg(
+                tmp_path, tiny_model_dir, "c", *roles, f"policy.lora_path={tmp_path / 'answer_only'}"
+            )
+        )
+
+
+def test_no_start_or_final_evaluation_with_final_eval_episodes_zero(tmp_path, tiny_model_dir):
+    """train.final_eval_episodes=0: the run trains and checkpoints without the start and final evaluations."""
+    from memrl.train.checkpoint import latest_checkpoint
+    from memrl.train.loop import train
+
+    cfg = _in_process_cfg(tmp_path, tiny_model_dir, "noeval", "train.final_eval_episodes=0", "train.steps=1")
+    summary = train(cfg)
+    assert summary["steps"] == 1 and summary["em_start"] is None and summary["em_final"] is None
+    rows = _metrics(tmp_path / "noeval")
+    assert rows and not any(k.startswith("eval/") for r in rows for k in r)
+    assert latest_checkpoint(tmp_path / "noeval" / "checkpoints") is not None

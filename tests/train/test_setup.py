@@ -99,3 +99,8 @@ def test_in_run_and_final_evaluation_draw_from_their_own_splits(tmp_path):
     )
     in_run, final = evaluation_inputs(cfg)  # one split: the in-run subset is the head of the final one
     assert [bi.episode_id for bi in in_run] == [bi.episode_id for bi in final[:3]] and len(final) == 10
+    for split in ("test", "validation"):  # 0: no start/final evaluation, from a split of its own or not
+        cfg = load_config(None, [*common, "train.eval_split=validation", "train.eval_episodes=3",
+                                 f"train.final_eval_split={split}", "train.final_eval_episodes=0"])  # fmt: skip
+        in_run, final = evaluation_inputs(cfg)
+        assert len(in_run) == 3 and final == []
