@@ -204,8 +204,10 @@ class EpisodeRunner:
             if self.snapshot is not None:
                 for st in states:
                     st.snapshot_writes = self.snapshot.plan(st.inp, chunk)
+            t0 = last = time.perf_counter()
             while any(st.phase is Phase.INGESTING for st in states):
                 self._guarded(Phase.INGESTING, states, lambda live: self._write_chunk(live, chunk))
+                last = _log_writes(states, t0, last)
             return
         groups: dict[tuple, list[EpisodeState]] = {}
         for st in states:
@@ -216,8 +218,11 @@ class EpisodeRunner:
         # Greedy writes of one history are one memory: the leader writes it (its writes are its steps) and the
         # others copy it, as rule-built memory is shared (an evaluation over LoCoMo writes each conversation once).
         ingest = self._write_chunk if self._policy_writes else self._ingest_chunk
+        t0 = last = time.perf_counter()
         while any(st.phase is Phase.INGESTING for st in leaders):
             self._guarded(Phase.INGESTING, leaders, lambda live: ingest(live, chunk))
+            if self._policy_writes:
+                last = _log_writes(leaders, t0, last)
         for leader, *copies in groups.values():
             for st in copies:
                 self._share(leader, st)
@@ -427,6 +432,18 @@ class EpisodeRunner:
         for t in trajs:
             self.metrics[f"episode/{t.status.value}"] += 1
         return trajs
+
+
+def _log_writes(states: Sequence[EpisodeState], t0: float, last: float) -> float:
+    """Policy writes go a turn or chunk at a time (minutes per LoCoMo conversation on a CPU): log how far they
+    got, at most once a minute; returns the time of the last line."""
+    now = time.perf_counter()
+    if now - last < 60:
+        return last
+    done = sum(st.cursor for st in states)
+    total = sum(len(st.inp.history) for st in states)
+    logger.info("memory writes: %d of %d history turns written (%.0f s)", done, total, now - t0)
+    return now
 
 
 class _TimedTools:

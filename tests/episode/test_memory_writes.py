@@ -234,3 +234,25 @@ def test_a_writer_left_untrained_writes_greedily_without_alternatives(policy, mo
     assert runner.metrics["memory/writes"] == 3 and runner.metrics["memory/shared_ingests"] == 1
     assert [len(_writes(t)) for t in trajs] == [3, 0]
     assert [s.meta.extra["applied"] for s, _ in _writes(trajs[0])] == [True] * 3  # no unapplied alternatives
+
+
+def test_policy_writes_log_how_far_they_got_at_most_once_a_minute(caplog):
+    """Writing a LoCoMo conversation turn by turn takes minutes: the runner logs the turns written so far."""
+    import logging
+    import time
+    from types import SimpleNamespace
+
+    from memrl.episode.runner import _log_writes
+
+    states = [
+        SimpleNamespace(cursor=c, inp=SimpleNamespace(history=[None] * n)) for c, n in ((10, 40), (30, 60))
+    ]
+    now = time.perf_counter()
+    with caplog.at_level(logging.INFO, logger="memrl.episode.runner"):
+        assert _log_writes(states, now - 5, now - 1) == now - 1  # a line a second ago: none now
+        assert not caplog.records
+        last = _log_writes(states, now - 125, now - 65)
+    assert last >= now
+    assert [r.getMessage().split(" (")[0] for r in caplog.records] == [
+        "memory writes: 40 of 100 history turns written"
+    ]
