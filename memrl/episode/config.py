@@ -30,6 +30,9 @@ class WorkerConfig:
             )
 
 
+SNAPSHOT_SCORES = ("answer", "gold_logprob")  # MemoryCreditConfig.snapshot_score
+
+
 @dataclass
 class MemoryCreditConfig:
     """Step credit of policy-written memory (``memory.extractor: policy``; :mod:`memrl.episode.credit`).
@@ -38,7 +41,11 @@ class MemoryCreditConfig:
     a valid operation), ``op_weight`` (times the F1 of the operations against the dataset's gold ones, where it
     has them; 0 = outcome only), ``size_weight`` (current facts per history turn read). ``snapshot_k``
     alternatives are sampled at up to ``snapshot_writes`` writes per episode (those that read an evidence turn
-    first) for ``snapshot``, at every write for ``local``.
+    first) for ``snapshot``, at every write for ``local``. ``snapshot_score``: what each snapshot alternative's
+    outcome is, ``answer`` (the reward of one greedy answer) or ``gold_logprob`` (how likely the answer policy finds
+    the gold answer: the geometric mean of its per-token probabilities, in [0, 1]). A greedy answer rarely changes
+    when one write among hundreds does, so ``answer`` groups often tie; the gold answer's likelihood moves with
+    every fact that enters or leaves the prompt.
     """
 
     name: str = "used"
@@ -47,8 +54,14 @@ class MemoryCreditConfig:
     size_weight: float = 0.0
     snapshot_k: int = 4
     snapshot_writes: int = 2
+    snapshot_score: str = "answer"
 
     def __post_init__(self) -> None:
+        if self.snapshot_score not in SNAPSHOT_SCORES:
+            raise ValueError(
+                f"episode.memory_credit.snapshot_score must be one of {list(SNAPSHOT_SCORES)}, "
+                f"got {self.snapshot_score!r}"
+            )
         if self.snapshot_k < 2:
             raise ValueError(
                 f"episode.memory_credit.snapshot_k must be >= 2 (a group), got {self.snapshot_k}"

@@ -8,6 +8,11 @@ episode's reward function — and that score is the reply's outcome. The ``k`` r
 (:func:`memrl.episode.credit.credit_group`), so the advantage compares operations written from the same state.
 All forks of a batch's writes are answered in one ``generate`` call and released afterwards.
 
+With ``snapshot_score: gold_logprob`` a fork is not answered: its outcome is how likely the answer policy finds the
+gold answer over the fork's prompt (one scoring forward, no decoding). On LoCoMo with the verbatim turns kept, the
+greedy answers of all ``k`` forks were the same in every group of a step: one write among hundreds rarely turns
+an answer, while the gold answer's likelihood moves with every fact that enters or leaves the prompt.
+
 Which writes: those that read an evidence turn of the question (``metadata["evidence_turn_ids"]``) first, then
 others drawn by a hash of the episode id, up to ``snapshot_writes`` per episode.
 """
@@ -15,12 +20,14 @@ others drawn by a hash of the episode id, up to ``snapshot_writes`` per episode.
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 from collections.abc import Sequence
 from typing import Any
 
 from memrl.episode.config import MemoryCreditConfig
 from memrl.episode.prompt import PromptTooLongError
+from memrl.formats import format_answer
 from memrl.rewards.base import RewardInput
 from memrl.types import BatchInput
 
@@ -59,8 +66,13 @@ class SnapshotScorer:
                 memory.release(mgr.episode_id)
 
     def _answer(self, runner: Any, jobs: Sequence[tuple[Any, int, Any]]) -> list[float]:
-        from memrl.policy.base import GenerationRequest, SamplingParams
+        ids = self._prompts(runner, jobs)
+        if self.cfg.snapshot_score == "gold_logprob":
+            return self._gold_likelihood(runner, jobs, ids)
+        return self._greedy_reward(runner, jobs, ids)
 
+    def _prompts(self, runner: Any, jobs: Sequence[tuple[Any, int, Any]]) -> list[tuple[int, ...] | None]:
+        """Each fork's target-turn prompt over what it retrieves for the episode's question (``None``: too long)."""
         memory, prompts = runner.memory, runner.prompts
         hits = memory.retrieve_batch(
             [(mgr, st.inp.final_query) for st, _, mgr in jobs],
@@ -71,13 +83,20 @@ class SnapshotScorer:
             room=[runner._memory_room(st) for st, _, _ in jobs],
             count_tokens=runner._prompt_tokens,
         )
-        params = SamplingParams(temperature=0.0, max_tokens=runner.rollout_cfg.max_response_tokens)
         ids: list[tuple[int, ...] | None] = []
         for (st, _, _), facts in zip(jobs, hits, strict=True):
             try:
                 ids.append(prompts.build(st.inp.final_query, facts, "", runner.tool_names).ids)
             except PromptTooLongError:
                 ids.append(None)
+        return ids
+
+    def _greedy_reward(
+        self, runner: Any, jobs: Sequence[tuple[Any, int, Any]], ids: list[tuple[int, ...] | None]
+    ) -> list[float]:
+        from memrl.policy.base import GenerationRequest, SamplingParams
+
+        params = SamplingParams(temperature=0.0, max_tokens=runner.rollout_cfg.max_response_tokens)
         todo = [i for i, p in enumerate(ids) if p is not None]
         outs = (
             runner.policy.generate([GenerationRequest(tuple(ids[i]), params) for i in todo]) if todo else []
@@ -90,3 +109,24 @@ class SnapshotScorer:
             for (st, _, _), text in zip(jobs, texts, strict=True)
         ]
         return [float(r) for r in runner.reward(inputs)]
+
+    def _gold_likelihood(
+        self, runner: Any, jobs: Sequence[tuple[Any, int, Any]], ids: list[tuple[int, ...] | None]
+    ) -> list[float]:
+        """exp(mean log p(gold reply token | prompt, earlier tokens)) per fork, the gold reply written as the policy
+        answers (``<answer>gold</answer>``, then eos). A fork whose prompt cannot be built, or a question without a
+        gold answer, scores 0 (no signal among alternatives that all do)."""
+        tok = runner.policy.tokenizer
+        eos = getattr(tok, "eos_token_id", None)
+        pairs, where = [], []
+        for i, ((st, _, _), prompt) in enumerate(zip(jobs, ids, strict=True)):
+            gold = st.inp.target_answer
+            if prompt is None or gold is None:
+                continue
+            reply = list(tok(format_answer(gold), add_special_tokens=False)["input_ids"])
+            pairs.append((prompt, reply + ([int(eos)] if eos is not None else [])))
+            where.append(i)
+        scores = [0.0] * len(jobs)
+        for i, lps in zip(where, runner.policy.logprobs(pairs) if pairs else [], strict=True):
+            scores[i] = math.exp(sum(lps) / len(lps))
+        return scores

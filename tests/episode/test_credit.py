@@ -43,3 +43,9 @@ def test_local_credit_scores_every_reply_by_its_step_terms_alone():
     assert got == pytest.approx([0.2 + 0.5, 0.2])  # the outcome is not a reply's own: left out
     with pytest.raises(ValueError, match="every write would score 0"):
         MemoryCreditConfig(name="local", format_weight=0.0, op_weight=0.0)
+
+
+def test_snapshot_score_must_be_one_the_scorer_knows():
+    assert MemoryCreditConfig(snapshot_score="gold_logprob").snapshot_score == "gold_logprob"
+    with pytest.raises(ValueError, match=r"snapshot_score must be one of \['answer', 'gold_logprob'\]"):
+        MemoryCreditConfig(snapshot_score="f1")

@@ -256,3 +256,46 @@ def test_policy_writes_log_how_far_they_got_at_most_once_a_minute(caplog):
     assert [r.getMessage().split(" (")[0] for r in caplog.records] == [
         "memory writes: 40 of 100 history turns written"
     ]
+
+
+def test_snapshot_gold_logprob_scores_each_fork_by_the_gold_answers_likelihood(tiny_hf_policy):
+    """snapshot_score=gold_logprob, a real model forward: each alternative's outcome is exp(mean log p) of
+    ``<answer>gold</answer>`` + eos over its fork's prompt, from one scoring call per batch of forks."""
+    import math
+
+    from memrl.formats import format_answer
+
+    cfg = _cfg("episode.memory_credit.name=snapshot", "episode.memory_credit.snapshot_k=3",
+               "episode.memory_credit.snapshot_writes=1", "episode.memory_credit.snapshot_score=gold_logprob",
+               "rollout.temperature=1.0", "rollout.n=1", "memory.write_max_tokens=12",
+               "rollout.max_response_tokens=4")  # fmt: skip
+    inputs, _ = load_dataset(cfg.data)
+    policy, tok = tiny_hf_policy, tiny_hf_policy.tokenizer
+    calls: list[tuple[list, list[list[float]]]] = []
+    real = policy.logprobs
+
+    def spy(sequences, **kw):
+        out = real(sequences, **kw)
+        calls.append((list(sequences), out))
+        return out
+
+    policy.logprobs = spy
+    try:
+        trajs = build_runner(cfg, policy=policy).run_batch(inputs[:2])
+    finally:
+        del policy.logprobs
+    scored = {}  # gold reply -> the likelihoods the scorer computed for it
+    for sequences, lps in calls:
+        for (_, reply), lp in zip(sequences, lps, strict=True):
+            scored.setdefault(tuple(reply), []).append(math.exp(sum(lp) / len(lp)))
+    assert sum(len(s) for s, _ in calls) == 2 * 3  # one planned write per episode, 3 forks each
+    for traj in trajs:
+        inp = next(bi for bi in inputs if bi.episode_id == traj.source_episode_id)
+        gold = [
+            *tok(format_answer(inp.target_answer), add_special_tokens=False)["input_ids"],
+            tok.eos_token_id,
+        ]
+        alts = [s for s, _ in _writes(traj) if s.meta.extra["alternatives"] == 3]
+        rewards = [s.meta.extra["snapshot_reward"] for s in alts]
+        assert len(alts) == 3 and all(0 < r <= 1 for r in rewards)
+        assert sorted(rewards) == pytest.approx(sorted(scored[tuple(gold)]))
