@@ -117,14 +117,16 @@ class SnapshotScorer:
         answers (``<answer>gold</answer>``, then eos). A fork whose prompt cannot be built, or a question without a
         gold answer, scores 0 (no signal among alternatives that all do)."""
         tok = runner.policy.tokenizer
-        eos = getattr(tok, "eos_token_id", None)
+        eos = [] if getattr(tok, "eos_token_id", None) is None else [int(tok.eos_token_id)]
+        replies: dict[str, list[int]] = {}  # the k forks of a write share one gold reply: tokenized once
         pairs, where = [], []
         for i, ((st, _, _), prompt) in enumerate(zip(jobs, ids, strict=True)):
             gold = st.inp.target_answer
             if prompt is None or gold is None:
                 continue
-            reply = list(tok(format_answer(gold), add_special_tokens=False)["input_ids"])
-            pairs.append((prompt, reply + ([int(eos)] if eos is not None else [])))
+            if gold not in replies:
+                replies[gold] = [*tok(format_answer(gold), add_special_tokens=False)["input_ids"], *eos]
+            pairs.append((prompt, replies[gold]))
             where.append(i)
         scores = [0.0] * len(jobs)
         for i, lps in zip(where, runner.policy.logprobs(pairs) if pairs else [], strict=True):

@@ -273,9 +273,8 @@ def _train(cfg: Config, resources: TrainResources | None, progress: bool) -> dic
     state = _restore(res, ckpt_root)
     counters = dict(state.counters)
     evaluating = not cfg.train.rollout_only and cfg.train.train_only is None
-    ends = evaluating and bool(
-        res.final_eval_inputs
-    )  # train.final_eval_episodes=0: no start/final evaluation
+    # train.final_eval_episodes=0: no start or final evaluation
+    ends = evaluating and bool(res.final_eval_inputs)
     log = MetricsLogger(run_dir, resume_step=state.step, tensorboard=cfg.train.tensorboard)
     try:
         if ends and "em_start" not in counters:
