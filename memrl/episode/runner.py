@@ -207,7 +207,7 @@ class EpisodeRunner:
             t0 = last = time.perf_counter()
             while any(st.phase is Phase.INGESTING for st in states):
                 self._guarded(Phase.INGESTING, states, lambda live: self._write_chunk(live, chunk))
-                last = _log_writes(states, t0, last)
+                last = _log_writes(states, t0, last, self.memory.extractor)
             return
         groups: dict[tuple, list[EpisodeState]] = {}
         for st in states:
@@ -222,7 +222,7 @@ class EpisodeRunner:
         while any(st.phase is Phase.INGESTING for st in leaders):
             self._guarded(Phase.INGESTING, leaders, lambda live: ingest(live, chunk))
             if self._policy_writes:
-                last = _log_writes(leaders, t0, last)
+                last = _log_writes(leaders, t0, last, self.memory.extractor)
         for leader, *copies in groups.values():
             for st in copies:
                 self._share(leader, st)
@@ -434,7 +434,7 @@ class EpisodeRunner:
         return trajs
 
 
-def _log_writes(states: Sequence[EpisodeState], t0: float, last: float) -> float:
+def _log_writes(states: Sequence[EpisodeState], t0: float, last: float, writer: Any = None) -> float:
     """Policy writes go a turn or chunk at a time (minutes per LoCoMo conversation on a CPU): log how far they
     got, at most once a minute; returns the time of the last line."""
     now = time.perf_counter()
@@ -442,7 +442,9 @@ def _log_writes(states: Sequence[EpisodeState], t0: float, last: float) -> float
         return last
     done = sum(st.cursor for st in states)
     total = sum(len(st.inp.history) for st in states)
-    logger.info("memory writes: %d of %d history turns written (%.0f s)", done, total, now - t0)
+    hits = getattr(writer, "cache_hits", 0)
+    cached = f", {hits} replies so far from the write cache" if hits else ""
+    logger.info("memory writes: %d of %d history turns written (%.0f s%s)", done, total, now - t0, cached)
     return now
 
 

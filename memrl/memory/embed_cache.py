@@ -10,28 +10,22 @@ dimension): another model or precision never reads these vectors. SQLite in WAL 
 actors and parallel runs can share one file.
 
 A cache never kills a run: when the disk fills (SQLite's "database or disk is full", or "disk I/O error" when
-not even its WAL index fits), one warning names the file, the error and the space free, writes stop for the rest
-of the run, vectors are still encoded and returned (results equal an uncached run's), and
-``memory/embed_cache_writes_stopped`` reports 1.
+not even its WAL index fits), one warning names the file, writes stop for the rest of the run
+(:class:`memrl.blob_cache.BlobCache`), vectors are still encoded and returned (results equal an uncached run's),
+and ``memory/embed_cache_writes_stopped`` reports 1.
 """
 
 from __future__ import annotations
 
 import hashlib
-import logging
 import re
-import sqlite3
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from memrl.disk import free_bytes, human_bytes, is_disk_full
+from memrl.blob_cache import BlobCache
 
-logger = logging.getLogger(__name__)
-
-SCHEMA = "CREATE TABLE IF NOT EXISTS vectors (key BLOB PRIMARY KEY, vec BLOB NOT NULL)"
 COMMIT_EVERY = 256  # texts encoded per slice: larger slices batch no better on a CPU and lose more to a kill
 
 
@@ -52,30 +46,20 @@ class CachedEmbedder:
         self.dtype = getattr(inner, "dtype", "float32")
         self.name = getattr(inner, "name", type(inner).__name__)
         self.path = Path(path)
-        self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
-        self.writes_stopped = False
-        self._db: sqlite3.Connection | None = None
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path, timeout=60.0, check_same_thread=False)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute(SCHEMA)
-            self._db.commit()
-        except (OSError, sqlite3.Error) as exc:
-            if not is_disk_full(exc, self.path):
-                raise
-            self._stop_writes(exc)
-            if self._db is not None:
-                self._db.close()
-            self._db = None  # not even the table could be made: nothing to read either
+        # The table's name predates the shared BlobCache: files written before stay readable.
+        self._blobs = BlobCache(self.path, "embedding cache", table="vectors", value="vec")
 
     def __getattr__(self, name: str):
         # Everything else (the model, its tokenizer, batch size) is the wrapped embedder's.
         if name == "inner":
             raise AttributeError(name)
         return getattr(self.inner, name)
+
+    @property
+    def writes_stopped(self) -> bool:
+        return self._blobs.writes_stopped
 
     @staticmethod
     def key(text: str) -> bytes:
@@ -85,14 +69,14 @@ class CachedEmbedder:
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
         keys = [self.key(t) for t in texts]
-        found = self._lookup(set(keys))
+        found = self._lookup(keys)
         missing = list(dict.fromkeys(k for k in keys if k not in found))  # each distinct text encoded once
         first = {k: t for k, t in zip(keys, texts, strict=True)}
         for i in range(0, len(missing), COMMIT_EVERY):
             part = missing[i : i + COMMIT_EVERY]
             vecs = self.inner.encode([first[k] for k in part])
             fresh = {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in zip(part, vecs, strict=True)}
-            self._store(fresh)
+            self._blobs.put_many({k: v.tobytes() for k, v in fresh.items()})
             found.update(fresh)
         self.misses += len(missing)  # texts encoded; every other text of the call came from the cache
         self.hits += len(keys) - len(missing)
@@ -110,51 +94,13 @@ class CachedEmbedder:
             "memory/embed_cache_writes_stopped": float(self.writes_stopped),
         }
 
-    def _lookup(self, keys: set[bytes]) -> dict[bytes, np.ndarray]:
+    def _lookup(self, keys: Sequence[bytes]) -> dict[bytes, np.ndarray]:
         out: dict[bytes, np.ndarray] = {}
-        ordered = list(keys)
-        if self._db is None:
-            return out
-        with self._lock:
-            for i in range(0, len(ordered), 500):  # SQLite bounds the number of bound parameters
-                chunk = ordered[i : i + 500]
-                marks = ",".join("?" * len(chunk))
-                rows = self._db.execute(
-                    f"SELECT key, vec FROM vectors WHERE key IN ({marks})", chunk
-                ).fetchall()
-                for key, blob in rows:
-                    vec = np.frombuffer(blob, dtype=np.float32)
-                    if vec.shape == (self.dim,):  # a torn or foreign row is simply encoded again
-                        out[bytes(key)] = vec
+        for key, blob in self._blobs.get_many(keys).items():
+            vec = np.frombuffer(blob, dtype=np.float32)
+            if vec.shape == (self.dim,):  # a torn or foreign row is simply encoded again
+                out[key] = vec
         return out
 
-    def _store(self, vectors: dict[bytes, np.ndarray]) -> None:
-        if self.writes_stopped:
-            return
-        with self._lock:
-            try:
-                self._db.executemany(
-                    "INSERT OR REPLACE INTO vectors (key, vec) VALUES (?, ?)",
-                    [(k, v.tobytes()) for k, v in vectors.items()],
-                )
-                self._db.commit()
-            except sqlite3.Error as exc:
-                if not is_disk_full(exc, self.path):
-                    raise
-                self._db.rollback()
-                self._stop_writes(exc)
-
-    def _stop_writes(self, exc: BaseException) -> None:
-        self.writes_stopped = True
-        logger.warning(
-            "embedding cache %s: %s (%s free there); the run goes on without writing to the cache (free space, "
-            "or move the cache with MEMRL_CACHE_DIR)",
-            self.path,
-            exc,
-            human_bytes(free_bytes(self.path)),
-        )
-
     def close(self) -> None:
-        with self._lock:
-            if self._db is not None:
-                self._db.close()
+        self._blobs.close()

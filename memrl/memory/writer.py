@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from memrl.memory.config import MemoryConfig
 from memrl.memory.extract import EXTRACTORS, ExtractionRequest, FactDecision, TextGenerator, turn_caption
 from memrl.memory.store import FactRecord
+from memrl.memory.write_cache import WriteCache, writer_digest
+from memrl.paths import cache_dir
 from memrl.templates import encode_chat, load_template
 from memrl.types import MemoryOpType, TurnSpec
 
@@ -175,6 +177,9 @@ class PolicyWriter:
         self.max_tokens = cfg.write_max_tokens
         eos = getattr(self.tokenizer, "eos_token_id", None)
         self.stop_ids = () if eos is None else (int(eos),)
+        self.cache_root = cache_dir() if cfg.write_cache else None
+        self._write_cache: WriteCache | None = None
+        self.cache_hits = 0  # greedy replies read from the write cache since creation
 
     def prompt_ids(self, req: WriteRequest) -> tuple[int, ...]:
         messages = [{"role": "system", "content": self.system}, {"role": "user", "content": render_user(req)}]
@@ -199,13 +204,44 @@ class PolicyWriter:
     def sample(
         self, requests: Sequence[WriteRequest], n: Sequence[int], temperature: float, seed: int | None = None
     ) -> tuple[list[tuple[int, ...]], list[list[WriteSample]]]:
-        """``n[i]`` replies to request i, all in one ``generate`` call; returns (prompt ids, samples)."""
-        from memrl.policy.base import GenerationRequest, SamplingParams
-
+        """``n[i]`` replies to request i, all in one ``generate`` call; returns (prompt ids, samples). Greedy
+        single replies come from the write cache where it has them (:mod:`memrl.memory.write_cache`)."""
         if not requests:
             return [], []
         prompts = [self.prompt_ids(r) for r in requests]
         self._check_fits(requests, prompts)
+        replies: list[list[tuple[tuple[int, ...], tuple[float, ...]]] | None] = [None] * len(requests)
+        cache = self._cache() if temperature == 0.0 and all(k == 1 for k in n) else None
+        keys = [cache.key(p, self.max_tokens, self.stop_ids) for p in prompts] if cache else []
+        if cache is not None:
+            found = cache.get(keys)
+            replies = [[found[k]] if k in found else None for k in keys]
+            self.cache_hits += len(found)
+        todo = [i for i, r in enumerate(replies) if r is None]
+        for i, outs in zip(
+            todo,
+            self._generate([prompts[i] for i in todo], [n[i] for i in todo], temperature, seed),
+            strict=True,
+        ):
+            replies[i] = [(tuple(o.token_ids), tuple(o.logprobs)) for o in outs]
+        if cache is not None and todo:
+            cache.put({keys[i]: replies[i][0] for i in todo})
+        out = []
+        for req, got in zip(requests, replies, strict=True):
+            samples = []
+            for ids, lps in got:
+                text = self.tokenizer.decode(list(ids), skip_special_tokens=True)
+                samples.append(WriteSample(ids, lps, text, parse_ops(text, req.neighbours)))
+            out.append(samples)
+        return prompts, out
+
+    def _generate(
+        self, prompts: Sequence[tuple[int, ...]], n: Sequence[int], temperature: float, seed: int | None
+    ):
+        from memrl.policy.base import GenerationRequest, SamplingParams
+
+        if not prompts:
+            return []
         gens = [
             GenerationRequest(
                 p,
@@ -220,18 +256,29 @@ class PolicyWriter:
         scope = getattr(self.client, "use_adapter", None)
         with scope(WRITER_ADAPTER) if scope is not None else contextlib.nullcontext():
             outputs = self.client.generate(gens)
-        if len(outputs) != len(requests):
-            raise RuntimeError(f"policy returned {len(outputs)} results for {len(requests)} memory writes")
-        out = []
-        for req, outs in zip(requests, outputs, strict=True):
-            samples = []
-            for o in outs:
-                text = self.tokenizer.decode(list(o.token_ids), skip_special_tokens=True)
-                samples.append(
-                    WriteSample(tuple(o.token_ids), tuple(o.logprobs), text, parse_ops(text, req.neighbours))
-                )
-            out.append(samples)
-        return prompts, out
+        if len(outputs) != len(prompts):
+            raise RuntimeError(f"policy returned {len(outputs)} results for {len(prompts)} memory writes")
+        return outputs
+
+    def _cache(self) -> WriteCache | None:
+        """The cache of the writer's current weights (None: caching off, or a backend without local weights)."""
+        if self.cache_root is None:
+            return None
+        model = getattr(self.client, "model", None)
+        peft = getattr(model, "peft_config", None) or {}
+        adapter = (
+            WRITER_ADAPTER
+            if WRITER_ADAPTER in peft
+            else (getattr(model, "active_adapter", None) if peft else None)
+        )
+        digest = writer_digest(model, adapter)
+        if digest is None:
+            return None
+        if self._write_cache is None or self._write_cache.digest != digest:
+            if self._write_cache is not None:
+                self._write_cache.close()
+            self._write_cache = WriteCache(self.cache_root, digest)
+        return self._write_cache
 
     def forced(
         self, requests: Sequence[WriteRequest], replies: Sequence[str]

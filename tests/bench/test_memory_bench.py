@@ -62,7 +62,8 @@ def test_bench_on_a_full_disk_warns_once_and_equals_the_uncached_run(tmp_path, m
     results equal the uncached run's and the metrics say writes stopped."""
     import sqlite3
 
-    from memrl.memory import embed_cache, embedder
+    from memrl import blob_cache
+    from memrl.memory import embedder
 
     connect = sqlite3.connect
 
@@ -73,13 +74,13 @@ def test_bench_on_a_full_disk_warns_once_and_equals_the_uncached_run(tmp_path, m
 
     monkeypatch.setenv("MEMRL_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(embedder, "_CACHE", {})
-    monkeypatch.setattr(embed_cache.sqlite3, "connect", full_disk_connect)
+    monkeypatch.setattr(blob_cache.sqlite3, "connect", full_disk_connect)
     argv = ["--dataset", "locomo", "--path", str(FIXTURES / "locomo_mini.json")]
-    with caplog.at_level("WARNING", logger="memrl.memory.embed_cache"):
+    with caplog.at_level("WARNING", logger="memrl.blob_cache"):
         full = BENCHES.get("memory")(argv)
     uncached = BENCHES.get("memory")([*argv, "embedding_cache=false"])
     assert full["memory/embed_cache_writes_stopped"] == 1.0 and full["memory/embed_cache_hits"] == 0
-    assert [r.levelname for r in caplog.records if r.name == "memrl.memory.embed_cache"] == ["WARNING"]
+    assert [r.levelname for r in caplog.records if r.name == "memrl.blob_cache"] == ["WARNING"]
     for key in KEYS[:-1]:  # everything but the throughput
         assert full[key] == uncached[key], key
 

@@ -99,10 +99,10 @@ def test_a_full_disk_stops_writes_with_one_warning_and_the_run_goes_on(tmp_path,
     raw = _raw_minilm()
     cached = CachedEmbedder(raw, path)
     cached.encode(TEXTS[:1])
-    (pages,) = cached._db.execute("PRAGMA page_count").fetchone()
-    cached._db.execute(f"PRAGMA max_page_count = {pages}")  # the file may not grow: as a full disk
+    (pages,) = cached._blobs._db.execute("PRAGMA page_count").fetchone()
+    cached._blobs._db.execute(f"PRAGMA max_page_count = {pages}")  # the file may not grow: as a full disk
     more = [f"Fact number {i} about the garden." for i in range(20)]
-    with caplog.at_level("WARNING", logger="memrl.memory.embed_cache"):
+    with caplog.at_level("WARNING", logger="memrl.blob_cache"):
         vecs = cached.encode([*TEXTS, *more])
         again = cached.encode([*more, "One more text after the disk filled."])
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
@@ -119,14 +119,14 @@ def test_a_full_disk_stops_writes_with_one_warning_and_the_run_goes_on(tmp_path,
 def test_a_cache_that_cannot_even_be_created_is_skipped(tmp_path, monkeypatch, caplog):
     import sqlite3
 
-    from memrl.memory import embed_cache
+    from memrl import blob_cache
 
     def full(*args, **kwargs):
         raise sqlite3.OperationalError("database or disk is full")
 
-    monkeypatch.setattr(embed_cache.sqlite3, "connect", full)
+    monkeypatch.setattr(blob_cache.sqlite3, "connect", full)
     raw = _raw_minilm()
-    with caplog.at_level("WARNING", logger="memrl.memory.embed_cache"):
+    with caplog.at_level("WARNING", logger="memrl.blob_cache"):
         cached = CachedEmbedder(raw, tmp_path / "e.sqlite")
         vecs = cached.encode(TEXTS)
     assert np.allclose(vecs, raw.encode(TEXTS), atol=1e-5) and cached.misses == 3
@@ -142,7 +142,7 @@ def test_a_really_full_filesystem_warns_and_keeps_the_vectors(small_tmpfs, caplo
     cached.encode(TEXTS)
     fill_disk(small_tmpfs)
     more = [f"Fact number {i} about the garden, on a full disk." for i in range(300)]
-    with caplog.at_level("WARNING", logger="memrl.memory.embed_cache"):
+    with caplog.at_level("WARNING", logger="memrl.blob_cache"):
         vecs = cached.encode([*more, *TEXTS])
     assert "database or disk is full" in caplog.text and str(small_tmpfs / "e.sqlite") in caplog.text
     assert np.allclose(vecs[:300], raw.encode(more), atol=1e-5) and cached.writes_stopped
@@ -156,7 +156,7 @@ def test_a_cache_created_on_a_full_filesystem_is_skipped(small_tmpfs, caplog):
 
     fill_disk(small_tmpfs, keep=8192)
     raw = _raw_minilm()
-    with caplog.at_level("WARNING", logger="memrl.memory.embed_cache"):
+    with caplog.at_level("WARNING", logger="memrl.blob_cache"):
         cached = CachedEmbedder(raw, small_tmpfs / "embeddings" / "e.sqlite")
         vecs = cached.encode(TEXTS)
     assert "e.sqlite: disk I/O error (" in caplog.text and "B free there" in caplog.text

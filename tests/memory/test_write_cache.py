@@ -1,0 +1,131 @@
+"""The greedy write cache: a frozen writer's replies are read back across writers and runs, never across weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from memrl.memory.config import MemoryConfig
+from memrl.memory.llm import policy_text_generator
+from memrl.memory.writer import WRITER_ADAPTER, PolicyWriter, WriteRequest
+from memrl.testing import random_tiny_llama
+from memrl.types import TurnRole, TurnSpec
+
+TURNS = [
+    TurnSpec(TurnRole.HISTORY, text, f"D1:{i}", speaker="Ann", timestamp="1 May 2023")
+    for i, text in enumerate(["I moved to Rome last week.", "My sister Mia is a nurse.", "We adopted a cat."])
+]
+
+
+class CountingClient:
+    """A real HF policy that counts the prompts it generates for."""
+
+    def __init__(self, policy) -> None:
+        self.inner = policy
+        self.prompts = 0
+
+    def generate(self, requests):
+        self.prompts += len(requests)
+        return self.inner.generate(requests)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+@pytest.fixture(autouse=True)
+def own_cache_dir(tmp_path, monkeypatch):
+    """Each test starts from an empty cache (the policy's weights are the same in every test)."""
+    monkeypatch.setenv("MEMRL_CACHE_DIR", str(tmp_path))
+
+
+@pytest.fixture
+def lora_policy():
+    """A tiny Llama with a per-role writer adapter whose lora_B is non-zero (so its weights change its replies)."""
+    from peft import LoraConfig, get_peft_model
+
+    from memrl.policy.config import PolicyConfig
+    from memrl.policy.hf import HFPolicy
+
+    model, tok = random_tiny_llama(seed=3, initializer_range=0.3)
+    lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    peft_model = get_peft_model(model, lora)
+    peft_model.add_adapter(WRITER_ADAPTER, lora)
+    _perturb(peft_model, seed=0)
+    return HFPolicy.from_model(peft_model, tok, PolicyConfig(model="random-tiny-lora", seed=0))
+
+
+def _perturb(model, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name and f".{WRITER_ADAPTER}." in name:
+                param.copy_(torch.randn(param.shape, generator=gen) * 0.5)
+
+
+def _writer(policy, **cfg) -> tuple[PolicyWriter, CountingClient]:
+    client = CountingClient(policy)
+    cfg = MemoryConfig(extractor="policy", write_max_tokens=12, **cfg)
+    return PolicyWriter(cfg, policy_text_generator(client)), client
+
+
+def _requests() -> list[WriteRequest]:
+    return [WriteRequest((t,)) for t in TURNS]
+
+
+def test_a_second_writer_reads_the_greedy_replies_back_without_generating(lora_policy):
+    first, c1 = _writer(lora_policy)
+    prompts, written = first.sample(_requests(), [1, 1, 1], 0.0)
+    assert c1.prompts == 3 and first.cache_hits == 0
+    again, c2 = _writer(lora_policy)  # another run over the same weights
+    prompts2, read = again.sample(_requests(), [1, 1, 1], 0.0)
+    assert c2.prompts == 0 and again.cache_hits == 3
+    assert prompts2 == prompts
+    assert [(s[0].response_ids, s[0].text, s[0].logprobs) for s in read] == [
+        (s[0].response_ids, s[0].text, s[0].logprobs) for s in written
+    ]
+
+
+def test_only_the_misses_are_generated_and_their_replies_equal_an_uncached_write(lora_policy):
+    warm, _ = _writer(lora_policy)
+    warm.sample(_requests()[:1], [1], 0.0)
+    mixed, client = _writer(lora_policy)
+    _, got = mixed.sample(_requests(), [1, 1, 1], 0.0)
+    plain, _ = _writer(lora_policy, write_cache=False)
+    _, fresh = plain.sample(_requests(), [1, 1, 1], 0.0)
+    assert client.prompts == 2 and mixed.cache_hits == 1
+    assert [s[0].response_ids for s in got] == [s[0].response_ids for s in fresh]
+
+
+def test_new_writer_weights_never_read_the_old_replies(lora_policy):
+    first, _ = _writer(lora_policy)
+    _, before = first.sample(_requests(), [1, 1, 1], 0.0)
+    _perturb(lora_policy.model, seed=1)  # a training update of the writer, in place
+    lora_policy.invalidate_cache()
+    writer, client = _writer(lora_policy)
+    _, after = writer.sample(_requests(), [1, 1, 1], 0.0)
+    assert client.prompts == 3 and writer.cache_hits == 0
+    assert [s[0].response_ids for s in after] != [s[0].response_ids for s in before]
+
+
+def test_the_answer_adapter_does_not_change_the_writers_cache(lora_policy):
+    """Per-role adapters: training the answer role leaves the writer's replies (and its cache) valid."""
+    first, _ = _writer(lora_policy)
+    first.sample(_requests(), [1, 1, 1], 0.0)
+    with torch.no_grad():
+        for name, param in lora_policy.model.named_parameters():
+            if "lora_B" in name and ".default." in name:
+                param.add_(1.0)
+    writer, client = _writer(lora_policy)
+    writer.sample(_requests(), [1, 1, 1], 0.0)
+    assert client.prompts == 0 and writer.cache_hits == 3
+
+
+def test_sampled_writes_and_a_disabled_cache_always_generate(lora_policy, tmp_path):
+    sampled, client = _writer(lora_policy)
+    sampled.sample(_requests(), [2, 2, 2], 1.0, seed=0)
+    sampled.sample(_requests(), [1, 1, 1], 1.0, seed=0)
+    assert client.prompts == 6 and not (tmp_path / "writes").exists()
+    off, client = _writer(lora_policy, write_cache=False)
+    off.sample(_requests(), [1, 1, 1], 0.0)
+    off.sample(_requests(), [1, 1, 1], 0.0)
+    assert client.prompts == 6 and not (tmp_path / "writes").exists()
