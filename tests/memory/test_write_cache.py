@@ -129,3 +129,26 @@ def test_sampled_writes_and_a_disabled_cache_always_generate(lora_policy, tmp_pa
     off.sample(_requests(), [1, 1, 1], 0.0)
     off.sample(_requests(), [1, 1, 1], 0.0)
     assert client.prompts == 6 and not (tmp_path / "writes").exists()
+
+
+def test_a_cache_that_cannot_be_created_logs_once_and_the_writes_go_on(lora_policy, monkeypatch, caplog):
+    import sqlite3
+
+    from memrl import blob_cache
+
+    def full(*args, **kwargs):
+        raise sqlite3.OperationalError("database or disk is full")
+
+    plain, _ = _writer(lora_policy, write_cache=False)
+    _, expected = plain.sample(_requests(), [1, 1, 1], 0.0)
+    monkeypatch.setattr(blob_cache.sqlite3, "connect", full)
+    writer, client = _writer(lora_policy)
+    with caplog.at_level("WARNING", logger="memrl.blob_cache"):
+        _, got = writer.sample(_requests(), [1, 1, 1], 0.0)
+        writer.sample(_requests(), [1, 1, 1], 0.0)
+    assert [s[0].response_ids for s in got] == [s[0].response_ids for s in expected]
+    assert client.prompts == 6 and writer.cache_hits == 0
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert (
+        len(warnings) == 1 and warnings[0].startswith("memory write cache") and "disk is full" in warnings[0]
+    )
