@@ -25,20 +25,16 @@ _BASE_SLICE = 1 << 16  # embedding values hashed to tell base models apart (the 
 
 
 def _tensor_bytes(t) -> bytes:
-    flat = t.detach().contiguous().reshape(-1)
-    return flat.view(_torch().uint8).cpu().numpy().tobytes()
-
-
-def _torch():
     import torch
 
-    return torch
+    return t.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes()
 
 
 def writer_digest(model, adapter: str | None) -> str | None:
     """Hex digest of what a greedy write depends on in ``model``: its base (config + an embedding slice) and the
     LoRA tensors of ``adapter`` (None: no adapter). None for an object that is not a torch module."""
-    torch = _torch()
+    import torch
+
     if not isinstance(model, torch.nn.Module):
         return None
     h = hashlib.sha256()
@@ -62,8 +58,6 @@ class WriteCache:
     def __init__(self, root: Path, digest: str) -> None:
         self.digest = digest
         self._blobs = BlobCache(Path(root) / "writes" / f"{digest[:32]}.sqlite", "memory write cache")
-        self.hits = 0
-        self.misses = 0
 
     def key(self, prompt: Sequence[int], max_tokens: int, stop_ids: Sequence[int]) -> bytes:
         head = json.dumps([self.digest, int(max_tokens), [int(s) for s in stop_ids]]).encode()
@@ -74,8 +68,6 @@ class WriteCache:
         for key, blob in self._blobs.get_many(keys).items():
             row = json.loads(blob)
             out[key] = (tuple(row["ids"]), tuple(row["logprobs"]))
-        self.hits += sum(k in out for k in keys)
-        self.misses += sum(k not in out for k in keys)
         return out
 
     def put(self, items: dict[bytes, tuple[Sequence[int], Sequence[float]]]) -> None:
