@@ -263,8 +263,11 @@ class EpisodeRunner:
                 items.append((st.manager, st.inp.history[st.cursor : stop]))
                 owners.append(st)
         k = [self._alternatives(st) for st in owners]
+        # Snapshot credit: reply 0 of every write is greedy, the one applied to the episode's store (module
+        # docstring of memrl.episode.snapshot); a planned write samples its other k-1 alternatives beside it.
+        trunk = self.snapshot is not None
         results = self.memory.write_batch(
-            items, k, temperature=self.write_temperature, fork=self.snapshot is not None
+            items, k, temperature=self.write_temperature, fork=trunk, greedy_first=trunk
         )
         for st, res in zip(owners, results, strict=True):
             st.writes.append(res)
@@ -442,8 +445,9 @@ def _log_writes(states: Sequence[EpisodeState], t0: float, last: float, writer: 
         return last
     done = sum(st.cursor for st in states)
     total = sum(len(st.inp.history) for st in states)
-    hits = getattr(writer, "cache_hits", 0)
+    hits, drafts = getattr(writer, "cache_hits", 0), getattr(writer, "draft_hits", 0)
     cached = f", {hits} replies so far from the write cache" if hits else ""
+    cached += f", {drafts} checked drafts" if drafts else ""
     logger.info("memory writes: %d of %d history turns written (%.0f s%s)", done, total, now - t0, cached)
     return now
 

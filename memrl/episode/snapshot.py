@@ -1,8 +1,9 @@
 """Snapshot credit for memory writes (Memory-R1): ``k`` alternatives from one store state, each scored by answering.
 
-At a planned write, the policy samples ``k`` replies (``episode.memory_credit.snapshot_k``) to the same prompt.
-Before anything is applied, :meth:`~memrl.memory.manager.MemorySystem.write_batch` forks the episode's store
-once per reply and applies reply ``j`` to fork ``j`` only (the episode's own store gets reply 0). Each fork then
+At a planned write, the policy gives ``k`` replies (``episode.memory_credit.snapshot_k``) to the same prompt: its
+greedy reply and ``k - 1`` sampled ones. Before anything is applied,
+:meth:`~memrl.memory.manager.MemorySystem.write_batch` forks the episode's store once per reply and applies reply
+``j`` to fork ``j`` only; the episode's own store gets reply 0, the greedy one. Each fork then
 answers the episode's question — retrieval, the target-turn prompt, one greedy answer without tools, the
 episode's reward function — and that score is the reply's outcome. The ``k`` replies are one GRPO group
 (:func:`memrl.episode.credit.credit_group`), so the advantage compares operations written from the same state.
@@ -14,7 +15,12 @@ greedy answers of all ``k`` forks were the same in every group of a step: one wr
 an answer, while the gold answer's likelihood moves with every fact that enters or leaves the prompt.
 
 Which writes: those that read an evidence turn of the question (``metadata["evidence_turn_ids"]``) first, then
-others drawn by a hash of the episode id, up to ``snapshot_writes`` per episode.
+others drawn by a hash of the episode id, up to ``snapshot_writes`` per episode. Every other write is greedy: the
+episode's store is the memory the writer builds at test (the trunk), and a group's alternatives are compared
+inside it, the greedy reply among them. The trunk costs little: the write cache holds the writer's greedy replies,
+and a writer changed by an update checks the last step's reply as its own in one forward (drafts,
+:mod:`memrl.memory.write_cache`) instead of decoding it. A sampled trunk was decoded anew at every step, 16 min
+per LoCoMo question on 2 CPU cores, and each group was compared inside a memory the writer would not build.
 """
 
 from __future__ import annotations
@@ -128,7 +134,12 @@ class SnapshotScorer:
                 replies[gold] = [*tok(format_answer(gold), add_special_tokens=False)["input_ids"], *eos]
             pairs.append((prompt, replies[gold]))
             where.append(i)
+        # Forks that retrieved the same facts build the same prompt: scored once, so they tie exactly (a padded
+        # batch can differ in the last bits between rows, and a std-normalised advantage would blow that up).
+        unique = list(dict.fromkeys((tuple(p), tuple(r)) for p, r in pairs))
+        lps = dict(zip(unique, runner.policy.logprobs(unique) if unique else [], strict=True))
         scores = [0.0] * len(jobs)
-        for i, lps in zip(where, runner.policy.logprobs(pairs) if pairs else [], strict=True):
-            scores[i] = math.exp(sum(lps) / len(lps))
+        for i, (p, r) in zip(where, pairs, strict=True):
+            got = lps[(tuple(p), tuple(r))]
+            scores[i] = math.exp(sum(got) / len(got))
         return scores

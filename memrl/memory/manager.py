@@ -326,12 +326,14 @@ class MemorySystem:
         seed: int | None = None,
         teacher: Callable[[WriteRequest], str] | None = None,
         fork: bool = True,
+        greedy_first: bool = False,
     ) -> list[WriteResult]:
         """One policy write per (episode, new turns), all in one generate call (``memory.extractor: policy``).
         ``n[i]`` replies are sampled for item i; the first is applied to the episode's store, the others are
         alternatives for step credit, each applied to its own fork of the store when ``fork``
-        (:mod:`memrl.episode.snapshot`; local credit scores them unapplied). With ``teacher`` nothing is generated: each
-        write's reply is ``teacher(request)`` (a demonstration, as the imitation warm start writes gold ones)."""
+        (:mod:`memrl.episode.snapshot`; local credit scores them unapplied); ``greedy_first``: reply 0 is the greedy one.
+        With ``teacher`` nothing is generated: each write's reply is ``teacher(request)`` (a demonstration, as the
+        imitation warm start writes gold ones)."""
         writer = self.extractor
         if not getattr(writer, "writes_steps", False):
             raise ValueError(f"memory.extractor={self.cfg.extractor!r} writes no steps; use 'policy'")
@@ -347,7 +349,7 @@ class MemorySystem:
             for i, (mgr, turns) in enumerate(items)
         ]
         if teacher is None:
-            prompts, samples = writer.sample(requests, n or [1] * len(items), temperature, seed)
+            prompts, samples = writer.sample(requests, n or [1] * len(items), temperature, seed, greedy_first)
         else:
             prompts, samples = writer.forced(requests, [teacher(r) for r in requests])
         samples = self._resolve(items, requests, samples)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from memrl.memory.config import MemoryConfig
 from memrl.memory.extract import EXTRACTORS, ExtractionRequest, FactDecision, TextGenerator, turn_caption
 from memrl.memory.store import FactRecord
-from memrl.memory.write_cache import WriteCache, writer_digest
+from memrl.memory.write_cache import Reply, WriteCache, writer_digest
 from memrl.paths import cache_dir
 from memrl.templates import encode_chat, load_template
 from memrl.types import MemoryOpType, TurnSpec
@@ -180,6 +180,7 @@ class PolicyWriter:
         self.cache_root = cache_dir() if cfg.write_cache else None
         self._write_cache: WriteCache | None = None
         self.cache_hits = 0  # greedy replies read from the write cache since creation
+        self.draft_hits = 0  # greedy replies that were another writer's checked drafts (not decoded)
 
     def prompt_ids(self, req: WriteRequest) -> tuple[int, ...]:
         messages = [{"role": "system", "content": self.system}, {"role": "user", "content": render_user(req)}]
@@ -202,30 +203,33 @@ class PolicyWriter:
                 )
 
     def sample(
-        self, requests: Sequence[WriteRequest], n: Sequence[int], temperature: float, seed: int | None = None
+        self,
+        requests: Sequence[WriteRequest],
+        n: Sequence[int],
+        temperature: float,
+        seed: int | None = None,
+        greedy_first: bool = False,
     ) -> tuple[list[tuple[int, ...]], list[list[WriteSample]]]:
-        """``n[i]`` replies to request i, all in one ``generate`` call; returns (prompt ids, samples). Greedy
-        single replies come from the write cache where it has them (:mod:`memrl.memory.write_cache`)."""
+        """``n[i]`` replies to request i, all in one ``generate`` call; returns (prompt ids, samples). With
+        ``greedy_first`` reply 0 is the greedy one and only the other ``n[i] - 1`` are sampled. Greedy replies come
+        from the write cache, or from another writer's reply checked as this one's (:mod:`memrl.memory.write_cache`),
+        where they can."""
         if not requests:
             return [], []
         prompts = [self.prompt_ids(r) for r in requests]
         self._check_fits(requests, prompts)
-        replies: list[list[tuple[tuple[int, ...], tuple[float, ...]]] | None] = [None] * len(requests)
-        cache = self._cache() if temperature == 0.0 and all(k == 1 for k in n) else None
-        keys = [cache.key(p, self.max_tokens, self.stop_ids) for p in prompts] if cache else []
-        if cache is not None:
-            found = cache.get(keys)
-            replies = [[found[k]] if k in found else None for k in keys]
-            self.cache_hits += len(found)
-        todo = [i for i, r in enumerate(replies) if r is None]
+        if temperature == 0.0 and all(k == 1 for k in n):
+            greedy_first, n = True, [0] * len(n)
+        elif greedy_first:
+            n = [k - 1 for k in n]
+        replies: list[list[Reply]] = [[r] for r in self._greedy(prompts)] if greedy_first else [[] for _ in n]
+        todo = [i for i, k in enumerate(n) if k > 0]
         for i, outs in zip(
             todo,
             self._generate([prompts[i] for i in todo], [n[i] for i in todo], temperature, seed),
             strict=True,
         ):
-            replies[i] = [(tuple(o.token_ids), tuple(o.logprobs)) for o in outs]
-        if cache is not None and todo:
-            cache.put({keys[i]: replies[i][0] for i in todo})
+            replies[i].extend((tuple(o.token_ids), tuple(o.logprobs)) for o in outs)
         out = []
         for req, got in zip(requests, replies, strict=True):
             samples = []
@@ -234,6 +238,52 @@ class PolicyWriter:
                 samples.append(WriteSample(ids, lps, text, parse_ops(text, req.neighbours)))
             out.append(samples)
         return prompts, out
+
+    def _greedy(self, prompts: Sequence[tuple[int, ...]]) -> list[Reply]:
+        """One greedy reply per prompt: cached, else a checked draft, else decoded (once per distinct prompt: the
+        questions of one conversation write the same turns over the same memory until their writes differ)."""
+        cache = self._cache()
+        if cache is None:
+            return [
+                (tuple(o[0].token_ids), tuple(o[0].logprobs))
+                for o in self._generate(prompts, [1] * len(prompts), 0.0, None)
+            ]
+        unique = list(dict.fromkeys(prompts))
+        found = cache.get(unique)
+        self.cache_hits += len(found)
+        missed = [i for i in range(len(unique)) if i not in found]
+        checked = self._checked_drafts(cache, [unique[i] for i in missed])
+        self.draft_hits += len(checked)
+        todo = [i for j, i in enumerate(missed) if j not in checked]
+        outs = self._generate([unique[i] for i in todo], [1] * len(todo), 0.0, None)
+        new = {missed[j]: r for j, r in checked.items()}
+        new.update(
+            {i: (tuple(o[0].token_ids), tuple(o[0].logprobs)) for i, o in zip(todo, outs, strict=True)}
+        )
+        if new:
+            cache.put([unique[i] for i in new], list(new.values()))
+        if found:  # the drafts hold what the last writer wrote, from its cache or not
+            cache.set_drafts([unique[i] for i in found], list(found.values()))
+        found.update(new)
+        by_prompt = {unique[i]: reply for i, reply in found.items()}
+        return [by_prompt[p] for p in prompts]
+
+    def _checked_drafts(self, cache: WriteCache, prompts: Sequence[tuple[int, ...]]) -> dict[int, Reply]:
+        """The drafts of ``prompts`` that are this writer's greedy replies (checked in one forward; module
+        docstring of :mod:`memrl.memory.write_cache`), by index, with this writer's log-probs."""
+        check = getattr(self.client, "greedy_logprobs", None)
+        drafts = cache.drafts(prompts) if prompts and check is not None else {}
+        drafts = {i: ids for i, (ids, _) in drafts.items() if cache.greedy_ending(ids)}
+        if not drafts:
+            return {}
+        scope = getattr(self.client, "use_adapter", None)
+        with scope(WRITER_ADAPTER) if scope is not None else contextlib.nullcontext():
+            scored = check([(prompts[i], ids) for i, ids in drafts.items()])
+        return {
+            i: (ids, tuple(lps))
+            for (i, ids), (lps, greedy) in zip(drafts.items(), scored, strict=True)
+            if tuple(greedy) == tuple(ids)
+        }
 
     def _generate(
         self, prompts: Sequence[tuple[int, ...]], n: Sequence[int], temperature: float, seed: int | None
@@ -277,7 +327,7 @@ class PolicyWriter:
         if self._write_cache is None or self._write_cache.digest != digest:
             if self._write_cache is not None:
                 self._write_cache.close()
-            self._write_cache = WriteCache(self.cache_root, digest)
+            self._write_cache = WriteCache(self.cache_root, digest, self.max_tokens, self.stop_ids)
         return self._write_cache
 
     def forced(

@@ -85,6 +85,21 @@ def test_training_time_logprobs_match_forward(peaked_policy):
             assert torch.allclose(torch.tensor(got), want, atol=1e-4)
 
 
+def test_greedy_logprobs_says_which_replies_greedy_decoding_writes(peaked_policy):
+    prompts = [enc(peaked_policy, p) for p in PROMPTS]
+    outs = peaked_policy.generate([GenerationRequest(p, greedy(10)) for p in prompts])
+    replies = [o[0].token_ids for o in outs]
+    changed = (replies[0][:4] + ((replies[0][4] + 1) % 256,) + replies[0][5:],)
+    scored = peaked_policy.greedy_logprobs([*zip(prompts, replies, strict=True), (prompts[0], changed[0])])
+    for (lps, argmax), out in zip(scored[:3], outs, strict=True):
+        assert argmax == list(out[0].token_ids)
+        assert torch.allclose(torch.tensor(lps), torch.tensor(out[0].logprobs), atol=1e-4)
+    lps, argmax = scored[3]
+    assert argmax[:5] == list(replies[0][:5]) and argmax != list(
+        changed[0]
+    )  # the changed token is not greedy
+
+
 def test_left_padding_does_not_change_results(peaked_policy):
     short = enc(peaked_policy, "Q?")
     long = enc(peaked_policy, "a much longer prompt that forces left padding of the short one " * 3)
