@@ -329,11 +329,10 @@ class MemorySystem:
         greedy_first: bool = False,
     ) -> list[WriteResult]:
         """One policy write per (episode, new turns), all in one generate call (``memory.extractor: policy``).
-        ``n[i]`` replies are sampled for item i; the first is applied to the episode's store, the others are
-        alternatives for step credit, each applied to its own fork of the store when ``fork``
-        (:mod:`memrl.episode.snapshot`; local credit scores them unapplied); ``greedy_first``: reply 0 is the greedy one.
-        With ``teacher`` nothing is generated: each write's reply is ``teacher(request)`` (a demonstration, as the
-        imitation warm start writes gold ones)."""
+        ``n[i]`` replies for item i (with ``greedy_first`` reply 0 is the greedy one, the rest sampled): reply 0 is
+        applied to the episode's store, the others are alternatives for step credit, each on its own fork of the
+        store when ``fork`` (:mod:`memrl.episode.snapshot`; local credit scores them unapplied). With ``teacher``
+        each reply is ``teacher(request)`` (a demonstration, as the imitation warm start writes gold ones)."""
         writer = self.extractor
         if not getattr(writer, "writes_steps", False):
             raise ValueError(f"memory.extractor={self.cfg.extractor!r} writes no steps; use 'policy'")

@@ -210,10 +210,10 @@ class PolicyWriter:
         seed: int | None = None,
         greedy_first: bool = False,
     ) -> tuple[list[tuple[int, ...]], list[list[WriteSample]]]:
-        """``n[i]`` replies to request i, all in one ``generate`` call; returns (prompt ids, samples). With
-        ``greedy_first`` reply 0 is the greedy one and only the other ``n[i] - 1`` are sampled. Greedy replies come
-        from the write cache, or from another writer's reply checked as this one's (:mod:`memrl.memory.write_cache`),
-        where they can."""
+        """``n[i]`` replies to request i; returns (prompt ids, samples). With ``greedy_first`` reply 0 is the greedy
+        one and only the other ``n[i] - 1`` are sampled (one ``generate`` call for all sampled replies). Greedy
+        replies come from the write cache, or from another writer's reply checked as this one's
+        (:mod:`memrl.memory.write_cache`), where they can."""
         if not requests:
             return [], []
         prompts = [self.prompt_ids(r) for r in requests]
