@@ -328,11 +328,10 @@ class MemorySystem:
         fork: bool = True,
         greedy_first: bool = False,
     ) -> list[WriteResult]:
-        """One policy write per (episode, new turns), all in one generate call (``memory.extractor: policy``).
-        ``n[i]`` replies for item i (with ``greedy_first`` reply 0 is the greedy one, the rest sampled): reply 0 is
-        applied to the episode's store, the others are alternatives for step credit, each on its own fork of the
-        store when ``fork`` (:mod:`memrl.episode.snapshot`; local credit scores them unapplied). With ``teacher``
-        each reply is ``teacher(request)`` (a demonstration, as the imitation warm start writes gold ones)."""
+        """One policy write per (episode, new turns) (``memory.extractor: policy``): ``n[i]`` replies for item i,
+        reply 0 greedy with ``greedy_first``, the others sampled in one generate call. Reply 0 is applied to the
+        episode's store, the others are alternatives for step credit, each on its own fork when ``fork``
+        (:mod:`memrl.episode.snapshot`). With ``teacher`` each reply is ``teacher(request)`` (a demonstration)."""
         writer = self.extractor
         if not getattr(writer, "writes_steps", False):
             raise ValueError(f"memory.extractor={self.cfg.extractor!r} writes no steps; use 'policy'")
