@@ -241,7 +241,8 @@ class PolicyWriter:
 
     def _greedy(self, prompts: Sequence[tuple[int, ...]]) -> list[Reply]:
         """One greedy reply per prompt: cached, else a checked draft, else decoded (once per distinct prompt: the
-        questions of one conversation write the same turns over the same memory until their writes differ)."""
+        questions of one conversation write the same turns over the same memory until their writes differ). A
+        rejected draft is decoded from its first differing token on, not from its start."""
         cache = self._cache()
         if cache is None:
             return [
@@ -252,14 +253,17 @@ class PolicyWriter:
         found = cache.get(unique)
         self.cache_hits += len(found)
         missed = [i for i in range(len(unique)) if i not in found]
-        checked = self._checked_drafts(cache, [unique[i] for i in missed])
-        self.draft_hits += len(checked)
-        todo = [i for j, i in enumerate(missed) if j not in checked]
-        outs = self._generate([unique[i] for i in todo], [1] * len(todo), 0.0, None)
-        new = {missed[j]: r for j, r in checked.items()}
-        new.update(
-            {i: (tuple(o[0].token_ids), tuple(o[0].logprobs)) for i, o in zip(todo, outs, strict=True)}
-        )
+        heads = self._checked_drafts(cache, [unique[i] for i in missed])
+        new = {missed[j]: head for j, (head, done) in heads.items() if done}
+        self.draft_hits += len(new)
+        todo = [i for j, i in enumerate(missed) if j not in heads or not heads[j][1]]
+        start = {i: heads[j][0] for j, i in enumerate(missed) if j in heads and not heads[j][1]}
+        empty: Reply = ((), ())
+        head = [start.get(i, empty) for i in todo]
+        outs = self._generate([unique[i] + h[0] for i, h in zip(todo, head, strict=True)], [1] * len(todo), 0.0,
+                              None, [self.max_tokens - len(h[0]) for h in head])  # fmt: skip
+        for i, h, o in zip(todo, head, outs, strict=True):
+            new[i] = (h[0] + tuple(o[0].token_ids), h[1] + tuple(o[0].logprobs))
         if new:
             cache.put([unique[i] for i in new], list(new.values()))
         if found:  # the drafts hold what the last writer wrote, from its cache or not
@@ -268,9 +272,13 @@ class PolicyWriter:
         by_prompt = {unique[i]: reply for i, reply in found.items()}
         return [by_prompt[p] for p in prompts]
 
-    def _checked_drafts(self, cache: WriteCache, prompts: Sequence[tuple[int, ...]]) -> dict[int, Reply]:
-        """The drafts of ``prompts`` that are this writer's greedy replies (checked in one forward; module
-        docstring of :mod:`memrl.memory.write_cache`), by index, with this writer's log-probs."""
+    def _checked_drafts(
+        self, cache: WriteCache, prompts: Sequence[tuple[int, ...]]
+    ) -> dict[int, tuple[Reply, bool]]:
+        """Each prompt's draft checked in one forward (module docstring of :mod:`memrl.memory.write_cache`), by
+        index: (this writer's greedy reply as far as the forward tells it, whether that is the whole reply). The
+        reply runs up to and including the first token where the draft and this writer's argmax differ (the
+        argmax there); it is whole where the draft is this writer's greedy reply or the argmax ends it."""
         check = getattr(self.client, "greedy_logprobs", None)
         drafts = cache.drafts(prompts) if prompts and check is not None else {}
         drafts = {i: ids for i, (ids, _) in drafts.items() if cache.greedy_ending(ids)}
@@ -279,28 +287,37 @@ class PolicyWriter:
         scope = getattr(self.client, "use_adapter", None)
         with scope(WRITER_ADAPTER) if scope is not None else contextlib.nullcontext():
             scored = check([(prompts[i], ids) for i, ids in drafts.items()])
-        return {
-            i: (ids, tuple(lps))
-            for (i, ids), (lps, greedy) in zip(drafts.items(), scored, strict=True)
-            if tuple(greedy) == tuple(ids)
-        }
+        out = {}
+        for (i, ids), (lps, greedy, greedy_lps) in zip(drafts.items(), scored, strict=True):
+            j = next((k for k, (a, b) in enumerate(zip(ids, greedy, strict=True)) if a != b), len(ids))
+            if j == len(ids):
+                out[i] = ((tuple(ids), tuple(lps)), True)
+                continue
+            head = (tuple(ids[:j]) + (greedy[j],), tuple(lps[:j]) + (greedy_lps[j],))
+            out[i] = (head, cache.greedy_ending(head[0]))
+        return out
 
     def _generate(
-        self, prompts: Sequence[tuple[int, ...]], n: Sequence[int], temperature: float, seed: int | None
+        self,
+        prompts: Sequence[tuple[int, ...]],
+        n: Sequence[int],
+        temperature: float,
+        seed: int | None,
+        max_tokens: Sequence[int] | None = None,
     ):
         from memrl.policy.base import GenerationRequest, SamplingParams
 
         if not prompts:
             return []
+        budgets = max_tokens or [self.max_tokens] * len(prompts)
         gens = [
             GenerationRequest(
                 p,
                 SamplingParams(
-                    temperature=temperature, max_tokens=self.max_tokens, n=k, seed=seed,
-                    stop_token_ids=self.stop_ids,
+                    temperature=temperature, max_tokens=m, n=k, seed=seed, stop_token_ids=self.stop_ids,
                 ),
             )
-            for p, k in zip(prompts, n, strict=True)
+            for p, k, m in zip(prompts, n, budgets, strict=True)
         ]  # fmt: skip
         # The writer's own adapter where the policy has one per role (HFPolicy.use_adapter), else the policy as is.
         scope = getattr(self.client, "use_adapter", None)

@@ -489,24 +489,25 @@ class HFPolicy:
         return [
             lps
             for start in range(0, len(sequences), step)
-            for lps, _ in self._score_chunk(sequences[start : start + step], temperature)
+            for lps, _, _ in self._score_chunk(sequences[start : start + step], temperature)
         ]
 
     @torch.inference_mode()
     def greedy_logprobs(
         self, sequences: Sequence[tuple[Sequence[int], Sequence[int]]]
-    ) -> list[tuple[list[float], list[int]]]:
-        """Per (prompt, response): log p of each response token and the greedy (argmax) token at each of its
-        positions. The response is what greedy decoding of the prompt writes exactly when the two agree everywhere
-        (up to floating-point ties): one forward checks a reply that decoding would take a call per token to write
-        (:mod:`memrl.memory.write_cache` checks another writer's cached reply so)."""
+    ) -> list[tuple[list[float], list[int], list[float]]]:
+        """Per (prompt, response): log p of each response token, the greedy (argmax) token at each of its positions
+        and that token's log p. The response is what greedy decoding of the prompt writes exactly when the two
+        agree everywhere (up to floating-point ties): one forward checks a reply that decoding would take a call
+        per token to write (:mod:`memrl.memory.write_cache` checks another writer's cached reply so); where they
+        first differ, the greedy token there continues the greedy reply."""
         step = self.cfg.score_batch_size
-        out: list[tuple[list[float], list[int]]] = []
+        out: list[tuple[list[float], list[int], list[float]]] = []
         for start in range(0, len(sequences), step):
             out.extend(self._score_chunk(sequences[start : start + step], 1.0))
         return out
 
-    def _score_chunk(self, chunk, temperature: float) -> list[tuple[list[float], list[int]]]:
+    def _score_chunk(self, chunk, temperature: float) -> list[tuple[list[float], list[int], list[float]]]:
         pairs = [(list(map(int, p)), list(map(int, r))) for p, r in chunk]
         for i, (p, r) in enumerate(pairs):
             if not p:
@@ -537,11 +538,12 @@ class HFPolicy:
         out = []
         for i, (_, r) in enumerate(pairs):
             if not r:
-                out.append(([], []))
+                out.append(([], [], []))
                 continue
             # Token r[j] sits at L-len(r)+j and is predicted by position L-len(r)+j-1 = column keep-len(r)-1+j.
             cols = torch.arange(keep - len(r) - 1, keep - 1)
-            out.append((logp[i, cols, torch.tensor(r)].tolist(), logp[i, cols].argmax(-1).tolist()))
+            best = logp[i, cols].max(-1)
+            out.append((logp[i, cols, torch.tensor(r)].tolist(), best.indices.tolist(), best.values.tolist()))
         return out
 
 

@@ -23,9 +23,11 @@ class CountingClient:
     def __init__(self, policy) -> None:
         self.inner = policy
         self.prompts = 0
+        self.asked: list[tuple[int, ...]] = []  # the prompts of the last generate call
 
     def generate(self, requests):
         self.prompts += len(requests)
+        self.asked = [tuple(r.prompt_ids) for r in requests]
         return self.inner.generate(requests)
 
     def __getattr__(self, name):
@@ -154,21 +156,24 @@ def test_a_cache_that_cannot_be_created_logs_once_and_the_writes_go_on(lora_poli
     assert all("disk is full" in w for w in warnings)
 
 
-def _nudge(model, scale: float, seed: int) -> None:
+def _nudge(policy, scale: float, seed: int) -> None:
+    """Change the writer's LoRA in place, as an update does (the update also drops the policy's folded weights)."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for name, param in model.named_parameters():
+        for name, param in policy.model.named_parameters():
             if "lora_B" in name and f".{WRITER_ADAPTER}." in name:
                 param.add_(torch.randn(param.shape, generator=gen) * scale)
+    policy.invalidate_cache()
 
 
 @pytest.mark.parametrize("scale", [1e-4, 0.5])
 def test_a_changed_writer_takes_the_drafts_it_agrees_with_and_decodes_the_rest(lora_policy, scale):
-    """After an update the writer misses its cache; the last writer's replies are checked in one forward and
-    the ones that are its own greedy replies are taken. The replies equal decoding them, either way."""
+    """After an update the writer misses its cache; the last writer's replies are checked in one forward, the
+    ones that are its own greedy replies are taken and the others decoded from where they differ. The replies
+    equal decoding them from the start, either way."""
     before, _ = _writer(lora_policy)
     _, old = before.sample(_requests(), [1, 1, 1], 0.0)
-    _nudge(lora_policy.model, scale, seed=1)
+    _nudge(lora_policy, scale, seed=1)
     plain, _ = _writer(lora_policy, write_cache=False)
     _, decoded = plain.sample(_requests(), [1, 1, 1], 0.0)
     writer, client = _writer(lora_policy)
@@ -183,6 +188,9 @@ def test_a_changed_writer_takes_the_drafts_it_agrees_with_and_decodes_the_rest(l
         assert same == 3  # a small update keeps every greedy reply: nothing is decoded
     else:
         assert same < 3  # a large one changes some: those are decoded, not taken
+        # ... from the first token where the draft differs on: each is a prompt plus the greedy reply's head
+        full = [plain.prompt_ids(r) for r in _requests()]
+        assert all(any(a[: len(f)] == f and len(a) > len(f) for f in full) for a in client.asked)
     again, client = _writer(lora_policy)  # and the replies are now this writer's cache
     again.sample(_requests(), [1, 1, 1], 0.0)
     assert again.cache_hits == 3 and client.prompts == 0
@@ -201,18 +209,19 @@ def test_replies_read_from_the_cache_become_the_drafts_again(lora_policy):
     first, _ = _writer(lora_policy)
     first.sample(_requests(), [1, 1, 1], 0.0)
     saved = {n: p.detach().clone() for n, p in lora_policy.model.named_parameters() if "lora_" in n}
-    _nudge(lora_policy.model, 0.5, seed=2)
+    _nudge(lora_policy, 0.5, seed=2)
     other, _ = _writer(lora_policy)
     _, theirs = other.sample(_requests(), [1, 1, 1], 0.0)  # the drafts are now its replies
     with torch.no_grad():
         for n, p in lora_policy.model.named_parameters():
             if n in saved:
                 p.copy_(saved[n])
+    lora_policy.invalidate_cache()
     reread, client = _writer(lora_policy)
     _, mine = reread.sample(_requests(), [1, 1, 1], 0.0)
     assert reread.cache_hits == 3 and client.prompts == 0
     assert [s[0].response_ids for s in theirs] != [s[0].response_ids for s in mine]  # not vacuous
-    _nudge(lora_policy.model, 1e-4, seed=1)
+    _nudge(lora_policy, 1e-4, seed=1)
     updated, client = _writer(lora_policy)
     updated.sample(_requests(), [1, 1, 1], 0.0)
     assert updated.draft_hits == 3 and client.prompts == 0

@@ -91,13 +91,14 @@ def test_greedy_logprobs_says_which_replies_greedy_decoding_writes(peaked_policy
     replies = [o[0].token_ids for o in outs]
     changed = (replies[0][:4] + ((replies[0][4] + 1) % 256,) + replies[0][5:],)
     scored = peaked_policy.greedy_logprobs([*zip(prompts, replies, strict=True), (prompts[0], changed[0])])
-    for (lps, argmax), out in zip(scored[:3], outs, strict=True):
+    for (lps, argmax, argmax_lps), out in zip(scored[:3], outs, strict=True):
         assert argmax == list(out[0].token_ids)
         assert torch.allclose(torch.tensor(lps), torch.tensor(out[0].logprobs), atol=1e-4)
-    lps, argmax = scored[3]
-    assert argmax[:5] == list(replies[0][:5]) and argmax != list(
-        changed[0]
-    )  # the changed token is not greedy
+        assert torch.allclose(torch.tensor(argmax_lps), torch.tensor(lps))  # greedy: the argmax is the token
+    lps, argmax, argmax_lps = scored[3]
+    # the changed token is not greedy: the argmax there is the decoded one, with its log-prob
+    assert argmax[:5] == list(replies[0][:5]) and argmax != list(changed[0])
+    assert argmax_lps[4] == pytest.approx(outs[0][0].logprobs[4], abs=1e-4) and lps[4] < argmax_lps[4]
 
 
 def test_left_padding_does_not_change_results(peaked_policy):
