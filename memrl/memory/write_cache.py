@@ -17,7 +17,8 @@ writer being trained, its checkpoint evaluated) misses its own cache but mostly 
 wrote. So a miss with a draft checks it in one teacher-forced forward
 (:meth:`memrl.policy.hf.HFPolicy.greedy_logprobs`): where every draft token is the new writer's argmax and the
 draft ends as greedy decoding ends (its stop token, or ``max_tokens`` tokens), the draft *is* the new writer's
-greedy reply and is taken without decoding. Otherwise the write is decoded as usual. The forward and the decode
+greedy reply and is taken without decoding. Otherwise the forward still gives the greedy reply up to and including
+the first token where the two differ, and only the rest is decoded. The forward and the decode
 can differ in the last bits of a logit, so a draft can be taken over a reply that decoding would have broken off
 at an exact tie; the same holds between two batch sizes of decoding itself.
 """
