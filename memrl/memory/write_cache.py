@@ -105,10 +105,9 @@ class WriteCache:
 
     def put(self, prompts: Sequence[Sequence[int]], replies: Sequence[Reply]) -> None:
         """Cache this writer's greedy ``replies`` (one per prompt); each is also its prompt's draft."""
-        self._blobs.put_many(
-            {self._key(p, self.digest): _blob(r) for p, r in zip(prompts, replies, strict=True)}
-        )
-        self.set_drafts(prompts, replies)
+        blobs = [_blob(r) for r in replies]  # encoded once for both tables
+        self._blobs.put_many({self._key(p, self.digest): b for p, b in zip(prompts, blobs, strict=True)})
+        self._drafts.put_many({self._key(p, ""): b for p, b in zip(prompts, blobs, strict=True)})
 
     def set_drafts(self, prompts: Sequence[Sequence[int]], replies: Sequence[Reply]) -> None:
         """Make ``replies`` the drafts of ``prompts`` (replies this writer read from its cache, too)."""
