@@ -31,6 +31,7 @@ class WorkerConfig:
 
 
 SNAPSHOT_SCORES = ("answer", "gold_logprob")  # MemoryCreditConfig.snapshot_score
+SNAPSHOT_QUESTIONS = ("own", "all")  # MemoryCreditConfig.snapshot_questions
 
 
 @dataclass
@@ -45,7 +46,9 @@ class MemoryCreditConfig:
     outcome is, ``answer`` (the reward of one greedy answer) or ``gold_logprob`` (how likely the answer policy finds
     the gold answer: the geometric mean of its per-token probabilities, in [0, 1]). A greedy answer rarely changes
     when one write among hundreds does, so ``answer`` groups often tie; the gold answer's likelihood moves with
-    every fact that enters or leaves the prompt.
+    every fact that enters or leaves the prompt. ``snapshot_questions``: which questions a fork is scored on,
+    ``own`` (its episode's) or ``all`` (every question of the batch asked over the same history, the outcome
+    their mean): ``all`` also charges a written fact for what it pushes out of the other questions' prompts.
     """
 
     name: str = "used"
@@ -55,8 +58,14 @@ class MemoryCreditConfig:
     snapshot_k: int = 4
     snapshot_writes: int = 2
     snapshot_score: str = "answer"
+    snapshot_questions: str = "own"
 
     def __post_init__(self) -> None:
+        if self.snapshot_questions not in SNAPSHOT_QUESTIONS:
+            raise ValueError(
+                f"episode.memory_credit.snapshot_questions must be one of {list(SNAPSHOT_QUESTIONS)}, "
+                f"got {self.snapshot_questions!r}"
+            )
         if self.snapshot_score not in SNAPSHOT_SCORES:
             raise ValueError(
                 f"episode.memory_credit.snapshot_score must be one of {list(SNAPSHOT_SCORES)}, "

@@ -202,8 +202,7 @@ class EpisodeRunner:
         if self._policy_writes and not self._greedy_writes:
             # Sampled policy-written memory is the episode's own (each write is a trainable step): never shared.
             if self.snapshot is not None:
-                for st in states:
-                    st.snapshot_writes = self.snapshot.plan(st.inp, chunk)
+                self.snapshot.prepare(states, chunk)
             t0 = last = time.perf_counter()
             while any(st.phase is Phase.INGESTING for st in states):
                 self._guarded(Phase.INGESTING, states, lambda live: self._write_chunk(live, chunk))

@@ -14,6 +14,12 @@ gold answer over the fork's prompt (one scoring forward, no decoding). On LoCoMo
 greedy answers of all ``k`` forks were the same in every group of a step: one write among hundreds rarely turns
 an answer, while the gold answer's likelihood moves with every fact that enters or leaves the prompt.
 
+Which questions: the episode's own (``snapshot_questions: own``), or every question of the batch asked over the
+same history (``all``; the outcome is their mean; the questions of one LoCoMo conversation share its history). A
+planned write reads the question's evidence, where a written fact helps its own question; the other questions
+also see what that fact pushes out of their prompts (a prompt holds a fixed budget of facts and turns), so
+``all`` prices clutter that ``own`` cannot see.
+
 Which writes: those that read an evidence turn of the question (``metadata["evidence_turn_ids"]``) first, then
 others drawn by a hash of the episode id, up to ``snapshot_writes`` per episode. Every other write is greedy: the
 episode's store is the memory the writer builds at test (the trunk), and a group's alternatives are compared
@@ -35,7 +41,7 @@ from memrl.episode.config import MemoryCreditConfig
 from memrl.episode.prompt import PromptTooLongError
 from memrl.formats import format_answer
 from memrl.rewards.base import RewardInput
-from memrl.types import BatchInput
+from memrl.types import BatchInput, EpisodeStatus
 
 
 class SnapshotScorer:
@@ -58,39 +64,65 @@ class SnapshotScorer:
         random.Random(seed).shuffle(rest)
         return set((hits + rest)[: self.cfg.snapshot_writes])
 
+    def prepare(self, states: Sequence[Any], chunk: int) -> None:
+        """Plan each episode's snapshot writes, and note which questions its forks answer: its own, or with
+        ``snapshot_questions: all`` every episode of the batch over the same history (its own first)."""
+        by_history: dict[tuple, list[Any]] = {}
+        for st in states:
+            st.snapshot_writes = self.plan(st.inp, chunk)
+            key = tuple((t.turn_id, t.text, t.speaker, t.timestamp) for t in st.inp.history)
+            by_history.setdefault(key, []).append(st)
+        self._askers = {}
+        for group in by_history.values():
+            for st in group:
+                others = [o for o in group if o is not st] if self.cfg.snapshot_questions == "all" else []
+                self._askers[id(st)] = [st, *others]
+
     def score(self, runner: Any, scored: Sequence[tuple[Any, Any]]) -> None:
-        """Answer the question on every fork of ``scored`` ((EpisodeState, WriteResult) pairs) and record each
-        alternative's reward in ``state.snapshot_rewards[write index]``; the forks are released."""
+        """Answer the questions of :meth:`prepare` on every fork of ``scored`` ((EpisodeState, WriteResult) pairs)
+        and record each alternative's reward, the mean over those questions, in
+        ``state.snapshot_rewards[write index]``; the forks are released."""
         memory = runner.memory
-        jobs = [(st, len(st.writes) - 1, memory.manager(ns)) for st, res in scored for ns in res.alternatives]
+        forks = [(st, len(st.writes) - 1, memory.manager(ns)) for st, res in scored for ns in res.alternatives]
         try:
+            jobs, owner = [], []
+            for f, (st, _, mgr) in enumerate(forks):
+                # An asker that failed since (a sibling's later phase) has nothing left to ask.
+                askers = [a for a in self._askers.get(id(st), [st]) if a is st or a.status is not EpisodeStatus.FAILED]
+                jobs.extend((a, mgr) for a in askers)
+                owner.extend([f] * len(askers))
             rewards = self._answer(runner, jobs)
-            for (st, index, _), r in zip(jobs, rewards, strict=True):
-                st.snapshot_rewards.setdefault(index, []).append(r)
+            per_fork: list[list[float]] = [[] for _ in forks]
+            for f, r in zip(owner, rewards, strict=True):
+                per_fork[f].append(r)
+            for (st, index, _), rs in zip(forks, per_fork, strict=True):
+                st.snapshot_rewards.setdefault(index, []).append(sum(rs) / len(rs))
         finally:
-            for _, _, mgr in jobs:
+            for _, _, mgr in forks:
                 memory.release(mgr.episode_id)
 
-    def _answer(self, runner: Any, jobs: Sequence[tuple[Any, int, Any]]) -> list[float]:
+    def _answer(self, runner: Any, jobs: Sequence[tuple[Any, Any]]) -> list[float]:
+        """One outcome per (asking episode, fork manager) job."""
         ids = self._prompts(runner, jobs)
         if self.cfg.snapshot_score == "gold_logprob":
             return self._gold_likelihood(runner, jobs, ids)
         return self._greedy_reward(runner, jobs, ids)
 
-    def _prompts(self, runner: Any, jobs: Sequence[tuple[Any, int, Any]]) -> list[tuple[int, ...] | None]:
-        """Each fork's target-turn prompt over what it retrieves for the episode's question (``None``: too long)."""
+    def _prompts(self, runner: Any, jobs: Sequence[tuple[Any, Any]]) -> list[tuple[int, ...] | None]:
+        """Each job's target-turn prompt over what its fork retrieves for the asker's question (``None``: too
+        long)."""
         memory, prompts = runner.memory, runner.prompts
         hits = memory.retrieve_batch(
-            [(mgr, st.inp.final_query) for st, _, mgr in jobs],
+            [(mgr, st.inp.final_query) for st, mgr in jobs],
             memory.cfg.top_k,
             turn_id="snapshot",
-            asked_at=[st.inp.target.timestamp for st, _, _ in jobs],
-            asked_by=[st.inp.target.speaker for st, _, _ in jobs],
-            room=[runner._memory_room(st) for st, _, _ in jobs],
+            asked_at=[st.inp.target.timestamp for st, _ in jobs],
+            asked_by=[st.inp.target.speaker for st, _ in jobs],
+            room=[runner._memory_room(st) for st, _ in jobs],
             count_tokens=runner._prompt_tokens,
         )
         ids: list[tuple[int, ...] | None] = []
-        for (st, _, _), facts in zip(jobs, hits, strict=True):
+        for (st, _), facts in zip(jobs, hits, strict=True):
             try:
                 ids.append(prompts.build(st.inp.final_query, facts, "", runner.tool_names).ids)
             except PromptTooLongError:
@@ -98,7 +130,7 @@ class SnapshotScorer:
         return ids
 
     def _greedy_reward(
-        self, runner: Any, jobs: Sequence[tuple[Any, int, Any]], ids: list[tuple[int, ...] | None]
+        self, runner: Any, jobs: Sequence[tuple[Any, Any]], ids: list[tuple[int, ...] | None]
     ) -> list[float]:
         from memrl.policy.base import GenerationRequest, SamplingParams
 
@@ -112,12 +144,12 @@ class SnapshotScorer:
             texts[i] = runner.policy.tokenizer.decode(list(out[0].token_ids), skip_special_tokens=True)
         inputs = [
             RewardInput.from_response(text, st.inp.target_answer, st.inp.final_query, st.inp.metadata)
-            for (st, _, _), text in zip(jobs, texts, strict=True)
+            for (st, _), text in zip(jobs, texts, strict=True)
         ]
         return [float(r) for r in runner.reward(inputs)]
 
     def _gold_likelihood(
-        self, runner: Any, jobs: Sequence[tuple[Any, int, Any]], ids: list[tuple[int, ...] | None]
+        self, runner: Any, jobs: Sequence[tuple[Any, Any]], ids: list[tuple[int, ...] | None]
     ) -> list[float]:
         """exp(mean log p(gold reply token | prompt, earlier tokens)) per fork, the gold reply written as the policy
         answers (``<answer>gold</answer>``, then eos). A fork whose prompt cannot be built, or a question without a
@@ -126,7 +158,7 @@ class SnapshotScorer:
         eos = [] if getattr(tok, "eos_token_id", None) is None else [int(tok.eos_token_id)]
         replies: dict[str, list[int]] = {}  # the k forks of a write share one gold reply: tokenized once
         pairs, where = [], []
-        for i, ((st, _, _), prompt) in enumerate(zip(jobs, ids, strict=True)):
+        for i, ((st, _), prompt) in enumerate(zip(jobs, ids, strict=True)):
             gold = st.inp.target_answer
             if prompt is None or gold is None:
                 continue

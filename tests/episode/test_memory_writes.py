@@ -161,6 +161,42 @@ def test_snapshot_groups_k_alternatives_scored_on_forks(policy):
     assert runner.metrics["episode/time_snapshot_s"] > 0
 
 
+def _snapshot_rewards(trajs) -> dict[str, list[float]]:
+    return {
+        t.source_episode_id: [s.meta.extra["snapshot_reward"] for s, _ in _writes(t) if s.meta.extra["alternatives"] > 1]
+        for t in trajs
+        if _writes(t)  # the leaf that carries the writes
+    }
+
+
+def test_snapshot_questions_all_scores_a_fork_on_every_question_over_its_history(tiny_hf_policy):
+    """Two episodes over one history (as the questions of one LoCoMo conversation) with different gold answers,
+    a real model forward: with ``snapshot_questions=all`` each fork's outcome is the mean of both questions' on it."""
+    base = ("episode.memory_credit.name=snapshot", "episode.memory_credit.snapshot_k=3",
+            "episode.memory_credit.snapshot_writes=1", "episode.memory_credit.snapshot_score=gold_logprob",
+            "rollout.temperature=0.0", "rollout.n=1", "memory.write_max_tokens=12",
+            "rollout.max_response_tokens=4")  # fmt: skip
+    inputs, _ = load_dataset(_cfg(*base).data)
+    right = inputs[0]
+    other = dataclasses.replace(right, episode_id=right.episode_id + "-other", target_answer="zzzz")
+
+    def rewards(*extra):
+        trajs = build_runner(_cfg(*base, *extra), policy=tiny_hf_policy).run_batch([right, other])
+        return _snapshot_rewards(trajs)
+
+    # greedy writes (temperature 0): both episodes fork the same write of the same memory, deterministically
+    own = rewards()
+    both = rewards("episode.memory_credit.snapshot_questions=all")
+    assert len(own[right.episode_id]) == 3 and own[right.episode_id] != own[other.episode_id]
+    mean = [(a + b) / 2 for a, b in zip(own[right.episode_id], own[other.episode_id], strict=True)]
+    assert both[right.episode_id] == pytest.approx(mean) and both[other.episode_id] == pytest.approx(mean)
+
+
+def test_snapshot_questions_must_be_one_the_scorer_knows():
+    with pytest.raises(ValueError, match=r"snapshot_questions must be one of \['own', 'all'\]"):
+        _cfg("episode.memory_credit.snapshot_questions=every")
+
+
 def test_snapshot_writes_the_trunk_greedily_and_samples_only_the_groups(policy):
     """The episode's own store gets the greedy reply of every write, as at test, so a group is compared inside the
     memory the writer will build there, and that memory can come from the write cache; only a planned write's
