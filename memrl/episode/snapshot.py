@@ -83,12 +83,18 @@ class SnapshotScorer:
         and record each alternative's reward, the mean over those questions, in
         ``state.snapshot_rewards[write index]``; the forks are released."""
         memory = runner.memory
-        forks = [(st, len(st.writes) - 1, memory.manager(ns)) for st, res in scored for ns in res.alternatives]
+        forks = [
+            (st, len(st.writes) - 1, memory.manager(ns)) for st, res in scored for ns in res.alternatives
+        ]
         try:
             jobs, owner = [], []
             for f, (st, _, mgr) in enumerate(forks):
                 # An asker that failed since (a sibling's later phase) has nothing left to ask.
-                askers = [a for a in self._askers.get(id(st), [st]) if a is st or a.status is not EpisodeStatus.FAILED]
+                askers = [
+                    a
+                    for a in self._askers.get(id(st), [st])
+                    if a is st or a.status is not EpisodeStatus.FAILED
+                ]
                 jobs.extend((a, mgr) for a in askers)
                 owner.extend([f] * len(askers))
             rewards = self._answer(runner, jobs)

@@ -163,7 +163,9 @@ def test_snapshot_groups_k_alternatives_scored_on_forks(policy):
 
 def _snapshot_rewards(trajs) -> dict[str, list[float]]:
     return {
-        t.source_episode_id: [s.meta.extra["snapshot_reward"] for s, _ in _writes(t) if s.meta.extra["alternatives"] > 1]
+        t.source_episode_id: [
+            s.meta.extra["snapshot_reward"] for s, _ in _writes(t) if s.meta.extra["alternatives"] > 1
+        ]
         for t in trajs
         if _writes(t)  # the leaf that carries the writes
     }
