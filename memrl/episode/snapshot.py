@@ -47,6 +47,9 @@ from memrl.types import BatchInput, EpisodeStatus
 class SnapshotScorer:
     def __init__(self, cfg: MemoryCreditConfig) -> None:
         self.cfg = cfg
+        self._askers: dict[
+            int, list[Any]
+        ] = {}  # id(episode state) -> the states whose questions its forks answer
 
     def plan(self, inp: BatchInput, chunk: int) -> set[int]:
         """The write indices of ``inp`` to sample as groups (writes of ``chunk`` turns; 0 = one write)."""
