@@ -34,7 +34,7 @@ from memrl.episode.config import EpisodeConfig
 from memrl.episode.credit import alternatives_at_every_write, answers_alternatives, samples_alternatives
 from memrl.episode.prompt import PromptBuilder, PromptTooLongError, order_facts
 from memrl.episode.recent import RecentHistory
-from memrl.episode.snapshot import SnapshotScorer
+from memrl.episode.snapshot import SnapshotScorer, history_key
 from memrl.episode.state import EpisodeState, Phase
 from memrl.memory.update_guard import resolved_counts
 from memrl.memory.writer import chunk_end
@@ -211,8 +211,7 @@ class EpisodeRunner:
         groups: dict[tuple, list[EpisodeState]] = {}
         for st in states:
             if st.phase is Phase.INGESTING:
-                key = tuple((t.turn_id, t.text, t.speaker, t.timestamp) for t in st.inp.history)
-                groups.setdefault(key, []).append(st)
+                groups.setdefault(history_key(st.inp), []).append(st)
         leaders = [group[0] for group in groups.values()]
         # Greedy writes of one history are one memory: the leader writes it (its writes are its steps) and the
         # others copy it, as rule-built memory is shared (an evaluation over LoCoMo writes each conversation once).

@@ -44,6 +44,11 @@ from memrl.rewards.base import RewardInput
 from memrl.types import BatchInput, EpisodeStatus
 
 
+def history_key(inp: BatchInput) -> tuple:
+    """Equal for episodes over the same history (the questions of one LoCoMo conversation)."""
+    return tuple((t.turn_id, t.text, t.speaker, t.timestamp) for t in inp.history)
+
+
 class SnapshotScorer:
     def __init__(self, cfg: MemoryCreditConfig) -> None:
         self.cfg = cfg
@@ -73,7 +78,7 @@ class SnapshotScorer:
         by_history: dict[tuple, list[Any]] = {}
         for st in states:
             st.snapshot_writes = self.plan(st.inp, chunk)
-            key = tuple((t.turn_id, t.text, t.speaker, t.timestamp) for t in st.inp.history)
+            key = history_key(st.inp)
             by_history.setdefault(key, []).append(st)
         self._askers = {}
         for group in by_history.values():
