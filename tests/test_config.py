@@ -59,3 +59,57 @@ def test_committed_configs_load_and_the_training_pair_differs_only_in_the_rollou
     assert dataclasses.replace(chain.rollout, strategy="tree", tree=tree.rollout.tree) == tree.rollout
     same = dataclasses.replace(chain, output_dir=tree.output_dir, rollout=tree.rollout)
     assert same == tree  # the learning comparison (README) changes nothing else
+
+
+def _write(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_defaults_merge_in_order_then_the_file_then_overrides(tmp_path):
+    from memrl.config import resolve_config
+
+    _write(tmp_path / "base.yaml", "seed: 1\nrollout:\n  n: 8\n  temperature: 0.5\n")
+    _write(tmp_path / "arms/hot.yaml", "defaults: [../base.yaml]\nrollout:\n  temperature: 1.0\n")
+    arm = _write(tmp_path / "arms/arm.yaml", "defaults: [hot.yaml]\nrollout:\n  n: 4\n")
+    resolved = resolve_config(arm, ["seed=7"])
+    cfg = resolved.config
+    assert (cfg.seed, cfg.rollout.n, cfg.rollout.temperature) == (7, 4, 1.0)
+    src = resolved.sources
+    assert src["seed"] == "override"
+    assert src["rollout.n"].endswith("arms/arm.yaml")
+    assert src["rollout.temperature"].endswith("arms/hot.yaml")
+    assert "policy.model" not in src  # a default no layer set
+
+
+def test_a_file_shared_by_two_defaults_is_merged_once_where_it_first_appears(tmp_path):
+    from memrl.config import load_config
+
+    _write(tmp_path / "base.yaml", "rollout:\n  n: 8\n  temperature: 0.5\n")
+    _write(tmp_path / "a.yaml", "defaults: [base.yaml]\nrollout:\n  n: 1\n")
+    _write(tmp_path / "b.yaml", "defaults: [base.yaml]\nrollout:\n  temperature: 0.0\n")
+    both = _write(tmp_path / "both.yaml", "defaults: [a.yaml, b.yaml]\n")
+    cfg = load_config(both)
+    # b's base does not undo a's n=1: each file is merged once
+    assert (cfg.rollout.n, cfg.rollout.temperature) == (1, 0.0)
+
+
+def test_defaults_cycle_and_missing_file_and_bad_defaults_are_named(tmp_path):
+    _write(tmp_path / "a.yaml", "defaults: [b.yaml]\n")
+    _write(tmp_path / "b.yaml", "defaults: [a.yaml]\n")
+    with pytest.raises(ConfigError, match=r"cycle: .*a\.yaml -> .*b\.yaml -> .*a\.yaml"):
+        load_config(tmp_path / "a.yaml")
+    _write(tmp_path / "c.yaml", "defaults: [nope.yaml]\n")
+    with pytest.raises(ConfigError, match=r"nope\.yaml.*does not exist \(in the defaults of .*c\.yaml\)"):
+        load_config(tmp_path / "c.yaml")
+    _write(tmp_path / "d.yaml", "defaults: {base: a.yaml}\n")
+    with pytest.raises(ConfigError, match=r"d\.yaml: 'defaults' must be a list"):
+        load_config(tmp_path / "d.yaml")
+
+
+def test_unknown_key_in_an_included_file_names_that_file(tmp_path):
+    _write(tmp_path / "base.yaml", "memory:\n  topk: 3\n")
+    arm = _write(tmp_path / "arm.yaml", "defaults: [base.yaml]\nseed: 2\n")
+    with pytest.raises(ConfigError, match=r"base\.yaml: unknown config key 'memory.topk'; valid keys .*top_k"):
+        load_config(arm)
