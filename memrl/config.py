@@ -117,7 +117,9 @@ def _read_yaml(path: Path, included_from: str | None) -> dict:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping of config keys at the top level, got {type(data).__name__}")
+        raise ConfigError(
+            f"{path}: expected a mapping of config keys at the top level, got {type(data).__name__}"
+        )
     return data
 
 

@@ -21,7 +21,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     show = actions.add_parser("show", help="print CONFIG with its defaults and overrides applied")
     show.add_argument("config", help="YAML config (see configs/)")
-    show.add_argument("--all", action="store_true", help="also the keys no file sets (their defaults), with help")
+    show.add_argument(
+        "--all", action="store_true", help="also the keys no file sets (their defaults), with help"
+    )
     show.set_defaults(func=run, accepts_extra=True)
 
 
