@@ -82,7 +82,6 @@ class MemoryConfig:
     dense_weight: float = 0.5  # MiniLM alone is weaker than BM25 on dialogue (0.31 vs 0.48 recall@10)
     bm25_weight: float = 1.0
     candidate_pool: int = 100  # per-retriever candidates before fusion
-    bm25_stem: bool = True  # Porter stemming (nltk) instead of plural stripping
     bm25_k1: float = 1.5
     bm25_b: float = 0.5  # weaker length normalisation: long turns are not less relevant
     # Keep speaker names in the BM25 query. Every fact starts with "Name:", so a name matches half the

@@ -166,18 +166,6 @@ _YEAR = re.compile(r"\b(19|20)\d{2}\b")
 _RECENCY_WORDS = frozenset(["latest", "recent", "recently", "currently", "current", "now", "newest", "last"])
 
 
-def tokenize(text: str) -> list[str]:
-    """Lower-cased alphanumeric tokens without stop words, light plural stripping (``dogs`` → ``dog``)."""
-    out = []
-    for tok in _TOKEN.findall(text.lower()):
-        if tok in _STOP:
-            continue
-        if len(tok) > 3 and tok.endswith("s") and not tok.endswith("ss"):
-            tok = tok[:-1]
-        out.append(tok)
-    return out
-
-
 @functools.lru_cache(maxsize=200_000)
 def _porter(tok: str) -> str:
     from nltk.stem import PorterStemmer
@@ -189,7 +177,8 @@ _STEMMER: dict = {}
 
 
 def tokenize_stemmed(text: str) -> list[str]:
-    """:func:`tokenize` without plural stripping, Porter-stemmed (``went``≠``go``, but ``painting``→``paint``)."""
+    """Lower-cased alphanumeric tokens without stop words, Porter-stemmed (``went``≠``go``, but ``painting``→``paint``;
+    stemming beat plural stripping on LoCoMo)."""
     return [_porter(t) for t in _TOKEN.findall(text.lower()) if t not in _STOP]
 
 
@@ -228,7 +217,7 @@ class Bm25Retriever:
 
     def __init__(self, cfg: MemoryConfig) -> None:
         self.bm25_query_speakers = cfg.bm25_query_speakers
-        self.tokenize = tokenize_stemmed if cfg.bm25_stem else tokenize
+        self.tokenize = tokenize_stemmed
         self.k1, self.b = cfg.bm25_k1, cfg.bm25_b
         self._cache: dict[str, tuple[int, list[int], BM25Okapi | None, frozenset[str]]] = {}
 
