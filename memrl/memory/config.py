@@ -84,9 +84,6 @@ class MemoryConfig:
     candidate_pool: int = 100  # per-retriever candidates before fusion
     bm25_k1: float = 1.5
     bm25_b: float = 0.5  # weaker length normalisation: long turns are not less relevant
-    # Keep speaker names in the BM25 query. Every fact starts with "Name:", so a name matches half the
-    # conversation; dropping them (False) was better on LoCoMo.
-    bm25_query_speakers: bool = False
     # Context around the hits (memrl.memory.context). 0: the top_k facts alone. n > 0: passages of adjacent facts
     # chosen by value (own score plus a decaying share of the hits up to 2n facts away) within the tokens that
     # +-n windows around top_k hits would take. n = 1, memrl bench memory: LoCoMo recall@10 0.64 (facts alone,

@@ -216,7 +216,6 @@ class Bm25Retriever:
     needs_vectors = False
 
     def __init__(self, cfg: MemoryConfig) -> None:
-        self.bm25_query_speakers = cfg.bm25_query_speakers
         self.tokenize = tokenize_stemmed
         self.k1, self.b = cfg.bm25_k1, cfg.bm25_b
         self._cache: dict[str, tuple[int, list[int], BM25Okapi | None, frozenset[str]]] = {}
@@ -239,10 +238,9 @@ class Bm25Retriever:
         ids, bm25, speakers = self._index(store, query.namespace)
         if bm25 is None:
             return []
-        q = self.tokenize(query.text)
-        if not self.bm25_query_speakers:
-            # Speaker names match half of all facts (every "Name: ..." prefix): drop them from the lexical query.
-            q = [t for t in q if t not in speakers] or q
+        # Speaker names match half of all facts (every "Name: ..." prefix): they are dropped from the lexical
+        # query (keeping them was worse on LoCoMo).
+        q = [t for t in self.tokenize(query.text) if t not in speakers] or self.tokenize(query.text)
         scores = bm25.get_scores(q)
         top = np.argsort(-scores, kind="stable")[:k]
         return [(ids[i], float(scores[i])) for i in top if scores[i] > 0]
