@@ -82,8 +82,6 @@ class MemoryConfig:
     dense_weight: float = 0.5  # MiniLM alone is weaker than BM25 on dialogue (0.31 vs 0.48 recall@10)
     bm25_weight: float = 1.0
     candidate_pool: int = 100  # per-retriever candidates before fusion
-    bm25_k1: float = 1.5
-    bm25_b: float = 0.5  # weaker length normalisation: long turns are not less relevant
     # Context around the hits (memrl.memory.context). 0: the top_k facts alone. n > 0: passages of adjacent facts
     # chosen by value (own score plus a decaying share of the hits up to 2n facts away) within the tokens that
     # +-n windows around top_k hits would take. n = 1, memrl bench memory: LoCoMo recall@10 0.64 (facts alone,

@@ -25,6 +25,10 @@ from memrl.registry import Registry
 
 Ranked = list[tuple[int, float]]
 
+# BM25's term saturation (the usual 1.5) and a weaker length normalisation than the usual 0.75: a long turn is
+# not less relevant (memrl bench memory on LoCoMo).
+BM25_K1, BM25_B = 1.5, 0.5
+
 _TOKEN = re.compile(r"[a-z0-9]+")
 # Function words: BM25 would otherwise reward matching "the"/"did" in long turns.
 _STOP = frozenset(
@@ -217,7 +221,6 @@ class Bm25Retriever:
 
     def __init__(self, cfg: MemoryConfig) -> None:
         self.tokenize = tokenize_stemmed
-        self.k1, self.b = cfg.bm25_k1, cfg.bm25_b
         self._cache: dict[str, tuple[int, list[int], BM25Okapi | None, frozenset[str]]] = {}
 
     def _index(self, store: FactStore, namespace: str) -> tuple[list[int], BM25Okapi | None, frozenset[str]]:
@@ -229,7 +232,7 @@ class Bm25Retriever:
         ids = [r.fact_id for r in records]
         docs = [self.tokenize(r.text) for r in records]
         # BM25Okapi divides by the corpus size; an empty namespace has no index.
-        bm25 = BM25Okapi(docs, k1=self.k1, b=self.b) if docs else None
+        bm25 = BM25Okapi(docs, k1=BM25_K1, b=BM25_B) if docs else None
         speakers = frozenset(self.tokenize(" ".join({r.speaker for r in records if r.speaker})))
         self._cache[namespace] = (rev, ids, bm25, speakers)
         return ids, bm25, speakers
