@@ -77,8 +77,6 @@ class MemoryConfig:
     # --- retrieval ---
     retrieval: str = "hybrid"  # dense | bm25 | hybrid
     top_k: int = 10
-    # Tuned on LoCoMo (memrl bench memory): a small rrf_k trusts the top of each ranking more.
-    rrf_k: float = 10.0
     dense_weight: float = 0.5  # MiniLM alone is weaker than BM25 on dialogue (0.31 vs 0.48 recall@10)
     bm25_weight: float = 1.0
     candidate_pool: int = 100  # per-retriever candidates before fusion
@@ -138,7 +136,6 @@ class MemoryConfig:
             if getattr(self, name) < 0:
                 raise ValueError(f"memory.{name}={getattr(self, name)}: must be >= 0")
         for name in (
-            "rrf_k",
             "dense_weight",
             "bm25_weight",
             "time_weight",
