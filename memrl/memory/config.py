@@ -88,9 +88,8 @@ class MemoryConfig:
     neighbour_turns: int = 1
     # Time-aware scoring: a bonus for facts dated in the year/month the query names; facts in the range its
     # relative time names ("two weeks ago", "in the past three months", from the date it was asked) score 1.5x
-    # (retrieval.RANGE_BOOST); recency decay (per fact, by ingest order) for "latest"-style queries. 0 disables.
+    # (retrieval.RANGE_BOOST). 0 disables both. (A recency bonus for "latest"-style queries did not help.)
     time_weight: float = 0.05
-    recency_weight: float = 0.0
     # Passages: facts said by a speaker the query is about (one it names, or its asker when it says "I"/"my",
     # context.question_speakers) are worth (1 + speaker_weight) times as much. 96 % of LoCoMo's evidence turns
     # are said by the person the question names (50 % of all turns): recall@10 0.825 (0) -> 0.852 (1.0), same
@@ -139,7 +138,6 @@ class MemoryConfig:
             "dense_weight",
             "bm25_weight",
             "time_weight",
-            "recency_weight",
             "speaker_weight",
         ):
             if getattr(self, name) < 0:

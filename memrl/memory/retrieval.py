@@ -169,7 +169,6 @@ _MONTHS = [
     "december",
 ]
 _YEAR = re.compile(r"\b(19|20)\d{2}\b")
-_RECENCY_WORDS = frozenset(["latest", "recent", "recently", "currently", "current", "now", "newest", "last"])
 
 
 @functools.lru_cache(maxsize=200_000)
@@ -370,16 +369,12 @@ def time_rescore(
     ranked: Ranked, records: dict[int, FactRecord], query: str, cfg: MemoryConfig, asked_at: str | None = None
 ) -> Ranked:
     """Multiply the fused score of facts dated in the range the query's relative time names from ``asked_at``
-    by ``1 + RANGE_BOOST``; add ``time_weight`` × (dated in the year/month the query names) and
-    ``recency_weight`` × (ingest-order percentile, only for recency-style queries). ``time_weight = 0`` turns
-    the date terms off. Scores stay "higher = better"."""
-    if not ranked or (cfg.time_weight == 0 and cfg.recency_weight == 0):
+    by ``1 + RANGE_BOOST``; add ``time_weight`` × (dated in the year/month the query names). ``time_weight = 0``
+    turns both off. Scores stay "higher = better"."""
+    if not ranked or cfg.time_weight == 0:
         return ranked
     years, months = query_periods(query)
     period = relative_period(query, asked_at)
-    wants_recent = bool(_RECENCY_WORDS & set(_TOKEN.findall(query.lower())))
-    orders = [records[f].order for f, _ in ranked]
-    lo, hi = min(orders), max(orders)
     out = []
     for fid, score in ranked:
         rec = records[fid]
@@ -389,12 +384,10 @@ def time_rescore(
             hit_year = not years or any(y in stamp for y in years)
             hit_month = not months or any(m in stamp for m in months)
             bonus += cfg.time_weight * float(hit_year and hit_month)
-        if period is not None and cfg.time_weight:
+        if period is not None:
             day = parse_date(rec.timestamp)
             if day is not None and period[0] <= day <= period[1]:
                 score *= 1.0 + RANGE_BOOST
-        if wants_recent and hi > lo:
-            bonus += cfg.recency_weight * (rec.order - lo) / (hi - lo)
         out.append((fid, score + bonus))
     return sorted(out, key=lambda kv: -kv[1])
 
