@@ -174,3 +174,13 @@ def test_unknown_key_in_an_included_file_names_that_file(tmp_path):
         ConfigError, match=r"base\.yaml: unknown config key 'memory.topk'; valid keys .*top_k"
     ):
         load_config(arm)
+
+
+def test_every_config_key_is_a_stable_or_an_experiment_knob():
+    from memrl.config_knobs import EXPERIMENT, STABLE
+
+    keys = set(_leaves(Config()))
+    assert not set(STABLE) & set(EXPERIMENT)
+    assert keys - set(STABLE) - set(EXPERIMENT) == set(), "classify the new keys in memrl/config_knobs.py"
+    assert set(STABLE) | set(EXPERIMENT) <= keys, "memrl/config_knobs.py names keys that no longer exist"
+    assert all(STABLE.values()) and all(EXPERIMENT.values())
