@@ -44,8 +44,6 @@ class MemoryConfig:
     # --- fact extraction (history turns) ---
     extractor: str = "rule"
     rule_granularity: str = "turn"  # one fact per dialog turn, or one per sentence
-    # Embed "Speaker: text" (True) or just the text (False; the stored fact text keeps the speaker either way).
-    embed_speaker: bool = False
     llm_neighbours: int = 5  # existing facts shown to the llm extractor per turn
     llm_max_tokens: int = 256
     # Also store every history turn as its rule fact, beside what the extractor writes (the llm, gold or policy

@@ -124,7 +124,6 @@ class RuleExtractor:
 
     def __init__(self, cfg: MemoryConfig) -> None:
         self.granularity = cfg.rule_granularity
-        self.embed_speaker = cfg.embed_speaker
 
     def extract(self, requests: Sequence[ExtractionRequest]) -> list[list[FactDecision]]:
         out = []
@@ -140,7 +139,7 @@ class RuleExtractor:
                         MemoryOpType.ADD,
                         text=prefix + b,
                         speaker=req.turn.speaker,
-                        embed_text="" if self.embed_speaker else b,
+                        embed_text=b,  # the text alone: embedding the speaker prefix did not help retrieval
                     )
                     for b in bodies
                 ]
