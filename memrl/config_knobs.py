@@ -191,7 +191,6 @@ STABLE: dict[str, str] = {
 
 EXPERIMENT: dict[str, str] = {
     "data.buffer_sampler": "pre-rollout sampler of the buffer",
-    "memory.rule_granularity": "sentences as facts lost to turns",
     "memory.llm_neighbours": "the llm extractor (malformed 99 % with SmolLM2)",
     "memory.llm_max_tokens": "the llm extractor's reply length",
     "memory.update_target": "written | nearest: where a written UPDATE lands",

@@ -3,7 +3,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 _INDEXES = ("flat", "hnsw", "ivf")
-_GRANULARITIES = ("turn", "sentence")
 UPDATE_TARGETS = ("written", "nearest")  # memrl.memory.update_guard
 EMBEDDER_DTYPES = ("float32", "bfloat16", "float16", "auto")
 
@@ -43,7 +42,6 @@ class MemoryConfig:
     use_gpu: bool = True  # only takes effect when faiss reports GPUs
     # --- fact extraction (history turns) ---
     extractor: str = "rule"
-    rule_granularity: str = "turn"  # one fact per dialog turn, or one per sentence
     llm_neighbours: int = 5  # existing facts shown to the llm extractor per turn
     llm_max_tokens: int = 256
     # Also store every history turn as its rule fact, beside what the extractor writes (the llm, gold or policy
@@ -102,10 +100,6 @@ class MemoryConfig:
             )
         if self.index not in _INDEXES:
             raise ValueError(f"memory.index={self.index!r}: expected one of {_INDEXES}")
-        if self.rule_granularity not in _GRANULARITIES:
-            raise ValueError(
-                f"memory.rule_granularity={self.rule_granularity!r}: expected one of {_GRANULARITIES}"
-            )
         for name in (
             "embed_batch_size",
             "top_k",
