@@ -29,6 +29,7 @@ _COMMAND = re.compile(rf"(?:^|[\s/(])memrl\s+(?:{SUBCOMMANDS})\b[^\n]*")
 _OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
 _CONFIG_PATH = re.compile(r"configs/[\w./-]+?\.yaml")
+_RECIPE_NAME = re.compile(r"`([\w-]+\.yaml)`")
 
 
 def _prose_and_blocks(text: str) -> tuple[str, list[tuple[str, str]]]:
@@ -116,10 +117,11 @@ def test_documented_commands_are_recipes_with_few_overrides(doc):
 @pytest.mark.parametrize("doc", [*USER_DOCS, LOG], ids=lambda p: p.name)
 def test_mentioned_config_files_exist(doc):
     text = doc.read_text()
-    named = set(_CONFIG_PATH.findall(text))
-    if doc == LOG:  # old entries name configs as they were; the index names current recipes by file name
-        index = text.split("\n## Index\n", 1)[1].split("\n## ", 1)[0]
-        named = {f"configs/{name}" for name in re.findall(r"`([\w-]+\.yaml)`", index)}
+    if doc == LOG:  # old entries name configs as they were; only the index names current recipes
+        text = text.split("\n## Index\n", 1)[1].split("\n## ", 1)[0]
+    # A recipe is named by its path, or in a table by its bare file name.
+    table_rows = "\n".join(line for line in text.splitlines() if line.startswith("|"))
+    named = set(_CONFIG_PATH.findall(text)) | {f"configs/{n}" for n in _RECIPE_NAME.findall(table_rows)}
     missing = sorted(p for p in named if not (ROOT / p).is_file())
     assert not missing, f"{doc.relative_to(ROOT)} names config files that do not exist: {missing}"
 
