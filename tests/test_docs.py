@@ -139,3 +139,29 @@ def test_relative_links_resolve(doc):
         elif anchor and path.suffix == ".md" and anchor not in _anchors(path):
             broken.append(f"{target} (no heading with that anchor)")
     assert not broken, f"{doc.relative_to(ROOT)} has links that do not resolve: {broken}"
+
+
+def test_every_result_has_its_number_interval_recipe_command_time_and_machine():
+    columns = ["result", "number", "interval", "recipe", "command", "wall time", "machine"]
+    rows = [line for line in (ROOT / "docs" / "results.md").read_text().splitlines() if line.startswith("|")]
+    headers = [r for r in rows if r.startswith("| result |")]
+    assert headers and all([c.strip() for c in h.strip("|").split("|")] == columns for h in headers)
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        if row in headers or set("".join(cells)) <= set("-"):
+            continue
+        assert len(cells) == len(columns) and all(cells), f"docs/results.md: incomplete row: {row}"
+
+
+def test_the_experiment_log_index_lists_every_entry_with_its_commit():
+    text = LOG.read_text()
+    _, _, entries = text.partition("\n## Index\n")
+    index, _, entries = entries.partition("\n## ")
+    headings = re.findall(r"^## (.*)$", "## " + entries, re.M)
+    rows = [r for r in index.splitlines() if r.startswith("| ") and not r.startswith("| date ")]
+    linked = [re.search(r"\]\(#([^)]+)\)", r).group(1) for r in rows]
+    assert linked == [_slug(h) for h in headings], (
+        "docs/experiments.md: the index must list every entry, in order"
+    )
+    commits = [r.rstrip(" |").rsplit("|", 1)[1].strip() for r in rows]
+    assert all(re.fullmatch(r"[0-9a-f]{7,40}", c) for c in commits), f"index rows without a commit: {commits}"
