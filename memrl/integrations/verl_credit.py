@@ -30,10 +30,11 @@ it checks that the verl lines above read as in verl 0.9.1 (:func:`check_verl_lin
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import importlib
 import inspect
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -150,6 +151,16 @@ class RowCredit:
 _ROWS: contextvars.ContextVar[RowCredit | None] = contextvars.ContextVar("memrl_row_credit", default=None)
 
 
+@contextlib.contextmanager
+def rows_credited(credit: RowCredit) -> Iterator[RowCredit]:
+    """``memrl_step_credit`` calls inside read ``credit``'s groups and weights (one batch's rows, in order)."""
+    token = _ROWS.set(credit)
+    try:
+        yield credit
+    finally:
+        _ROWS.reset(token)
+
+
 def memrl_advantage_name(config: Any) -> str:
     name = (config.get("memrl_advantage", None) if config is not None else None) or "grpo"
     if name not in ADVANTAGES:
@@ -251,11 +262,8 @@ def _credit_compute_advantage(original):
             partition_id=batch.partition_id,
             fields=TensorDict({"rm_scores": nested}, batch_size=len(batch.keys)),
         )
-        token = _ROWS.set(credit)
-        try:
+        with rows_credited(credit):
             out = original(self, batch, metrics)
-        finally:
-            _ROWS.reset(token)
         metrics.update(credit.metrics)
         return out
 
