@@ -322,7 +322,11 @@ class MemrlAgentLoop(AgentLoopBase):
         if not service.writes_rows or "memory" not in service.cfg.train.roles:
             return self.output(got)
         step = kwargs.get("global_steps")
-        roles = active_roles(service.cfg.train, max(1, int(step))) if step is not None else service.cfg.train.roles
+        roles = (
+            active_roles(service.cfg.train, max(1, int(step)))
+            if step is not None
+            else service.cfg.train.roles
+        )
         target_step(got.traj)  # validates the leaf: one target step
         rows = leaf_rows(got.traj, roles, service.cfg.train.duplicates)
         return [self.row_output(got, row) for row in rows]

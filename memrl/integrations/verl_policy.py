@@ -105,7 +105,9 @@ class VerlServerPolicy:
     def _params(self, req: GenerationRequest) -> dict[str, Any]:
         p = req.params
         params = dict(self.sampling, max_tokens=p.max_tokens, logprobs=True)
-        if p.temperature == 0:  # memrl asked for greedy (a write's trunk reply, snapshot answers): kept greedy
+        if (
+            p.temperature == 0
+        ):  # memrl asked for greedy (a write's trunk reply, snapshot answers): kept greedy
             params.update(temperature=0.0, top_p=1.0, top_k=-1)
         if p.stop:
             params.update(stop=list(p.stop), include_stop_str_in_output=True)

@@ -25,7 +25,12 @@ from memrl.types import EpisodeTrajectory, StepMeta, TurnRole
 
 ANSWER, MEMORY = "answer", "memory"
 # extra_fields keys the trainer side reads (memrl.integrations.verl_credit)
-ROLE_KEY, GROUP_KEY, REWARD_KEY, WEIGHT_KEY = "memrl_role", "memrl_credit_group", "memrl_reward", "memrl_weight"
+ROLE_KEY, GROUP_KEY, REWARD_KEY, WEIGHT_KEY = (
+    "memrl_role",
+    "memrl_credit_group",
+    "memrl_reward",
+    "memrl_weight",
+)
 
 
 def step_credit_fields(meta: StepMeta) -> tuple[str | None, str | None]:

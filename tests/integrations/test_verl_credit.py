@@ -16,7 +16,6 @@ Every trained row (ids, mask, rollout log-probs, token advantages) must be equal
 from __future__ import annotations
 
 import asyncio
-import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -42,24 +41,10 @@ from memrl.integrations.verl_rows import leaf_rows  # noqa: E402
 from memrl.testing.scripted import ScriptedPolicy  # noqa: E402
 from memrl.train.advantages import compute_advantages, sample_weights  # noqa: E402
 from memrl.train.roles import keep_roles  # noqa: E402
+from tests.integrations.verl_standins import memory_script  # noqa: E402
 
 pytestmark = pytest.mark.verl
-_TURN = re.compile(r"^\[[^\]]*\] [A-Z][a-z]+: (.*)$", re.M)
 CREDITS = ("broadcast", "used", "snapshot", "local")
-
-
-def script(ctx):
-    """Writes: ADD the turns that state something, except that odd samples write NOOP (so a snapshot / local
-    group compares different replies). Answers: the newest fact's last word, odd samples ``unknown``."""
-    if re.search(r"Operations:\s*(<\|assistant\|>)?\s*$", ctx.text):
-        new = ctx.text.rsplit("New:", 1)[-1]
-        if ctx.sample_index % 2:
-            return "NOOP"
-        lines = [f"ADD {t}" if re.search(r"\b(is|has|lives)\b", t) else "NOOP" for t in _TURN.findall(new)]
-        return "\n".join(lines) or "NOOP"
-    facts = re.findall(r"^- \[[^\]]*\] (.*?)$", ctx.text, re.M)
-    word = facts[-1].rstrip(".").split()[-1] if facts and ctx.sample_index % 2 == 0 else "unknown"
-    return f"<answer>{word}</answer>"
 
 
 def _cfg(credit: str, roles: str = "[answer,memory]"):
@@ -141,7 +126,7 @@ def _verl_advantages(keys, fields):
 
 @pytest.fixture(scope="module")
 def policy():
-    return ScriptedPolicy(ByT5Tokenizer(), script)
+    return ScriptedPolicy(ByT5Tokenizer(), memory_script)
 
 
 @pytest.mark.parametrize("credit", CREDITS)
