@@ -238,6 +238,11 @@ def restored_scores(rm_scores: Sequence[torch.Tensor], credit: RowCredit) -> lis
     return out
 
 
+def _as_list(values: Any) -> list[Any]:
+    """A TransferQueue non-tensor column as a list (a ``NonTensorStack`` or tensordict's ``LinkedList``)."""
+    return values.tolist() if hasattr(values, "tolist") else list(values)
+
+
 def _credit_compute_advantage(original):
     def _compute_advantage(self, batch, metrics):
         import transfer_queue as tq
@@ -246,7 +251,7 @@ def _credit_compute_advantage(original):
         got = tq.kv_batch_get(
             keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields", "rm_scores"]
         )
-        credit = RowCredit.from_extra_fields(got["extra_fields"].tolist())
+        credit = RowCredit.from_extra_fields(_as_list(got["extra_fields"]))
         if credit is None:
             return original(self, batch, metrics)
         estimator = self.config.algorithm.adv_estimator

@@ -277,7 +277,8 @@ class _OnePerCall:
     def generate(self, requests):
         one = [dataclasses.replace(r, params=dataclasses.replace(r.params, n=1)) for r in requests]
         return [
-            [self.policy.generate([r])[0][0] for _ in range(req.params.n)] for r, req in zip(one, requests)
+            [self.policy.generate([r])[0][0] for _ in range(req.params.n)]
+            for r, req in zip(one, requests, strict=True)
         ]
 
 

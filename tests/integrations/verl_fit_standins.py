@@ -203,7 +203,11 @@ class TinyActorGroupTQ(TinyActorGroup):
                 "responses": _padded(data["responses"]).clone(),
                 "uid": list(data["uid"]),
                 "memrl_group_size": [e["memrl_group_size"] for e in data["extra_fields"]],
+                "memrl_role": [e.get("memrl_role") for e in data["extra_fields"]],
+                "memrl_credit_group": [e.get("memrl_credit_group") for e in data["extra_fields"]],
+                "memrl_reward": [e.get("memrl_reward") for e in data["extra_fields"]],
                 "gold": [rm["ground_truth"] for rm in data["reward_model"]],
+                "prompts": [p.tolist() for p in data["prompts"].unbind()],
             }
         )
         out = TensorDict({}, batch_size=[])
