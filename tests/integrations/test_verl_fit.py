@@ -306,7 +306,8 @@ def test_fit_three_steps_with_the_policy_writing_memory(tmp_path, ray_cluster, m
     writes_adv = [m["memory/adv_abs_mean"] for m in steps]
     assert max(writes_adv) > 0, "no write had an advantage: the writer was not trained"
     delta = sum(float((model.state_dict()[k] - v).norm() ** 2) for k, v in before.items()) ** 0.5
-    assert delta > 0
+    writer = _writer_logprob_change(model, actor.updates[0])
+    assert delta > 0 and writer != 0
     print(
         "\nverl v1 fit, policy-written memory:",
         *(
@@ -315,6 +316,25 @@ def test_fit_three_steps_with_the_policy_writing_memory(tmp_path, ray_cluster, m
             f"{m['memory/reward_mean']:.3f} adv|.| {m['memory/adv_abs_mean']:.3f}; step {m['timing_s/step']:.1f} s"
             for m in steps
         ),
-        f"weights moved by {delta:.4f} (L2 over all parameters)",
+        f"weights moved by {delta:.4f} (L2 over all parameters); step 1's writes: mean token log-prob "
+        f"{writer:+.4f} after the fit",
         sep="\n",
     )
+
+
+def _writer_logprob_change(model, update) -> float:
+    """Mean change of the log-prob of step 1's memory writes (their tokens, under the trained model vs the
+    actor's before that step's update): how much the writer moved."""
+    changes = []
+    with torch.no_grad():
+        for i, role in enumerate(update["memrl_role"]):
+            if role != "memory":
+                continue
+            mask = update["response_mask"][i].bool()
+            resp = update["responses"][i][mask]
+            ids = torch.tensor(update["prompts"][i] + resp.tolist())
+            logp = torch.log_softmax(model(ids[None]).logits[0].float(), -1)
+            p = len(update["prompts"][i])
+            now = logp[p - 1 : -1].gather(-1, resp[:, None])[:, 0]
+            changes.append(float((now - update["old_log_probs"][i][mask]).mean()))
+    return sum(changes) / len(changes)

@@ -208,6 +208,7 @@ class TinyActorGroupTQ(TinyActorGroup):
                 "memrl_reward": [e.get("memrl_reward") for e in data["extra_fields"]],
                 "gold": [rm["ground_truth"] for rm in data["reward_model"]],
                 "prompts": [p.tolist() for p in data["prompts"].unbind()],
+                "old_log_probs": old.detach().clone(),
             }
         )
         out = TensorDict({}, batch_size=[])
