@@ -346,3 +346,23 @@ def test_one_role_or_the_other(tmp_path, tok):
     assert memory and {o.extra_fields["memrl_role"] for o in memory} == {"memory"}
     # the untrained writer writes greedily: its requests reached verl's server with temperature 0
     assert any(p["temperature"] == 0 for _, p in server.calls)
+
+
+def test_alternating_roles_follow_verls_global_step(tmp_path, tok):
+    """train.role_schedule=alternate: the step verl passes (global_steps) picks the role whose rows return."""
+    _, rows = _rows_through_verl_dataset(tmp_path, tok, WRITER)
+    server = PolicyServerClient(ScriptedPolicy(tok, memory_script))
+    overrides = [*WRITER, "train.role_schedule=alternate", "train.role_phase_steps=1"]
+    config = _writer_config(overrides)
+    got = {}
+    try:
+        for step in (1, 2):
+            outs = asyncio.run(
+                _agent(config, server, tok).run(
+                    {"temperature": 1.0}, uid=f"u{step}", global_steps=step, **rows[0]
+                )
+            )
+            got[step] = {o.extra_fields["memrl_role"] for o in outs}
+    finally:
+        shutdown_services()
+    assert got == {1: {"answer"}, 2: {"memory"}}
