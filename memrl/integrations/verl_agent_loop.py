@@ -156,6 +156,7 @@ class _Pending:
     sampling: dict[str, Any]
     future: asyncio.Future
     position: int | None = None  # verl's global sample position in the step (``priority``), where given
+    global_step: int | None = None  # verl's training step (``global_steps``), where given
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,7 +181,7 @@ class EpisodeService:
     own episode of that size (its own tree under ``rollout.strategy=tree``), with an id that names the share's
     first sample position, so leaf ids stay unique across workers; GRPO still groups all of them by ``uid``."""
 
-    def __init__(self, cfg: Config, policy: VerlServerPolicy) -> None:
+    def __init__(self, cfg: Config, policy: VerlServerPolicy, rollout_dir: str | None = None) -> None:
         from memrl.episode.build import build_runner
 
         self.cfg = cfg
@@ -188,17 +189,23 @@ class EpisodeService:
         # As `memrl train`: writes are sampled (and credited alternatives drawn) only where the writer trains.
         self.writes_rows = policy_writes(cfg)
         self.runner = build_runner(cfg, policy=policy, sample_writes="memory" in cfg.train.roles)
+        self.dump = _worker_dump(rollout_dir)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memrl-episodes")
         self._pending: list[_Pending] = []
         self._lock = asyncio.Lock()
         self._draining = False
 
     async def submit(
-        self, inp: BatchInput, uid: str, sampling: Mapping[str, Any], position: int | None = None
+        self,
+        inp: BatchInput,
+        uid: str,
+        sampling: Mapping[str, Any],
+        position: int | None = None,
+        global_step: int | None = None,
     ) -> _Leaf:
         """The leaf for one verl sample (``position``: its global position in the step, if verl gives one)."""
         loop = asyncio.get_running_loop()
-        item = _Pending(inp, uid, dict(sampling), loop.create_future(), position)
+        item = _Pending(inp, uid, dict(sampling), loop.create_future(), position, global_step)
         self._pending.append(item)
         if not self._draining:
             self._draining = True
@@ -265,10 +272,34 @@ class EpisodeService:
             "tool_calls": runner.metrics["episode/time_tools_s"] - before.get("episode/time_tools_s", 0),
         }
         timing["generate_sequences"] -= timing["tool_calls"]  # tools run inside the generation phase
+        dumped = []
         for inp, members in zip(inputs, uid_groups, strict=True):
             mine = [t for t in trajs if t.group_id == inp.group_id]
             for i, leaf in zip(members, select_leaves(inp, mine, n), strict=True):
                 out[i] = _Leaf(leaf, timing, n, versions)
+                step = items[i].global_step
+                dumped.append(leaf if step is None else _with_step(leaf, step))
+        if self.dump is not None:
+            self.dump.write(dumped)
+
+
+def _worker_dump(rollout_dir: str | None):
+    """``+memrl.rollout_dir``: every leaf this worker runs, in a ``memrl run`` output directory of its own
+    (``<rollout_dir>/worker-<host>-<pid>``), so ``memrl inspect`` shows verl's episodes as it shows memrl's: the
+    memory writes with what they read, their operations, the store after them and their credit."""
+    if not rollout_dir:
+        return None
+    import os
+    import socket
+    from pathlib import Path
+
+    from memrl.episode.output import TrajectoryWriter
+
+    return TrajectoryWriter(Path(rollout_dir) / f"worker-{socket.gethostname()}-{os.getpid()}")
+
+
+def _with_step(leaf: EpisodeTrajectory, step: int) -> EpisodeTrajectory:
+    return dataclasses.replace(leaf, metrics={**leaf.metrics, "verl/global_step": float(step)})
 
 
 def _share_id(share: list[_Pending]) -> str:
@@ -297,7 +328,8 @@ def service_for(agent: AgentLoopBase) -> EpisodeService:
         policy = VerlServerPolicy(
             agent.server_manager, agent.tokenizer, loop, max_model_len=rc.prompt_length + rc.response_length
         )
-        service = _SERVICES[key] = EpisodeService(cfg, policy)
+        section = agent.config.get("memrl", None) or {}
+        service = _SERVICES[key] = EpisodeService(cfg, policy, section.get("rollout_dir", None))
     return service
 
 
@@ -318,10 +350,16 @@ class MemrlAgentLoop(AgentLoopBase):
         inp = episode_input(kwargs.get("extra_info"), sample=f"uid={uid}")
         position = kwargs.get("priority")  # verl >= 0.9: the sample's global position in the step
         service = service_for(self)
-        got = await service.submit(inp, uid, sampling_params, None if position is None else int(position))
+        step = kwargs.get("global_steps")  # the v1 trainer's step (role_schedule=alternate, dumps)
+        got = await service.submit(
+            inp,
+            uid,
+            sampling_params,
+            None if position is None else int(position),
+            None if step is None else int(step),
+        )
         if not service.writes_rows or "memory" not in service.cfg.train.roles:
             return self.output(got)
-        step = kwargs.get("global_steps")
         roles = (
             active_roles(service.cfg.train, max(1, int(step)))
             if step is not None

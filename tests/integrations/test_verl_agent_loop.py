@@ -288,6 +288,7 @@ def test_policy_written_memory_returns_the_credited_writes_then_the_answer(tmp_p
     inputs, rows = _rows_through_verl_dataset(tmp_path, tok, WRITER)
     server = PolicyServerClient(ScriptedPolicy(tok, memory_script))
     config = _writer_config()
+    config.memrl.rollout_dir = str(tmp_path / "rollouts")
 
     async def step():
         samples = [(f"uid-{i}", row) for i, row in enumerate(rows) for _ in range(N)]
@@ -322,6 +323,17 @@ def test_policy_written_memory_returns_the_credited_writes_then_the_answer(tmp_p
         assert [x.reward_score for x in o[:-1]] == pytest.approx([r for _, r in writes])
         groups = {x.extra_fields["memrl_credit_group"] for x in o[:-1]}
         assert groups == {f"{o[-1].extra_fields['memrl_credit_group']}/memory"}
+    # +memrl.rollout_dir: memrl inspect shows the writes of verl's episodes as memrl train's
+    from memrl.inspect import load_run
+    from memrl.inspect.terminal import writes_table
+
+    (run_dir,) = (tmp_path / "rollouts").iterdir()
+    run = load_run(run_dir)
+    for o in (o for o in outs if len(o) > 1):
+        view = run.episode(o[-1].extra_fields["memrl_episode_id"])
+        assert [w.credit for w in view.writes] == pytest.approx([x.reward_score for x in o[:-1]])
+        assert all(w.read_turns and w.ops for w in view.writes) and writes_table(view).row_count == 3
+    assert {e["metrics"]["verl/global_step"] for e in run.episodes_meta} == {1.0}
 
 
 def test_one_role_or_the_other(tmp_path, tok):
