@@ -94,6 +94,13 @@ def check_memory_writer(cfg: Config, verl_config: DictConfig) -> None:
             "+memrl.overrides=[train.role_adapters=shared] (both roles on verl's actor), or train per-role "
             "adapters with `memrl train`"
         )
+    if cfg.episode.memory_credit.name == "snapshot" and cfg.episode.memory_credit.snapshot_score != "answer":
+        raise VerlConfigError(
+            f"memrl episode.memory_credit.snapshot_score={cfg.episode.memory_credit.snapshot_score}: it scores "
+            "the gold answer's likelihood over each fork's prompt, and verl's servers return the log-probs of "
+            "sampled tokens only; set +memrl.overrides=[episode.memory_credit.snapshot_score=answer] (each fork "
+            "answers greedily through verl's servers)"
+        )
     width = verl_config.actor_rollout_ref.rollout.response_length
     if cfg.memory.write_max_tokens > width:
         raise VerlConfigError(

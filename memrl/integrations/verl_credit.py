@@ -18,8 +18,8 @@ train them wrongly, so this module works around both:
 The hook wraps one method, ``verl.trainer.ppo.v1.trainer_base.PPOTrainer._compute_advantage`` (step 7 of verl's
 ``_step_once``): it reads ``extra_fields`` of the batch's rows from TransferQueue; for a batch without memrl rows
 it calls verl's method unchanged. The estimator computes memrl's advantage per memrl group with memrl's own
-functions (:func:`memrl.train.advantages.compute_advantages`: ``grpo`` by default, ``+algorithm.memrl_advantage``
-= ``drgrpo`` / ``rloo`` / ``none``), so verl's update trains exactly what ``memrl train`` trains, and adds
+functions (:func:`memrl.train.advantages.compute_advantages`, the estimator memrl's ``train.advantage`` names:
+``grpo`` / ``drgrpo`` / ``rloo`` / ``none``), so verl's update trains exactly what ``memrl train`` trains, and adds
 ``memory/*`` and ``answer/*`` row counts, rewards and advantages to verl's step metrics.
 
 Load it in every verl process that computes advantages: ``actor_rollout_ref.model.external_lib=
@@ -132,19 +132,25 @@ class RowCredit:
     groups: list[str | None]
     rewards: list[float | None]
     weights: list[float]
+    advantage: str = "grpo"  # memrl's train.advantage
     metrics: dict[str, float] = field(default_factory=dict)
 
     @classmethod
-    def from_extra_fields(cls, extra_fields: Sequence[Any]) -> RowCredit | None:
+    def from_extra_fields(cls, extra_fields: Sequence[Any], advantage: str = "grpo") -> RowCredit | None:
         """``None`` when no row is memrl's (another agent loop's batch: verl runs unchanged)."""
         dicts = [e if isinstance(e, dict) else {} for e in extra_fields]
         if not any(GROUP_KEY in e for e in dicts):
             return None
+        if advantage not in ADVANTAGES:
+            raise VerlCreditError(
+                f"memrl train.advantage={advantage!r}: expected one of {ADVANTAGES.names()}"
+            )
         return cls(
             roles=[e.get(ROLE_KEY) for e in dicts],
             groups=[e.get(GROUP_KEY) for e in dicts],
             rewards=[None if e.get(REWARD_KEY) is None else float(e[REWARD_KEY]) for e in dicts],
             weights=[float(e.get(WEIGHT_KEY, 1.0)) for e in dicts],
+            advantage=advantage,
         )
 
 
@@ -161,13 +167,19 @@ def rows_credited(credit: RowCredit) -> Iterator[RowCredit]:
         _ROWS.reset(token)
 
 
-def memrl_advantage_name(config: Any) -> str:
-    name = (config.get("memrl_advantage", None) if config is not None else None) or "grpo"
-    if name not in ADVANTAGES:
-        raise VerlCreditError(
-            f"algorithm.memrl_advantage={name!r}: expected one of {sorted(ADVANTAGES.names())}"
-        )
-    return name
+def memrl_advantage(verl_config: Any) -> str:
+    """memrl's ``train.advantage`` from verl's ``memrl`` section (``config`` / ``overrides``), as the agent loop
+    reads its config: the estimator ``memrl train`` would use (``grpo``, ``drgrpo``, ``rloo``, ``none``)."""
+    from memrl.config import load_config
+
+    section = verl_config.get("memrl", None) or {}
+    key = (section.get("config", None), tuple(section.get("overrides", None) or ()))
+    if key not in _ADVANTAGE:
+        _ADVANTAGE[key] = load_config(key[0], list(key[1])).train.advantage
+    return _ADVANTAGE[key]
+
+
+_ADVANTAGE: dict[tuple, str] = {}
 
 
 def memrl_step_credit(
@@ -181,9 +193,9 @@ def memrl_step_credit(
 
     Groups: each row's memrl credit group where the hook set them for this batch (:class:`RowCredit`), else
     ``index`` (verl's ``uid``: plain GRPO over the prompt's samples). Scores: each row's reward (the sum of its
-    token rewards; verl puts it on the last token). Advantages: memrl's estimator
-    (``algorithm.memrl_advantage``, default ``grpo``) over counted rows (weight 1), broadcast over the row's
-    response tokens; a row of weight 0 (a tree's duplicate leaf) gets 0."""
+    token rewards; verl puts it on the last token). Advantages: memrl's estimator (memrl's ``train.advantage``,
+    read by the hook; ``grpo`` without it) over counted rows (weight 1), broadcast over the row's response
+    tokens; a row of weight 0 (a tree's duplicate leaf) gets 0."""
     credit = _ROWS.get()
     rows = token_level_rewards.shape[0]
     if credit is not None:
@@ -196,7 +208,8 @@ def memrl_step_credit(
     if len(groups) != rows:
         raise VerlCreditError(f"memrl_step_credit: {len(groups)} groups for {rows} rows")
     scores = token_level_rewards.sum(-1).float()
-    adv = compute_advantages(memrl_advantage_name(config), scores, groups, weights) * weights
+    name = credit.advantage if credit is not None else "grpo"
+    adv = compute_advantages(name, scores, groups, weights) * weights
     if credit is not None:
         credit.metrics = role_metrics(credit.roles, scores, adv, weights)
     tokens = token_advantages(adv, response_mask.float())
@@ -251,7 +264,7 @@ def _credit_compute_advantage(original):
         got = tq.kv_batch_get(
             keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields", "rm_scores"]
         )
-        credit = RowCredit.from_extra_fields(_as_list(got["extra_fields"]))
+        credit = RowCredit.from_extra_fields(_as_list(got["extra_fields"]), memrl_advantage(self.config))
         if credit is None:
             return original(self, batch, metrics)
         estimator = self.config.algorithm.adv_estimator

@@ -252,6 +252,15 @@ def _writer_config(overrides=WRITER, **verl):
         (WRITER, {"use_v1": False}, "set trainer.use_v1=true"),
         (WRITER, {"estimator": "grpo"}, "set algorithm.adv_estimator=memrl_step_credit"),
         (WRITER, {"external_lib": None}, "external_lib=memrl.integrations.verl_credit"),
+        (
+            [
+                *WRITER,
+                "episode.memory_credit.name=snapshot",
+                "episode.memory_credit.snapshot_score=gold_logprob",
+            ],
+            {},
+            "snapshot_score=answer",
+        ),
     ],
 )
 def test_policy_writer_settings_verl_cannot_train_fail_at_start(tmp_path, tok, overrides, verl, message):

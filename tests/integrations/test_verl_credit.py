@@ -47,7 +47,7 @@ pytestmark = pytest.mark.verl
 CREDITS = ("broadcast", "used", "snapshot", "local")
 
 
-def _cfg(credit: str, roles: str = "[answer,memory]"):
+def _cfg(credit: str, roles: str = "[answer,memory]", advantage: str = "grpo"):
     return load_config(
         None,
         [
@@ -67,6 +67,7 @@ def _cfg(credit: str, roles: str = "[answer,memory]"):
             "episode.memory_credit.snapshot_writes=1",
             f"train.roles={roles}",
             "train.role_adapters=shared",
+            f"train.advantage={advantage}",
         ],
     )
 
@@ -105,9 +106,9 @@ def _verl_rows(leaves, roles):
     return keys, fields
 
 
-def _verl_advantages(keys, fields):
+def _verl_advantages(keys, fields, advantage="grpo"):
     """The v1 trainer's _compute_advantage on these rows, with memrl's hook (rewards restored, groups given)."""
-    credit = verl_credit.RowCredit.from_extra_fields([f["extra_fields"] for f in fields])
+    credit = verl_credit.RowCredit.from_extra_fields([f["extra_fields"] for f in fields], advantage)
     scores = verl_credit.restored_scores([f["rm_scores"] for f in fields], credit)
     pad = torch.nn.utils.rnn.pad_sequence
     data = DataProto.from_dict(
@@ -129,9 +130,11 @@ def policy():
     return ScriptedPolicy(ByT5Tokenizer(), memory_script)
 
 
-@pytest.mark.parametrize("credit", CREDITS)
-def test_verl_trains_the_rows_and_advantages_of_memrl_train(credit, policy):
-    cfg = _cfg(credit)
+@pytest.mark.parametrize(
+    ("credit", "advantage"), [*((c, "grpo") for c in CREDITS), ("used", "drgrpo"), ("local", "rloo")]
+)
+def test_verl_trains_the_rows_and_advantages_of_memrl_train(credit, advantage, policy):
+    cfg = _cfg(credit, advantage=advantage)
     inputs, _ = load_dataset(cfg.data)
     episodes = build_runner(cfg, policy=policy).run_batch(inputs)
 
@@ -145,7 +148,9 @@ def test_verl_trains_the_rows_and_advantages_of_memrl_train(credit, policy):
 
     # verl
     keys, fields = _verl_rows(episodes, cfg.train.roles)
-    verl_adv, credit_rows = _verl_advantages(keys, fields)
+    verl_adv, credit_rows = _verl_advantages(
+        keys, fields, verl_credit.memrl_advantage(_section(cfg, advantage))
+    )
     got_ids = [f["extra_fields"]["memrl_step_id"] for f in fields]
     assert sorted(got_ids) == sorted(expected), "verl's rows are not memrl's trained rows"
     for i, (field, step_id) in enumerate(zip(fields, got_ids, strict=True)):
@@ -195,6 +200,11 @@ def test_a_changed_verl_line_fails_loudly(monkeypatch):
         verl_credit.check_verl_lines()
 
 
+def _section(cfg, advantage):
+    """verl's config as the hook reads memrl's train.advantage from it."""
+    return OmegaConf.create({"memrl": {"config": None, "overrides": [f"train.advantage={advantage}"]}})
+
+
 def test_unknown_memrl_advantage_lists_the_choices():
     with pytest.raises(verl_credit.VerlCreditError, match="expected one of.*grpo"):
-        verl_credit.memrl_advantage_name(OmegaConf.create({"memrl_advantage": "ppo"}))
+        verl_credit.RowCredit.from_extra_fields([{"memrl_credit_group": "g"}], "ppo")
