@@ -16,8 +16,8 @@ train them wrongly, so this module works around both:
   the hook hands it each row's memrl credit group and loss weight instead of the prompt's ``uid``.
 
 The hook wraps one method, ``verl.trainer.ppo.v1.trainer_base.PPOTrainer._compute_advantage`` (step 7 of verl's
-``_step_once``): it reads ``extra_fields`` of the batch's rows from TransferQueue; for a batch without memrl rows
-it calls verl's method unchanged. The estimator computes memrl's advantage per memrl group with memrl's own
+``_step_once``): it reads ``extra_fields`` of the batch's rows from TransferQueue; for a batch without memrl
+memory rows (answers only, one output per sample, or another agent loop's rows) it calls verl's method unchanged. The estimator computes memrl's advantage per memrl group with memrl's own
 functions (:func:`memrl.train.advantages.compute_advantages`, the estimator memrl's ``train.advantage`` names:
 ``grpo`` / ``drgrpo`` / ``rloo`` / ``none``), so verl's update trains exactly what ``memrl train`` trains, and adds
 ``memory/*`` and ``answer/*`` row counts, rewards and advantages to verl's step metrics.
@@ -265,7 +265,8 @@ def _credit_compute_advantage(original):
             keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields", "rm_scores"]
         )
         credit = RowCredit.from_extra_fields(_as_list(got["extra_fields"]), memrl_advantage(self.config))
-        if credit is None:
+        if credit is None or MEMORY not in credit.roles:
+            # one output per sample (answers only, or another agent loop): verl's own advantage is memrl's
             return original(self, batch, metrics)
         estimator = self.config.algorithm.adv_estimator
         if estimator != ESTIMATOR:
