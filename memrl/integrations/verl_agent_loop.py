@@ -11,6 +11,11 @@ verl's ``AgentLoopOutput``: the target turn's prompt ids, response ids (model to
 ``response_mask`` (0 on tool results and feedback), the behaviour log-probs, the episode reward as
 ``reward_score``, and memrl's step metadata in ``extra_fields`` (``memrl_step_meta``, never in the loss).
 
+With ``memory.extractor: policy`` and the writer trained (``memory`` in ``train.roles``) a sample gets a list
+instead: its leaf's credited memory writes, each a row with its own reward and memrl group, then its answer
+(:mod:`memrl.integrations.verl_rows`); verl's v1 trainer makes each a row, and ``algorithm.adv_estimator=
+memrl_step_credit`` (:mod:`memrl.integrations.verl_credit`) trains them with memrl's step credit.
+
 Configuration lives in verl's config under ``memrl`` (``+memrl.config=<memrl yaml>``,
 ``+memrl.overrides=[key=value,...]``); the recipe is in ``docs/verl.md``. Importing this module needs verl.
 """
