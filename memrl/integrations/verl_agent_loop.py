@@ -31,7 +31,17 @@ from typing import TYPE_CHECKING, Any
 
 from memrl.integrations.verl import INSTALL_HINT, episode_input, select_leaves, target_step
 from memrl.integrations.verl_policy import VerlServerPolicy
-from memrl.integrations.verl_rows import ANSWER, VerlRow, leaf_rows, row_fields
+from memrl.integrations.verl_rows import (
+    ANSWER,
+    ESTIMATOR,
+    VerlRow,
+    credit_module_loaded,
+    leaf_rows,
+    row_fields,
+)
+from memrl.integrations.verl_rows import (
+    CREDIT_MODULE as MODULE,
+)
 from memrl.train.roles import active_roles
 from memrl.types import BatchInput, EpisodeTrajectory, to_dict
 
@@ -115,8 +125,6 @@ def check_memory_writer(cfg: Config, verl_config: DictConfig) -> None:
         )
     if "memory" not in cfg.train.roles:
         return  # greedy writes, answer rows only: one output per sample, any trainer and estimator
-    from memrl.integrations.verl_credit import ESTIMATOR, MODULE, loaded_in
-
     trainer = verl_config.get("trainer", None) or {}
     if not trainer.get("use_v1", False):
         raise VerlConfigError(
@@ -131,11 +139,12 @@ def check_memory_writer(cfg: Config, verl_config: DictConfig) -> None:
             f"algorithm.adv_estimator={estimator}: verl's GRPO would give every write its sample's answer "
             f"advantage; set algorithm.adv_estimator={ESTIMATOR} actor_rollout_ref.model.external_lib={MODULE}"
         )
-    if not loaded_in(verl_config):
+    if not credit_module_loaded(verl_config):
         raise VerlConfigError(
             f"algorithm.adv_estimator={ESTIMATOR} lives in {MODULE}, which verl's trainer must import: set "
             f"actor_rollout_ref.model.external_lib={MODULE} (or VERL_USE_EXTERNAL_MODULES={MODULE})"
         )
+    import memrl.integrations.verl_credit  # noqa: F401  (checks the verl lines it relies on, here too)
 
 
 def check_worker_split(verl_config: DictConfig) -> None:

@@ -40,11 +40,19 @@ from typing import Any
 
 import torch
 
-from memrl.integrations.verl_rows import ANSWER, GROUP_KEY, MEMORY, REWARD_KEY, ROLE_KEY, WEIGHT_KEY
+from memrl.integrations.verl_rows import (
+    ANSWER,
+    CREDIT_MODULE,
+    ESTIMATOR,
+    GROUP_KEY,
+    MEMORY,
+    REWARD_KEY,
+    ROLE_KEY,
+    WEIGHT_KEY,
+)
 from memrl.train.advantages import ADVANTAGES, compute_advantages, token_advantages
 
-ESTIMATOR = "memrl_step_credit"
-MODULE = "memrl.integrations.verl_credit"
+MODULE = CREDIT_MODULE
 TESTED_VERL = "0.9.1"
 
 # (module, function or Class.method, lines it must contain): what memrl relies on, by verl file.
@@ -301,17 +309,6 @@ def install() -> None:
         register_adv_est(ESTIMATOR)(memrl_step_credit)
     if not getattr(PPOTrainer._compute_advantage, "memrl_hook", False):
         PPOTrainer._compute_advantage = _credit_compute_advantage(PPOTrainer._compute_advantage)
-
-
-def loaded_in(verl_config: Any) -> bool:
-    """Whether verl's config makes its processes import this module (``actor_rollout_ref.model.external_lib``
-    or ``VERL_USE_EXTERNAL_MODULES``)."""
-    import os
-
-    libs = verl_config.actor_rollout_ref.model.get("external_lib", None) or []
-    libs = [libs] if isinstance(libs, str) else list(libs)
-    libs += os.environ.get("VERL_USE_EXTERNAL_MODULES", "").split(",")
-    return MODULE in libs
 
 
 install()

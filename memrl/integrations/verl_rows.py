@@ -24,6 +24,8 @@ from memrl.data.config import BatchConfig
 from memrl.types import EpisodeTrajectory, StepMeta, TurnRole
 
 ANSWER, MEMORY = "answer", "memory"
+# verl's name of memrl's advantage estimator, and the module that registers it (memrl.integrations.verl_credit)
+ESTIMATOR, CREDIT_MODULE = "memrl_step_credit", "memrl.integrations.verl_credit"
 # extra_fields keys the trainer side reads (memrl.integrations.verl_credit)
 ROLE_KEY, GROUP_KEY, REWARD_KEY, WEIGHT_KEY = (
     "memrl_role",
@@ -73,6 +75,17 @@ def leaf_rows(leaf: EpisodeTrajectory, roles: Sequence[str], duplicates: str = "
         drop = duplicates == "drop" and row.meta.is_duplicate
         out.append(VerlRow(row, role, 0.0 if drop else 1.0))
     return out
+
+
+def credit_module_loaded(verl_config: Any) -> bool:
+    """Whether verl's config makes its processes import :data:`CREDIT_MODULE`
+    (``actor_rollout_ref.model.external_lib`` or ``VERL_USE_EXTERNAL_MODULES``)."""
+    import os
+
+    libs = verl_config.actor_rollout_ref.model.get("external_lib", None) or []
+    libs = [libs] if isinstance(libs, str) else list(libs)
+    libs += os.environ.get("VERL_USE_EXTERNAL_MODULES", "").split(",")
+    return CREDIT_MODULE in libs
 
 
 def row_fields(row: VerlRow) -> dict[str, Any]:
