@@ -291,9 +291,20 @@ class _OnePerCall:
         ]
 
 
-def test_policy_written_memory_returns_the_credited_writes_then_the_answer(tmp_path, tok):
+def test_policy_written_memory_returns_the_credited_writes_then_the_answer(tmp_path, tok, monkeypatch):
     """With memory.extractor=policy each sample returns a list of verl outputs: the sample that holds leaf 0 its
     episode's credited writes (generated through verl's server) and its answer, the others their answer."""
+    from memrl.integrations.verl_policy import VerlServerPolicy
+
+    batches: list[int] = []  # requests per generate call of memory writes
+    generate = VerlServerPolicy.generate
+
+    def counted(self, requests):
+        if "Operations:" in tok.decode(list(requests[0].prompt_ids)):
+            batches.append(len(requests))
+        return generate(self, requests)
+
+    monkeypatch.setattr(VerlServerPolicy, "generate", counted)
     inputs, rows = _rows_through_verl_dataset(tmp_path, tok, WRITER)
     server = PolicyServerClient(ScriptedPolicy(tok, memory_script))
     config = _writer_config()
@@ -320,6 +331,7 @@ def test_policy_written_memory_returns_the_credited_writes_then_the_answer(tmp_p
         assert set((a if len(a) > 1 else b)[:-1]) == {"memory"}
     write_prompts = [p for p, _ in server.calls if "Operations:" in tok.decode(p)]
     assert len(write_prompts) == 3 * len(rows)  # 18 turns in writes of 6, sampled once (used credit)
+    assert batches == [len(rows)] * 3  # each write round: one call for both prompts' episodes
     # memrl's own runner on the same episodes and script: the same writes, credits and groups
     runner = build_runner(
         load_config(None, [*WRITER, f"rollout.n={N}"]), policy=_OnePerCall(ScriptedPolicy(tok, memory_script))
