@@ -3,7 +3,8 @@
 memrl runs inside verl's own trainer as a verl *agent loop* (:mod:`memrl.integrations.verl_agent_loop`,
 registered as ``memrl``): verl's dataloader hands each sample's dataset row to the loop, which runs memrl's
 episode (memory ingest + retrieval → prompt → generation through verl's servers, tools, rollback → reward) and
-returns one trainable sequence. This module holds what needs no verl import:
+returns one trainable sequence (with a policy-written memory: its credited writes, then the answer,
+:mod:`memrl.integrations.verl_rows`). This module holds what needs no verl import:
 
 - :func:`verl_dataset_rows` writes the rows (the whole :class:`~memrl.types.BatchInput` as one JSON string in
   ``extra_info["memrl_input"]``: a string column survives Parquet, where nested dicts with empty or varying

@@ -11,6 +11,11 @@ verl's ``AgentLoopOutput``: the target turn's prompt ids, response ids (model to
 ``response_mask`` (0 on tool results and feedback), the behaviour log-probs, the episode reward as
 ``reward_score``, and memrl's step metadata in ``extra_fields`` (``memrl_step_meta``, never in the loss).
 
+With ``memory.extractor: policy`` and the writer trained (``memory`` in ``train.roles``) a sample gets a list
+instead: its leaf's credited memory writes, each a row with its own reward and memrl group, then its answer
+(:mod:`memrl.integrations.verl_rows`); verl's v1 trainer makes each a row, and ``algorithm.adv_estimator=
+memrl_step_credit`` (:mod:`memrl.integrations.verl_credit`) trains them with memrl's step credit.
+
 Configuration lives in verl's config under ``memrl`` (``+memrl.config=<memrl yaml>``,
 ``+memrl.overrides=[key=value,...]``); the recipe is in ``docs/verl.md``. Importing this module needs verl.
 """
@@ -26,6 +31,18 @@ from typing import TYPE_CHECKING, Any
 
 from memrl.integrations.verl import INSTALL_HINT, episode_input, select_leaves, target_step
 from memrl.integrations.verl_policy import VerlServerPolicy
+from memrl.integrations.verl_rows import (
+    ANSWER,
+    ESTIMATOR,
+    VerlRow,
+    credit_module_loaded,
+    leaf_rows,
+    row_fields,
+)
+from memrl.integrations.verl_rows import (
+    CREDIT_MODULE as MODULE,
+)
+from memrl.train.roles import active_roles
 from memrl.types import BatchInput, EpisodeTrajectory, to_dict
 
 try:
@@ -70,20 +87,64 @@ def check_lengths(rollout: RolloutConfig, rollout_config: DictConfig) -> None:
         )
 
 
-def check_memory_writer(cfg: Config) -> None:
-    """Refuse a policy-written memory: verl's agent loop returns one sample (one sequence, one reward) per
-    prompt sample, so the episode's memory writes, each a trainable step with its own credit and group, have no
-    way into verl's batch (per-turn advantages are verl's open RFC #7244). Train the memory writer with
-    ``memrl train``; verl trains the answer policy over a rule- or llm-written memory."""
+def policy_writes(cfg: Config) -> bool:
+    """``memory.extractor: policy``: the policy writes the memory, each write a trainable step."""
     from memrl.memory.extract import EXTRACTORS
 
-    if getattr(EXTRACTORS.get(cfg.memory.extractor), "writes_steps", False):
+    return bool(getattr(EXTRACTORS.get(cfg.memory.extractor), "writes_steps", False))
+
+
+def check_memory_writer(cfg: Config, verl_config: DictConfig) -> None:
+    """What a policy-written memory (``memory.extractor: policy``) needs from verl's config, checked at start-up.
+
+    Its writes are rows of their own (:mod:`memrl.integrations.verl_rows`): only verl's v1 trainer takes several
+    outputs from one sample, and only memrl's estimator trains them on their own rewards and groups
+    (:mod:`memrl.integrations.verl_credit`). verl trains one actor model, so both roles share its weights."""
+    if not policy_writes(cfg):
+        return
+    if cfg.train.role_adapters != "shared":
         raise VerlConfigError(
-            "memrl memory.extractor=policy is not supported in verl's agent loop: its memory writes are trainable "
-            "steps with their own rewards and groups, and a verl agent loop returns one sequence with one reward "
-            "per sample. Train the memory writer with `memrl train` (configs/synthetic_memory.yaml), or set "
-            "+memrl.overrides=[memory.extractor=rule] to train the answer policy in verl"
+            f"memrl train.role_adapters={cfg.train.role_adapters}: verl trains one actor model (one LoRA or the full "
+            "weights), so the writer cannot have an adapter of its own there; set "
+            "+memrl.overrides=[train.role_adapters=shared] (both roles on verl's actor), or train per-role "
+            "adapters with `memrl train`"
         )
+    if cfg.episode.memory_credit.name == "snapshot" and cfg.episode.memory_credit.snapshot_score != "answer":
+        raise VerlConfigError(
+            f"memrl episode.memory_credit.snapshot_score={cfg.episode.memory_credit.snapshot_score}: it scores "
+            "the gold answer's likelihood over each fork's prompt, and verl's servers return the log-probs of "
+            "sampled tokens only; set +memrl.overrides=[episode.memory_credit.snapshot_score=answer] (each fork "
+            "answers greedily through verl's servers)"
+        )
+    width = verl_config.actor_rollout_ref.rollout.response_length
+    if cfg.memory.write_max_tokens > width:
+        raise VerlConfigError(
+            f"memrl memory.write_max_tokens={cfg.memory.write_max_tokens} exceeds verl's "
+            f"actor_rollout_ref.rollout.response_length={width}: a write is a row of verl's batch; lower the first "
+            "or raise data.max_response_length"
+        )
+    if "memory" not in cfg.train.roles:
+        return  # greedy writes, answer rows only: one output per sample, any trainer and estimator
+    trainer = verl_config.get("trainer", None) or {}
+    if not trainer.get("use_v1", False):
+        raise VerlConfigError(
+            "memrl memory.extractor=policy with train.roles including memory: each credited write is a row of its "
+            "own, and only verl's v1 trainer takes several outputs per sample; set trainer.use_v1=true, or "
+            "+memrl.overrides=[train.roles=[answer]] to train the answer over the policy's greedy writes"
+        )
+    estimator = (verl_config.get("algorithm", None) or {}).get("adv_estimator", None)
+    if estimator != ESTIMATOR:
+        raise VerlConfigError(
+            f"memrl memory.extractor=policy trains its writes on their own rewards and groups, but "
+            f"algorithm.adv_estimator={estimator}: verl's GRPO would give every write its sample's answer "
+            f"advantage; set algorithm.adv_estimator={ESTIMATOR} actor_rollout_ref.model.external_lib={MODULE}"
+        )
+    if not credit_module_loaded(verl_config):
+        raise VerlConfigError(
+            f"algorithm.adv_estimator={ESTIMATOR} lives in {MODULE}, which verl's trainer must import: set "
+            f"actor_rollout_ref.model.external_lib={MODULE} (or VERL_USE_EXTERNAL_MODULES={MODULE})"
+        )
+    import memrl.integrations.verl_credit  # noqa: F401  (checks the verl lines it relies on, here too)
 
 
 def check_worker_split(verl_config: DictConfig) -> None:
@@ -116,6 +177,7 @@ class _Pending:
     sampling: dict[str, Any]
     future: asyncio.Future
     position: int | None = None  # verl's global sample position in the step (``priority``), where given
+    global_step: int | None = None  # verl's training step (``global_steps``), where given
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,23 +202,31 @@ class EpisodeService:
     own episode of that size (its own tree under ``rollout.strategy=tree``), with an id that names the share's
     first sample position, so leaf ids stay unique across workers; GRPO still groups all of them by ``uid``."""
 
-    def __init__(self, cfg: Config, policy: VerlServerPolicy) -> None:
+    def __init__(self, cfg: Config, policy: VerlServerPolicy, rollout_dir: str | None = None) -> None:
         from memrl.episode.build import build_runner
 
         self.cfg = cfg
         self.policy = policy
-        self.runner = build_runner(cfg, policy=policy)
+        # As `memrl train`: writes are sampled (and credited alternatives drawn) only where the writer trains.
+        self.writes_rows = policy_writes(cfg)
+        self.runner = build_runner(cfg, policy=policy, sample_writes="memory" in cfg.train.roles)
+        self.dump = _worker_dump(rollout_dir)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="memrl-episodes")
         self._pending: list[_Pending] = []
         self._lock = asyncio.Lock()
         self._draining = False
 
     async def submit(
-        self, inp: BatchInput, uid: str, sampling: Mapping[str, Any], position: int | None = None
+        self,
+        inp: BatchInput,
+        uid: str,
+        sampling: Mapping[str, Any],
+        position: int | None = None,
+        global_step: int | None = None,
     ) -> _Leaf:
         """The leaf for one verl sample (``position``: its global position in the step, if verl gives one)."""
         loop = asyncio.get_running_loop()
-        item = _Pending(inp, uid, dict(sampling), loop.create_future(), position)
+        item = _Pending(inp, uid, dict(sampling), loop.create_future(), position, global_step)
         self._pending.append(item)
         if not self._draining:
             self._draining = True
@@ -223,10 +293,34 @@ class EpisodeService:
             "tool_calls": runner.metrics["episode/time_tools_s"] - before.get("episode/time_tools_s", 0),
         }
         timing["generate_sequences"] -= timing["tool_calls"]  # tools run inside the generation phase
+        dumped = []
         for inp, members in zip(inputs, uid_groups, strict=True):
             mine = [t for t in trajs if t.group_id == inp.group_id]
             for i, leaf in zip(members, select_leaves(inp, mine, n), strict=True):
                 out[i] = _Leaf(leaf, timing, n, versions)
+                step = items[i].global_step
+                dumped.append(leaf if step is None else _with_step(leaf, step))
+        if self.dump is not None:
+            self.dump.write(dumped)
+
+
+def _worker_dump(rollout_dir: str | None):
+    """``+memrl.rollout_dir``: every leaf this worker runs, in a ``memrl run`` output directory of its own
+    (``<rollout_dir>/worker-<host>-<pid>``), so ``memrl inspect`` shows verl's episodes as it shows memrl's: the
+    memory writes with what they read, their operations, the store after them and their credit."""
+    if not rollout_dir:
+        return None
+    import os
+    import socket
+    from pathlib import Path
+
+    from memrl.episode.output import TrajectoryWriter
+
+    return TrajectoryWriter(Path(rollout_dir) / f"worker-{socket.gethostname()}-{os.getpid()}")
+
+
+def _with_step(leaf: EpisodeTrajectory, step: int) -> EpisodeTrajectory:
+    return dataclasses.replace(leaf, metrics={**leaf.metrics, "verl/global_step": float(step)})
 
 
 def _share_id(share: list[_Pending]) -> str:
@@ -249,13 +343,14 @@ def service_for(agent: AgentLoopBase) -> EpisodeService:
     if service is None:
         cfg = memrl_config(agent.config)
         check_lengths(cfg.rollout, agent.rollout_config)
-        check_memory_writer(cfg)
+        check_memory_writer(cfg, agent.config)
         check_worker_split(agent.config)
         rc = agent.rollout_config
         policy = VerlServerPolicy(
             agent.server_manager, agent.tokenizer, loop, max_model_len=rc.prompt_length + rc.response_length
         )
-        service = _SERVICES[key] = EpisodeService(cfg, policy)
+        section = agent.config.get("memrl", None) or {}
+        service = _SERVICES[key] = EpisodeService(cfg, policy, section.get("rollout_dir", None))
     return service
 
 
@@ -267,46 +362,77 @@ class MemrlAgentLoop(AgentLoopBase):
         # verl passes its own tool list; memrl's tools come from memrl's config (sandbox, rollback).
         super().__init__(*args, **kwargs)
 
-    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+    async def run(
+        self, sampling_params: dict[str, Any], **kwargs: Any
+    ) -> AgentLoopOutput | list[AgentLoopOutput]:
+        """The sample's leaf as verl outputs: one (the answer), or with ``memory.extractor: policy`` the leaf's
+        credited memory writes followed by the answer, each a row of verl's batch (the v1 trainer)."""
         uid = str(kwargs.get("uid", kwargs.get("index", "0")))
         inp = episode_input(kwargs.get("extra_info"), sample=f"uid={uid}")
         position = kwargs.get("priority")  # verl >= 0.9: the sample's global position in the step
-        got = await service_for(self).submit(
-            inp, uid, sampling_params, None if position is None else int(position)
+        service = service_for(self)
+        step = kwargs.get("global_steps")  # the v1 trainer's step (role_schedule=alternate, dumps)
+        got = await service.submit(
+            inp,
+            uid,
+            sampling_params,
+            None if position is None else int(position),
+            None if step is None else int(step),
         )
-        return self.output(got)
+        if not service.writes_rows or "memory" not in service.cfg.train.roles:
+            return self.output(got)
+        roles = (
+            active_roles(service.cfg.train, max(1, int(step)))
+            if step is not None
+            else service.cfg.train.roles
+        )
+        target_step(got.traj)  # validates the leaf: one target step
+        rows = leaf_rows(got.traj, roles, service.cfg.train.duplicates)
+        return [self.row_output(got, row) for row in rows]
 
     def output(self, got: _Leaf) -> AgentLoopOutput:
         """verl's output for one leaf: the target step, with the episode reward on its last token."""
-        leaf = got.traj
-        step = target_step(leaf)
+        target_step(got.traj)
+        (row,) = leaf_rows(got.traj, (ANSWER,))
+        return self.row_output(got, row)
+
+    def row_output(self, got: _Leaf, vrow: VerlRow) -> AgentLoopOutput:
+        """verl's output for one row of a leaf (an answer, or a credited memory write): its reward on its last
+        token, and in ``extra_fields`` what memrl's estimator reads (:func:`memrl.integrations.verl_rows.row_fields`)."""
+        leaf, row = got.traj, vrow.row
         prompt_length = self.rollout_config.prompt_length
-        if len(step.prompt_ids) > prompt_length:
+        if len(row.prompt_ids) > prompt_length:
+            what = "prompt" if vrow.role == ANSWER else "memory-write prompt"
             raise VerlConfigError(
-                f"memrl's prompt for {leaf.episode_id} has {len(step.prompt_ids)} tokens, over verl's "
-                f"actor_rollout_ref.rollout.prompt_length={prompt_length}: lower episode.prompt_token_budget "
-                "(+memrl.overrides) or raise data.max_prompt_length"
+                f"memrl's {what} for {leaf.episode_id} ({row.step_id}) has {len(row.prompt_ids)} tokens, over "
+                f"verl's actor_rollout_ref.rollout.prompt_length={prompt_length}: lower episode.prompt_token_budget "
+                "(or memory.write_neighbours / episode.ingest_chunk_turns for writes) or raise data.max_prompt_length"
             )
         width = self.rollout_config.response_length
+        answer = vrow.role == ANSWER
         extra = {
             "turn_scores": [],
             "tool_rewards": [],
-            "memrl_step_meta": to_dict(step.meta),
+            # verl's _agent_loop_postprocess copies the last output's entry onto a sample's earlier outputs
+            "reward_extra_info": {},
+            "memrl_step_meta": to_dict(row.meta),
+            "memrl_step_id": row.step_id,
             "memrl_episode_id": leaf.episode_id,
             "memrl_status": leaf.status.value,
             "memrl_group_size": got.group_size,
+            **row_fields(vrow),
             # verl's staleness bookkeeping (the v1 trainer reads both into its tags)
             "min_global_steps": got.weight_versions[0],
             "max_global_steps": got.weight_versions[1],
         }
         return AgentLoopOutput(
-            prompt_ids=list(step.prompt_ids),
-            response_ids=list(step.response_ids[:width]),
-            response_mask=list(step.response_mask[:width]),
-            response_logprobs=[float(x) for x in step.logprobs[:width]],
-            reward_score=float(leaf.reward),
-            num_turns=2 + 2 * len(step.meta.tool_calls),
-            metrics=AgentLoopMetrics(**got.timing),
+            prompt_ids=list(row.prompt_ids),
+            response_ids=list(row.response_ids[:width]),
+            response_mask=list(row.response_mask[:width]),
+            response_logprobs=[float(x) for x in row.logprobs[:width]],
+            reward_score=float(row.reward),
+            num_turns=2 + 2 * len(row.meta.tool_calls) if answer else 2,
+            metrics=AgentLoopMetrics(**got.timing) if answer else AgentLoopMetrics(),
             extra_fields=extra,
         )
 
@@ -324,5 +450,6 @@ __all__ = [
     "VerlConfigError",
     "check_worker_split",
     "memrl_config",
+    "policy_writes",
     "shutdown_services",
 ]

@@ -13,7 +13,9 @@ What verl's servers give and what they do not:
 
 - sampling (``temperature``, ``top_p``, ``top_k``) is verl's, per call (:attr:`sampling`, set from the
   ``sampling_params`` verl hands the agent loop; greedy during validation): verl's actor recomputes log-probs
-  under its own rollout temperature, so memrl's ``rollout.temperature`` / ``top_p`` are not used here;
+  under its own rollout temperature, so memrl's ``rollout.temperature`` / ``top_p`` are not used here, except
+  that a request memrl makes greedy (temperature 0: the trunk reply of a memory write, a snapshot fork's answer,
+  writes of a writer that is not trained) stays greedy;
 - ``max_tokens``, ``stop`` and ``stop_token_ids`` are memrl's, per request (vLLM's sampling keys; the stop
   string is kept in the output, ``include_stop_str_in_output``);
 - only the sampled token's log-prob comes back, so ``top_logprobs`` is empty: tree search ranks nodes by the
@@ -103,6 +105,10 @@ class VerlServerPolicy:
     def _params(self, req: GenerationRequest) -> dict[str, Any]:
         p = req.params
         params = dict(self.sampling, max_tokens=p.max_tokens, logprobs=True)
+        if (
+            p.temperature == 0
+        ):  # memrl asked for greedy (a write's trunk reply, snapshot answers): kept greedy
+            params.update(temperature=0.0, top_p=1.0, top_k=-1)
         if p.stop:
             params.update(stop=list(p.stop), include_stop_str_in_output=True)
         if p.stop_token_ids:

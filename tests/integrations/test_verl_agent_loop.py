@@ -6,6 +6,8 @@ own RLHFDataset."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import re
 
 import pandas as pd
 import pytest
@@ -31,7 +33,11 @@ from memrl.integrations.verl_agent_loop import (  # noqa: E402
 )
 from memrl.testing import CHAT_TEMPLATE  # noqa: E402
 from memrl.testing.scripted import ScriptedPolicy  # noqa: E402
-from tests.integrations.verl_standins import PolicyServerClient, rollback_script  # noqa: E402
+from tests.integrations.verl_standins import (  # noqa: E402
+    PolicyServerClient,
+    memory_script,
+    rollback_script,
+)
 
 pytestmark = pytest.mark.verl
 N = 2
@@ -213,12 +219,183 @@ def test_lengths_that_cannot_fit_verl_fail_at_start(tmp_path, tok):
     assert MemrlAgentLoop.__name__ == "MemrlAgentLoop"
 
 
-def test_policy_written_memory_is_refused_with_the_limit_named(tmp_path, tok):
-    _, rows = _rows_through_verl_dataset(tmp_path, tok)
-    server = PolicyServerClient(ScriptedPolicy(tok, rollback_script))
-    config = _verl_config(overrides=[*OVERRIDES, "memory.extractor=policy"])
+WRITER = [
+    "data.adapter=synthetic",
+    "data.options={num_episodes: 2}",
+    "tools.enabled=[]",
+    "rollout.max_response_tokens=48",
+    "memory.extractor=policy",
+    "memory.write_max_tokens=200",
+    "memory.neighbour_turns=0",
+    "episode.history_steps=none",
+    "episode.ingest_chunk_turns=6",
+    "episode.reward=char_similarity",
+    "episode.memory_credit.name=used",
+    "train.role_adapters=shared",
+]
+
+
+def _writer_config(overrides=WRITER, **verl):
+    config = _verl_config(overrides=overrides)
+    config.trainer = {"use_v1": verl.get("use_v1", True)}
+    config.algorithm = {"adv_estimator": verl.get("estimator", "memrl_step_credit")}
+    lib = verl.get("external_lib", "memrl.integrations.verl_credit")
+    config.actor_rollout_ref.model = {"external_lib": lib}
+    return config
+
+
+@pytest.mark.parametrize(
+    ("overrides", "verl", "message"),
+    [
+        ([*WRITER, "train.role_adapters=per_role"], {}, "train.role_adapters=shared"),
+        ([*WRITER, "memory.write_max_tokens=400"], {}, "memory.write_max_tokens=400 exceeds"),
+        (WRITER, {"use_v1": False}, "set trainer.use_v1=true"),
+        (WRITER, {"estimator": "grpo"}, "set algorithm.adv_estimator=memrl_step_credit"),
+        (WRITER, {"external_lib": None}, "external_lib=memrl.integrations.verl_credit"),
+        (
+            [
+                *WRITER,
+                "episode.memory_credit.name=snapshot",
+                "episode.memory_credit.snapshot_score=gold_logprob",
+            ],
+            {},
+            "snapshot_score=answer",
+        ),
+    ],
+)
+def test_policy_writer_settings_verl_cannot_train_fail_at_start(tmp_path, tok, overrides, verl, message):
+    _, rows = _rows_through_verl_dataset(tmp_path, tok, WRITER)
+    server = PolicyServerClient(ScriptedPolicy(tok, memory_script))
     try:
-        with pytest.raises(VerlConfigError, match="memory.extractor=policy is not supported.*one reward"):
-            asyncio.run(_agent(config, server, tok).run({"temperature": 1.0}, uid="u", **rows[0]))
+        with pytest.raises(VerlConfigError, match=re.escape(message)):
+            asyncio.run(
+                _agent(_writer_config(overrides, **verl), server, tok).run(
+                    {"temperature": 1.0}, uid="u", **rows[0]
+                )
+            )
     finally:
         shutdown_services()
+
+
+class _OnePerCall:
+    """The scripted policy as verl's servers serve it: a request for n samples is n requests of one."""
+
+    def __init__(self, policy):
+        self.policy, self.tokenizer = policy, policy.tokenizer
+
+    def generate(self, requests):
+        one = [dataclasses.replace(r, params=dataclasses.replace(r.params, n=1)) for r in requests]
+        return [
+            [self.policy.generate([r])[0][0] for _ in range(req.params.n)]
+            for r, req in zip(one, requests, strict=True)
+        ]
+
+
+def test_policy_written_memory_returns_the_credited_writes_then_the_answer(tmp_path, tok, monkeypatch):
+    """With memory.extractor=policy each sample returns a list of verl outputs: the sample that holds leaf 0 its
+    episode's credited writes (generated through verl's server) and its answer, the others their answer."""
+    from memrl.integrations.verl_policy import VerlServerPolicy
+
+    batches: list[int] = []  # requests per generate call of memory writes
+    generate = VerlServerPolicy.generate
+
+    def counted(self, requests):
+        if "Operations:" in tok.decode(list(requests[0].prompt_ids)):
+            batches.append(len(requests))
+        return generate(self, requests)
+
+    monkeypatch.setattr(VerlServerPolicy, "generate", counted)
+    inputs, rows = _rows_through_verl_dataset(tmp_path, tok, WRITER)
+    server = PolicyServerClient(ScriptedPolicy(tok, memory_script))
+    config = _writer_config()
+    config.memrl.rollout_dir = str(tmp_path / "rollouts")
+
+    async def step():
+        samples = [(f"uid-{i}", row) for i, row in enumerate(rows) for _ in range(N)]
+        tasks = [
+            _agent(config, server, tok).run({"temperature": 1.0}, uid=uid, global_steps=1, **row)
+            for uid, row in samples
+        ]
+        return await asyncio.gather(*tasks)
+
+    try:
+        outs = asyncio.run(step())
+    finally:
+        shutdown_services()
+    assert all(isinstance(o, list) for o in outs)
+    roles = [[x.extra_fields["memrl_role"] for x in o] for o in outs]
+    # per uid: one sample with writes then its answer, one with its answer only
+    for i in range(len(rows)):
+        a, b = roles[i * N : (i + 1) * N]
+        assert a[-1] == b[-1] == "answer" and sorted([len(a), len(b)])[0] == 1
+        assert set((a if len(a) > 1 else b)[:-1]) == {"memory"}
+    write_prompts = [p for p, _ in server.calls if "Operations:" in tok.decode(p)]
+    assert len(write_prompts) == 3 * len(rows)  # 18 turns in writes of 6, sampled once (used credit)
+    assert batches == [len(rows)] * 3  # each write round: one call for both prompts' episodes
+    # memrl's own runner on the same episodes and script: the same writes, credits and groups
+    runner = build_runner(
+        load_config(None, [*WRITER, f"rollout.n={N}"]), policy=_OnePerCall(ScriptedPolicy(tok, memory_script))
+    )
+    own = [ep for ep in runner.run_batch(inputs) if ep.episode_id.endswith("#0")]
+    for o, ep in zip([o for o in outs if len(o) > 1], own, strict=True):
+        writes = [(s, r) for s, r in zip(ep.steps, ep.step_rewards_ext, strict=True) if r is not None]
+        assert [x.prompt_ids for x in o[:-1]] == [list(s.prompt_ids) for s, _ in writes]
+        assert [x.response_ids for x in o[:-1]] == [list(s.response_ids) for s, _ in writes]
+        assert [x.reward_score for x in o[:-1]] == pytest.approx([r for _, r in writes])
+        groups = {x.extra_fields["memrl_credit_group"] for x in o[:-1]}
+        assert groups == {f"{o[-1].extra_fields['memrl_credit_group']}/memory"}
+    # +memrl.rollout_dir: memrl inspect shows the writes of verl's episodes as memrl train's
+    from memrl.inspect import load_run
+    from memrl.inspect.terminal import writes_table
+
+    (run_dir,) = (tmp_path / "rollouts").iterdir()
+    run = load_run(run_dir)
+    for o in (o for o in outs if len(o) > 1):
+        view = run.episode(o[-1].extra_fields["memrl_episode_id"])
+        assert [w.credit for w in view.writes] == pytest.approx([x.reward_score for x in o[:-1]])
+        assert all(w.read_turns and w.ops for w in view.writes) and writes_table(view).row_count == 3
+    assert {e["metrics"]["verl/global_step"] for e in run.episodes_meta} == {1.0}
+
+
+def test_one_role_or_the_other(tmp_path, tok):
+    """train.roles=[answer]: greedy writes, one output (the answer) per sample; [memory]: writes only."""
+    _, rows = _rows_through_verl_dataset(tmp_path, tok, WRITER)
+    server = PolicyServerClient(ScriptedPolicy(tok, memory_script))
+    try:
+        answer = asyncio.run(
+            _agent(_writer_config([*WRITER, "train.roles=[answer]"]), server, tok).run(
+                {"temperature": 1.0}, uid="u", **rows[0]
+            )
+        )
+        shutdown_services()
+        memory = asyncio.run(
+            _agent(_writer_config([*WRITER, "train.roles=[memory]"]), server, tok).run(
+                {"temperature": 1.0}, uid="v", **rows[0]
+            )
+        )
+    finally:
+        shutdown_services()
+    assert isinstance(answer, AgentLoopOutput) and answer.extra_fields["memrl_role"] == "answer"
+    assert memory and {o.extra_fields["memrl_role"] for o in memory} == {"memory"}
+    # the untrained writer writes greedily: its requests reached verl's server with temperature 0
+    assert any(p["temperature"] == 0 for _, p in server.calls)
+
+
+def test_alternating_roles_follow_verls_global_step(tmp_path, tok):
+    """train.role_schedule=alternate: the step verl passes (global_steps) picks the role whose rows return."""
+    _, rows = _rows_through_verl_dataset(tmp_path, tok, WRITER)
+    server = PolicyServerClient(ScriptedPolicy(tok, memory_script))
+    overrides = [*WRITER, "train.role_schedule=alternate", "train.role_phase_steps=1"]
+    config = _writer_config(overrides)
+    got = {}
+    try:
+        for step in (1, 2):
+            outs = asyncio.run(
+                _agent(config, server, tok).run(
+                    {"temperature": 1.0}, uid=f"u{step}", global_steps=step, **rows[0]
+                )
+            )
+            got[step] = {o.extra_fields["memrl_role"] for o in outs}
+    finally:
+        shutdown_services()
+    assert got == {1: {"answer"}, 2: {"memory"}}

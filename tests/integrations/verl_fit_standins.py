@@ -82,14 +82,43 @@ def _token_logprobs(model, data: TensorDict, temperature: float) -> tuple[torch.
 
 
 class TinyActorGroup:
-    """The actor worker group: ``compute_log_prob`` and ``update_actor`` (PPO clip, one optimizer step per call)."""
+    """The actor worker group: ``compute_log_prob`` and ``update_actor`` (PPO clip, one optimizer step per call).
 
-    def __init__(self, model, temperature: float = 1.0, lr: float = 1e-2, clip: float = 0.2) -> None:
+    ``lora_rank > 0``: the model gets a LoRA on every linear layer (peft, in place) and only the LoRA trains, as
+    verl's ``actor_rollout_ref.model.lora_rank``; the server then gets the merged weights."""
+
+    def __init__(
+        self, model, temperature: float = 1.0, lr: float = 1e-2, clip: float = 0.2, lora_rank: int = 0
+    ) -> None:
+        if lora_rank:
+            from peft import LoraConfig, get_peft_model
+
+            model = get_peft_model(
+                model, LoraConfig(r=lora_rank, lora_alpha=2 * lora_rank, target_modules="all-linear")
+            )
         self.model = model
         self.temperature = temperature
         self.clip = clip
-        self.optim = torch.optim.SGD(model.parameters(), lr=lr)
+        self.optim = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=lr)
         self.updates: list[dict[str, Any]] = []
+
+    def served_state(self) -> dict[str, torch.Tensor]:
+        """The weights the rollout server gets: the model's, with a LoRA merged in."""
+        import copy
+
+        model = self.model
+        if hasattr(model, "merge_and_unload"):
+            model = copy.deepcopy(model).merge_and_unload()
+        return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    def lora_delta(self) -> float:
+        """L2 norm of the LoRA's weight update (``scaling · B @ A`` over every adapted layer); 0 without one."""
+        total = 0.0
+        for module in self.model.modules():
+            if hasattr(module, "lora_A") and "default" in getattr(module, "lora_A", {}):
+                a, b = module.lora_A["default"].weight, module.lora_B["default"].weight
+                total += float((module.scaling["default"] * b @ a).norm() ** 2)
+        return total**0.5
 
     def compute_log_prob(self, data: TensorDict) -> TensorDict:
         with torch.no_grad():
@@ -135,7 +164,7 @@ class WeightSync:
         self.calls: list[int] = []
 
     def update_weights(self, global_steps: int = 0) -> None:
-        state = {k: v.detach().clone() for k, v in self.actor.model.state_dict().items()}
+        state = self.actor.served_state()
         ray.get(self.server.load_weights.remote(state, global_steps))
         self.calls.append(global_steps)
 
@@ -175,19 +204,22 @@ class TinyActorGroupTQ(TinyActorGroup):
 
         return tqbridge()(self._update_actor)(batch)
 
-    def _update_actor(self, data: TensorDict) -> TensorDict:
+    def _response_logprobs(self, data: TensorDict, width: int) -> torch.Tensor:
+        """``[B, width]`` log-probs of each row's response tokens under the current model (0 past its end)."""
         lp, _ = _token_logprobs(self.model, data, self.temperature)
         seqs = lp.split(data["input_ids"].offsets().diff().tolist())
         prompts = data["prompts"].offsets().diff().tolist()
-        mask = _padded(data["response_mask"]).float()
-        width = mask.shape[1]
         # position t predicts token t + 1: the response's log-probs start one before it
-        lp = torch.stack(
+        return torch.stack(
             [
                 torch.nn.functional.pad(s[p - 1 : -1], (0, width - (len(s) - p)))
                 for s, p in zip(seqs, prompts, strict=True)
             ]
         )
+
+    def _update_actor(self, data: TensorDict) -> TensorDict:
+        mask = _padded(data["response_mask"]).float()
+        lp = self._response_logprobs(data, mask.shape[1])
         adv, old = _padded(data["advantages"]), _padded(data["old_log_probs"])
         ratio = torch.exp(lp - old)
         loss = -torch.min(ratio * adv, ratio.clamp(1 - self.clip, 1 + self.clip) * adv)
@@ -195,15 +227,23 @@ class TinyActorGroupTQ(TinyActorGroup):
         self.optim.zero_grad()
         loss.backward()
         self.optim.step()
+        with torch.no_grad():  # what this step did to each row: the change of its tokens' summed log-prob
+            moved = ((self._response_logprobs(data, mask.shape[1]) - lp.detach()) * mask).sum(-1)
         self.updates.append(
             {
+                "logprob_change": moved,
                 "response_mask": mask.long(),
                 "advantages": adv.detach().clone(),
                 "token_level_scores": _padded(data["rm_scores"]).clone(),
                 "responses": _padded(data["responses"]).clone(),
                 "uid": list(data["uid"]),
                 "memrl_group_size": [e["memrl_group_size"] for e in data["extra_fields"]],
+                "memrl_role": [e.get("memrl_role") for e in data["extra_fields"]],
+                "memrl_credit_group": [e.get("memrl_credit_group") for e in data["extra_fields"]],
+                "memrl_reward": [e.get("memrl_reward") for e in data["extra_fields"]],
                 "gold": [rm["ground_truth"] for rm in data["reward_model"]],
+                "prompts": [p.tolist() for p in data["prompts"].unbind()],
+                "old_log_probs": old.detach().clone(),
             }
         )
         out = TensorDict({}, batch_size=[])

@@ -65,3 +65,21 @@ def rollback_script(ctx) -> str:
         return "<python>print(undefined_name)</python>"
     results = re.findall(r"<result>(.*?)</result>", tail, re.DOTALL)
     return f"<answer>{results[-1].strip()}</answer>"
+
+
+_TURN = re.compile(r"^\[[^\]]*\] [A-Z][a-z]+: (.*)$", re.M)
+
+
+def memory_script(ctx) -> str:
+    """A scripted writer and answerer. Writes: ADD the turns that state something, except that odd samples write
+    NOOP (so a snapshot / local group compares different replies). Answers: the newest fact's last word, odd
+    samples ``unknown``."""
+    if re.search(r"Operations:\s*(<\|assistant\|>)?\s*$", ctx.text):
+        new = ctx.text.rsplit("New:", 1)[-1]
+        if ctx.sample_index % 2:
+            return "NOOP"
+        lines = [f"ADD {t}" if re.search(r"\b(is|has|lives)\b", t) else "NOOP" for t in _TURN.findall(new)]
+        return "\n".join(lines) or "NOOP"
+    facts = re.findall(r"^- \[[^\]]*\] (.*?)$", ctx.text, re.M)
+    word = facts[-1].rstrip(".").split()[-1] if facts and ctx.sample_index % 2 == 0 else "unknown"
+    return f"<answer>{word}</answer>"
