@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 from memrl.integrations.verl import INSTALL_HINT, episode_input, select_leaves, target_step
 from memrl.integrations.verl_policy import VerlServerPolicy
-from memrl.types import BatchInput, EpisodeTrajectory, to_dict
+from memrl.serialize import to_dict
+from memrl.types import BatchInput, EpisodeTrajectory
 
 try:
     from verl.experimental.agent_loop.agent_loop import (
@@ -75,9 +76,9 @@ def check_memory_writer(cfg: Config) -> None:
     prompt sample, so the episode's memory writes, each a trainable step with its own credit and group, have no
     way into verl's batch (per-turn advantages are verl's open RFC #7244). Train the memory writer with
     ``memrl train``; verl trains the answer policy over a rule- or llm-written memory."""
-    from memrl.memory.extract import EXTRACTORS
+    from memrl.memory.extractors import writes_steps
 
-    if getattr(EXTRACTORS.get(cfg.memory.extractor), "writes_steps", False):
+    if writes_steps(cfg.memory.extractor):
         raise VerlConfigError(
             "memrl memory.extractor=policy is not supported in verl's agent loop: its memory writes are trainable "
             "steps with their own rewards and groups, and a verl agent loop returns one sequence with one reward "

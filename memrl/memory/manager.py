@@ -32,7 +32,8 @@ from memrl.memory.compress import COMPRESSORS, CompressRequest
 from memrl.memory.config import MemoryConfig
 from memrl.memory.context import question_speakers, select_passages
 from memrl.memory.embedder import Embedder, build_embedder, window_chunks
-from memrl.memory.extract import EXTRACTORS, ExtractionRequest, FactDecision, RuleExtractor, TextGenerator
+from memrl.memory.extract import ExtractionRequest, FactDecision, RuleExtractor, TextGenerator
+from memrl.memory.extractors import EXTRACTORS
 from memrl.memory.retrieval import RETRIEVERS, Query, as_history, supersede_rescore, time_rescore
 from memrl.memory.store import FACT_STORES, FactRecord, FactStore, FactStoreError, NewFact
 from memrl.memory.update_guard import resolve_batch
@@ -333,7 +334,7 @@ class MemorySystem:
         episode's store, the others are alternatives for step credit, each on its own fork when ``fork``
         (:mod:`memrl.episode.snapshot`). With ``teacher`` each reply is ``teacher(request)`` (a demonstration)."""
         writer = self.extractor
-        if not getattr(writer, "writes_steps", False):
+        if not writer.writes_steps:
             raise ValueError(f"memory.extractor={self.cfg.extractor!r} writes no steps; use 'policy'")
         if not items:
             return []
