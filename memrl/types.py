@@ -18,7 +18,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from memrl.checks import ContractError, as_tuple, enum_field, fail, freeze_mapping, require_str
+from memrl.checks import (
+    ContractError,
+    as_tuple,
+    enum_field,
+    fail,
+    freeze_mapping,
+    optional_number,
+    require_count,
+    require_str,
+)
 
 
 class TurnRole(str, enum.Enum):
@@ -280,21 +289,6 @@ class PathNode:
             object.__setattr__(self, "entropy", float(self.entropy))
 
 
-def _optional_number(
-    obj: object, name: str, value: Any, low: float = -math.inf, high: float = math.inf
-) -> None:
-    if value is None:
-        return
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not low <= value <= high:
-        fail(obj, name, f"expected None or a number in [{low}, {high}], got {value!r}")
-    object.__setattr__(obj, name, float(value))
-
-
-def _count(obj: object, name: str, value: Any, low: int = 0) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        fail(obj, name, f"expected an int >= {low}, got {value!r}")
-
-
 @dataclass(frozen=True)
 class MemoryWrite:
     """One policy-written memory step as its credit and its trainer read it (:mod:`memrl.episode.credit`).
@@ -323,22 +317,20 @@ class MemoryWrite:
     snapshot_reward: float | None = None
 
     def __post_init__(self) -> None:
-        _count(self, "index", self.index)
-        _count(self, "alternatives", self.alternatives, low=1)
-        _count(self, "alternative", self.alternative)
+        for name in ("index", "alternative", "turns_read", "facts_before"):
+            require_count(self, name, getattr(self, name))
+        require_count(self, "alternatives", self.alternatives, low=1)
         if self.alternative >= self.alternatives:
             fail(self, "alternative", f"{self.alternative} is not below alternatives={self.alternatives}")
         if not isinstance(self.applied, bool):
             fail(self, "applied", f"expected bool, got {type(self.applied).__name__}")
-        _count(self, "turns_read", self.turns_read)
-        _count(self, "facts_before", self.facts_before)
         if self.facts_after is not None:
-            _count(self, "facts_after", self.facts_after)
+            require_count(self, "facts_after", self.facts_after)
         as_tuple(self, "format_errors", self.format_errors, str)
-        _optional_number(self, "op_score", self.op_score, 0.0, 1.0)
+        optional_number(self, "op_score", self.op_score, 0.0, 1.0)
         if self.gold_ops is not None:
             require_str(self, "gold_ops", self.gold_ops, non_empty=False)
-        _optional_number(self, "snapshot_reward", self.snapshot_reward)
+        optional_number(self, "snapshot_reward", self.snapshot_reward)
 
     @property
     def op_right(self) -> bool | None:
@@ -412,11 +404,8 @@ class StepMeta:
             enum_field(self, "role", StepRole)
         want = {StepRole.ANSWER: TurnRole.TARGET, StepRole.MEMORY: TurnRole.HISTORY}.get(self.role)
         if want is not None and self.turn_role is not want:
-            fail(
-                self,
-                "role",
-                f"{self.role.value} steps have turn_role {want.value}, got {self.turn_role.value}",
-            )
+            why = f"{self.role.value} steps have turn_role {want.value}, got {self.turn_role.value}"
+            fail(self, "role", why)
         if self.write is not None and not isinstance(self.write, MemoryWrite):
             fail(self, "write", f"expected MemoryWrite or None, got {type(self.write).__name__}")
         if (self.write is not None) != (self.role is StepRole.MEMORY):
