@@ -304,6 +304,17 @@ class MemorySystem:
             greedy_first=greedy_first,
         )
 
+    def current_neighbours(self, mgr: MemoryManager, vecs, k: int) -> tuple[FactRecord, ...]:
+        """The ``k`` current (not superseded) facts nearest to ``vecs[0]``, nearest first. SmolLM2-135M writes
+        "UPDATE 0" far more often than any other id; nearest first, fact 0 is usually the one a change replaces
+        (listed in the order they were written, right-target updates fell from 0.72 to 0.17:
+        docs/experiments.md)."""
+        if k <= 0:
+            return ()
+        hits = self.store.search(mgr.episode_id, vecs, 3 * k)[0]
+        recs = (self.store.get(mgr.episode_id, fid) for fid, _ in hits)
+        return tuple(r for r in recs if not r.superseded)[:k]
+
     def _keep_turns(self, items: Sequence[tuple[MemoryManager, TurnSpec]]) -> None:
         """Store each turn's verbatim rule facts (``memory.keep_turns``; before its written facts), one encode."""
         kept = self._turn_facts.extract([ExtractionRequest(t) for _, t in items])

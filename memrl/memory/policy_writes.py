@@ -62,7 +62,7 @@ def write_batch(
     qvecs = system.embedder.encode(["\n".join(turn_line(t) for t in turns) for _, turns in items])
     requests = [
         WriteRequest(
-            tuple(turns), current_neighbours(system, mgr, qvecs[i : i + 1], system.cfg.write_neighbours)
+            tuple(turns), system.current_neighbours(mgr, qvecs[i : i + 1], system.cfg.write_neighbours)
         )
         for i, (mgr, turns) in enumerate(items)
     ]
@@ -86,17 +86,6 @@ def write_batch(
             WriteResult(tuple(turns), req.neighbours, prompt, tuple(alts), tuple(ops), before, after, forks)
         )
     return out
-
-
-def current_neighbours(system: Any, mgr: Any, vecs, k: int) -> tuple[FactRecord, ...]:
-    """The ``k`` current (not superseded) facts nearest to ``vecs[0]``, nearest first. SmolLM2-135M writes
-    "UPDATE 0" far more often than any other id; nearest first, fact 0 is usually the one a change replaces
-    (listed in the order they were written, right-target updates fell from 0.72 to 0.17: docs/experiments.md)."""
-    if k <= 0:
-        return ()
-    hits = system.store.search(mgr.episode_id, vecs, 3 * k)[0]
-    recs = (system.store.get(mgr.episode_id, fid) for fid, _ in hits)
-    return tuple(r for r in recs if not r.superseded)[:k]
 
 
 def _use_order(samples, fork: bool = True) -> list:
