@@ -62,3 +62,34 @@ def test_training_code_never_reads_extra(package):
         f"memrl/{package} reads `.extra` (display-only; read the typed StepMeta fields role / credit_group / "
         f"write instead): {found}"
     )
+
+
+def test_typed_step_fields_survive_the_parquet_row_and_the_jsonl_dump(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from memrl.episode.output import SCHEMA
+    from memrl.episode.rows import step_meta_of_row, step_rows
+    from memrl.serialize import episode_from_dict, to_dict
+    from memrl.types import EpisodeTrajectory, MemoryWrite, StepMeta, StepTrajectory, TurnRole
+
+    write = MemoryWrite(
+        index=0, alternative=1, alternatives=2, applied=False, op_score=0.5, snapshot_reward=0.25
+    )
+    meta = StepMeta(
+        turn_id="D1:2", turn_role=TurnRole.HISTORY, role="memory", write=write, credit_group="g/memory/0",
+        source_episode_id="e", extra={"read_turns": ["[x] A: hi"]},
+    )  # fmt: skip
+    steps = (
+        StepTrajectory("e/w0.1", (1, 2), (3,), (1,), (-0.5,), "D1:2", TurnRole.HISTORY, meta),
+        StepTrajectory(
+            "e/t0", (1, 2), (4,), (1,), (-0.1,), "q", meta=StepMeta(turn_id="q", source_episode_id="e")
+        ),
+    )
+    ep = EpisodeTrajectory("e", "g", steps, 1.0, "completed", step_rewards_ext=(0.3, None))
+    path = tmp_path / "part.parquet"
+    pq.write_table(pa.Table.from_pylist(step_rows([ep]), schema=SCHEMA), path)
+    rows = pq.read_table(path).to_pylist()
+    assert [step_meta_of_row(r) for r in rows] == [s.meta for s in steps]
+    assert rows[0]["role"] == "memory" and rows[1]["role"] == "answer" and rows[1]["credit_group"] is None
+    assert episode_from_dict(to_dict(ep)) == ep
