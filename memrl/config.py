@@ -3,6 +3,11 @@
 Each component owns its sub-config dataclass (``memrl/<component>/config.py``) and is handed only that
 sub-config. Unknown keys are rejected with the list of valid keys at that level, so a typo never silently
 falls back to a default.
+
+A config file may build on others: ``defaults: [base.yaml, arm.yaml]`` (paths relative to the file) are merged
+first, in list order, then the file's own keys, then the command-line overrides. Each file is merged once, where
+it first appears, so two arms over one base can be combined without the base undoing either.
+``memrl config show FILE`` prints the result with the file each key came from.
 """
 
 from __future__ import annotations
@@ -25,6 +30,9 @@ from memrl.rollout.config import RolloutConfig
 from memrl.tools.config import ToolsConfig
 from memrl.train.config import TrainConfig
 
+OVERRIDE_SOURCE = "override"
+DEFAULT_SOURCE = "default"
+
 
 class ConfigError(ValueError):
     """A config file or override is invalid; the message names the key and what is valid."""
@@ -43,6 +51,14 @@ class Config:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     episode: EpisodeConfig = field(default_factory=EpisodeConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+
+
+@dataclass
+class Resolved:
+    """A loaded config and, for each leaf key it sets (``train.lr``), the file it came from or ``override``."""
+
+    config: Any
+    sources: dict[str, str]
 
 
 def _is_dataclass_type(tp: Any) -> bool:
@@ -66,36 +82,115 @@ def _check_keys(node: Any, cls: type, where: str, source: str) -> None:
             _check_keys(node[key], hints[key], f"{where}.{key}" if where else str(key), source)
 
 
-def load_config(path: str | Path | None = None, overrides: Sequence[str] = (), cls: type = Config) -> Any:
-    """Build a ``cls`` instance: dataclass defaults ← YAML file ← ``key=value`` overrides.
+def leaf_keys(node: Any, cls: type, where: str = "") -> list[str]:
+    """The dotted keys a layer sets, down to the fields of ``cls``'s nested dataclasses (a dict-valued field
+    such as ``episode.reward_options`` is one leaf)."""
+    if not isinstance(node, dict):
+        return [where] if where else []
+    hints = typing.get_type_hints(cls)
+    keys: list[str] = []
+    for key, value in node.items():
+        path = f"{where}.{key}" if where else str(key)
+        if _is_dataclass_type(hints.get(key)) and isinstance(value, dict):
+            keys += leaf_keys(value, hints[key], path)
+        else:
+            keys.append(path)
+    return keys
 
-    >>> cfg = load_config(None, ["rollout.n=8", "policy.temperature=0.7"])
-    """
-    merged = OmegaConf.structured(cls)
-    layers: list[tuple[str, Any]] = []
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"config file {str(p)!r} does not exist")
-        try:
-            layers.append((str(p), OmegaConf.load(p)))
-        except Exception as exc:  # yaml errors come in many types; report them uniformly
-            raise ConfigError(f"{p}: cannot parse YAML: {exc}") from exc
+
+def _display(path: Path) -> str:
+    """``path`` relative to the working directory when under it: the form a user typed."""
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def _read_yaml(path: Path, included_from: str | None) -> dict:
+    if not path.is_file():
+        where = f" (in the defaults of {included_from})" if included_from else ""
+        raise ConfigError(f"config file {str(path)!r} does not exist{where}")
+    try:
+        data = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    except Exception as exc:  # yaml errors come in many types; report them uniformly
+        raise ConfigError(f"{path}: cannot parse YAML: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{path}: expected a mapping of config keys at the top level, got {type(data).__name__}"
+        )
+    return data
+
+
+def file_layers(path: str | Path) -> list[tuple[str, dict]]:
+    """The files a config is made of, in merge order (each file's ``defaults`` before it, each file once), as
+    ``(displayed path, its own keys)``. A file that includes itself, directly or not, is an error."""
+    layers: list[tuple[str, dict]] = []
+    done: set[Path] = set()
+
+    def visit(p: Path, stack: tuple[Path, ...], included_from: str | None) -> None:
+        if p in stack:
+            cycle = " -> ".join(_display(s) for s in (*stack[stack.index(p) :], p))
+            raise ConfigError(f"config defaults form a cycle: {cycle}")
+        if p in done:
+            return
+        data = _read_yaml(p, included_from)
+        defaults = data.pop("defaults", [])
+        if isinstance(defaults, str):
+            defaults = [defaults]
+        if not isinstance(defaults, list) or not all(isinstance(d, str) for d in defaults):
+            raise ConfigError(
+                f"{_display(p)}: 'defaults' must be a list of config file paths relative to this file, "
+                f"e.g. defaults: [synthetic_chain.yaml]; got {defaults!r}"
+            )
+        for item in defaults:
+            visit((p.parent / item).resolve(), (*stack, p), _display(p))
+        done.add(p)
+        layers.append((_display(p), data))
+
+    visit(Path(path).resolve(), (), None)
+    return layers
+
+
+def resolve_config(
+    path: str | Path | None = None, overrides: Sequence[str] = (), cls: type = Config
+) -> Resolved:
+    """Build a ``cls`` instance from dataclass defaults ← ``path``'s defaults and keys ← overrides, and record
+    which layer set each key."""
+    layers = file_layers(path) if path is not None else []
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r}: expected key=value, e.g. rollout.n=8")
     if overrides:
-        layers.append(("command-line overrides", OmegaConf.from_dotlist(list(overrides))))
+        try:
+            dotlist = OmegaConf.to_container(OmegaConf.from_dotlist(list(overrides)), resolve=False)
+        except OmegaConfBaseException as exc:
+            raise ConfigError(f"command-line overrides: {exc}") from exc
+        layers.append((OVERRIDE_SOURCE, dotlist))
+    merged = OmegaConf.structured(cls)
+    sources: dict[str, str] = {}
     for source, layer in layers:
-        _check_keys(OmegaConf.to_container(layer, resolve=False), cls, "", source)
+        label = "command-line overrides" if source == OVERRIDE_SOURCE else source
+        _check_keys(layer, cls, "", label)
         try:
             merged = OmegaConf.merge(merged, layer)
         except OmegaConfBaseException as exc:
-            raise ConfigError(f"{source}: {exc}") from exc
+            raise ConfigError(f"{label}: {exc}") from exc
+        for key in leaf_keys(layer, cls):
+            sources[key] = source
     try:
-        return OmegaConf.to_object(merged)
+        return Resolved(OmegaConf.to_object(merged), sources)
     except OmegaConfBaseException as exc:
         raise ConfigError(f"invalid config: {exc}") from exc
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = (), cls: type = Config) -> Any:
+    """Build a ``cls`` instance: dataclass defaults ← YAML file (after its ``defaults``) ← ``key=value`` overrides.
+
+    >>> cfg = load_config(None, ["rollout.n=8", "policy.temperature=0.7"])
+    """
+    return resolve_config(path, overrides, cls).config
 
 
 def to_yaml(cfg: Config) -> str:

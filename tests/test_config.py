@@ -1,4 +1,7 @@
+from pathlib import Path
+
 import pytest
+import yaml
 
 from memrl.config import Config, ConfigError, load_config, to_yaml
 
@@ -47,15 +50,137 @@ def test_yaml_dump_round_trips(tmp_path):
     assert load_config(path) == cfg
 
 
-def test_committed_configs_load_and_the_training_pair_differs_only_in_the_rollout():
-    import dataclasses
-    from pathlib import Path
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIG_FILES = sorted(CONFIGS.glob("**/*.yaml"))
 
-    configs = Path(__file__).resolve().parents[1] / "configs"
-    loaded = {p.stem: load_config(p) for p in sorted(configs.glob("*.yaml"))}
-    assert {"synthetic", "synthetic_tree", "synthetic_chain", "locomo"} <= set(loaded)
-    tree, chain = loaded["synthetic_tree"], loaded["synthetic_chain"]
-    assert (tree.rollout.strategy, chain.rollout.strategy) == ("tree", "chain")
-    assert dataclasses.replace(chain.rollout, strategy="tree", tree=tree.rollout.tree) == tree.rollout
-    same = dataclasses.replace(chain, output_dir=tree.output_dir, rollout=tree.rollout)
-    assert same == tree  # the learning comparison (README) changes nothing else
+
+def comment_share(text: str) -> float:
+    """The share of a YAML file's characters that are comments (whole-line and trailing ``# ...``)."""
+    comment = 0
+    for line in text.splitlines(keepends=True):
+        at = line.find("#")
+        if at >= 0 and (at == 0 or line[at - 1] in " \t"):
+            comment += len(line) - at
+    return comment / max(len(text), 1)
+
+
+def test_comment_share_counts_whole_line_and_trailing_comments():
+    assert comment_share("a: 1\n") == 0.0
+    assert comment_share("# abc\n") == 1.0
+    assert comment_share("a: 1  # b\n") == pytest.approx(4 / 10)
+    assert comment_share("url: a#b\n") == 0.0  # a '#' inside a value is not a comment
+
+
+@pytest.mark.parametrize("path", CONFIG_FILES, ids=lambda p: p.name)
+def test_shipped_config_validates_and_is_mostly_settings(path):
+    assert isinstance(load_config(path), Config)
+    share = comment_share(path.read_text())
+    assert share <= 0.30, f"{path.name}: comments are {share:.0%} of its characters (at most 30 %)"
+
+
+ARMS = [p for p in CONFIG_FILES if "defaults" in yaml.safe_load(p.read_text())]
+
+
+@pytest.mark.parametrize("path", ARMS, ids=lambda p: p.name)
+def test_an_arm_changes_exactly_the_keys_it_sets(path, tmp_path):
+    """An arm over a base restates nothing of it, and changes nothing it does not name."""
+    from memrl.config import file_layers, leaf_keys, resolve_config
+
+    own = yaml.safe_load(path.read_text())
+    bases = [str((path.parent / d).resolve()) for d in own.pop("defaults")]
+    base_only = tmp_path / "base_only.yaml"
+    base_only.write_text(yaml.safe_dump({"defaults": bases}))
+    arm, base = resolve_config(path).config, resolve_config(base_only).config
+    changed = {k for k in leaf_keys(own, Config) if _get(arm, k) != _get(base, k)}
+    assert changed == set(leaf_keys(own, Config)), f"{path.name} restates its base's values"
+    assert all(_get(arm, k) == _get(base, k) for k in _leaves(Config()) if k not in changed)
+    assert len(file_layers(path)) >= 2
+
+
+def test_arms_are_small():
+    assert len(ARMS) >= 20
+    for path in ARMS:
+        assert len(path.read_text().splitlines()) <= 25, f"{path.name} is a copy, not an arm"
+
+
+def _get(obj, dotted):
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _leaves(obj, where=""):
+    import dataclasses
+
+    out = []
+    for f in dataclasses.fields(obj):
+        key = f"{where}.{f.name}" if where else f.name
+        value = getattr(obj, f.name)
+        out += _leaves(value, key) if dataclasses.is_dataclass(value) else [key]
+    return out
+
+
+def _write(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_defaults_merge_in_order_then_the_file_then_overrides(tmp_path):
+    from memrl.config import resolve_config
+
+    _write(tmp_path / "base.yaml", "seed: 1\nrollout:\n  n: 8\n  temperature: 0.5\n")
+    _write(tmp_path / "arms/hot.yaml", "defaults: [../base.yaml]\nrollout:\n  temperature: 1.0\n")
+    arm = _write(tmp_path / "arms/arm.yaml", "defaults: [hot.yaml]\nrollout:\n  n: 4\n")
+    resolved = resolve_config(arm, ["seed=7"])
+    cfg = resolved.config
+    assert (cfg.seed, cfg.rollout.n, cfg.rollout.temperature) == (7, 4, 1.0)
+    src = resolved.sources
+    assert src["seed"] == "override"
+    assert src["rollout.n"].endswith("arms/arm.yaml")
+    assert src["rollout.temperature"].endswith("arms/hot.yaml")
+    assert "policy.model" not in src  # a default no layer set
+
+
+def test_a_file_shared_by_two_defaults_is_merged_once_where_it_first_appears(tmp_path):
+    from memrl.config import load_config
+
+    _write(tmp_path / "base.yaml", "rollout:\n  n: 8\n  temperature: 0.5\n")
+    _write(tmp_path / "a.yaml", "defaults: [base.yaml]\nrollout:\n  n: 1\n")
+    _write(tmp_path / "b.yaml", "defaults: [base.yaml]\nrollout:\n  temperature: 0.0\n")
+    both = _write(tmp_path / "both.yaml", "defaults: [a.yaml, b.yaml]\n")
+    cfg = load_config(both)
+    # b's base does not undo a's n=1: each file is merged once
+    assert (cfg.rollout.n, cfg.rollout.temperature) == (1, 0.0)
+
+
+def test_defaults_cycle_and_missing_file_and_bad_defaults_are_named(tmp_path):
+    _write(tmp_path / "a.yaml", "defaults: [b.yaml]\n")
+    _write(tmp_path / "b.yaml", "defaults: [a.yaml]\n")
+    with pytest.raises(ConfigError, match=r"cycle: .*a\.yaml -> .*b\.yaml -> .*a\.yaml"):
+        load_config(tmp_path / "a.yaml")
+    _write(tmp_path / "c.yaml", "defaults: [nope.yaml]\n")
+    with pytest.raises(ConfigError, match=r"nope\.yaml.*does not exist \(in the defaults of .*c\.yaml\)"):
+        load_config(tmp_path / "c.yaml")
+    _write(tmp_path / "d.yaml", "defaults: {base: a.yaml}\n")
+    with pytest.raises(ConfigError, match=r"d\.yaml: 'defaults' must be a list"):
+        load_config(tmp_path / "d.yaml")
+
+
+def test_unknown_key_in_an_included_file_names_that_file(tmp_path):
+    _write(tmp_path / "base.yaml", "memory:\n  topk: 3\n")
+    arm = _write(tmp_path / "arm.yaml", "defaults: [base.yaml]\nseed: 2\n")
+    with pytest.raises(
+        ConfigError, match=r"base\.yaml: unknown config key 'memory.topk'; valid keys .*top_k"
+    ):
+        load_config(arm)
+
+
+def test_every_config_key_is_a_stable_or_an_experiment_knob():
+    from memrl.config_knobs import EXPERIMENT, STABLE
+
+    keys = set(_leaves(Config()))
+    assert not set(STABLE) & set(EXPERIMENT)
+    assert keys - set(STABLE) - set(EXPERIMENT) == set(), "classify the new keys in memrl/config_knobs.py"
+    assert set(STABLE) | set(EXPERIMENT) <= keys, "memrl/config_knobs.py names keys that no longer exist"
+    assert all(STABLE.values()) and all(EXPERIMENT.values())

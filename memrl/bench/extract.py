@@ -23,8 +23,9 @@ update questions alone, wall seconds and (llm) prompt / completion tokens per tu
 
 Options: ``--episodes N`` (test split, 4 by default), ``--extractor rule|llm|policy|gold|both`` (both, the default:
 rule and llm side by side in one JSON; gold writes the dataset's own operations, the scoring's ceiling),
-``--seed``, and ``key=value`` MemoryConfig overrides (``llm_neighbours=3``). The defaults are the run
-docs/benchmarks.md reports, replies capped at :data:`LLM_MAX_TOKENS` tokens for CPU time.
+``--seed``, ``--config FILE`` (a run's config: its memory section, phrasing and write chunk, e.g. the writer's
+settings of ``configs/synthetic_memory_eval.yaml``), and ``key=value`` MemoryConfig overrides over them
+(``llm_neighbours=3``). Replies of the llm extractor are capped at :data:`LLM_MAX_TOKENS` tokens for CPU time.
 """
 
 from __future__ import annotations
@@ -145,16 +146,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--extractor", choices=EXTRACTOR_CHOICES, default="both")
     p.add_argument("--seed", type=int, default=0, help="the synthetic adapter's data seed")
     p.add_argument(
+        "--config",
+        help="take the memory settings, phrasing and write chunk from this run config (overrides and the "
+        "options above win)",
+    )
+    p.add_argument(
         "--chunk",
         type=int,
-        default=1,
-        help="turns per policy write (episode.ingest_chunk_turns of the training)",
+        help="turns per policy write (episode.ingest_chunk_turns of the training; default 1)",
     )
     p.add_argument(
         "--phrasing",
         choices=PHRASINGS,
-        default="fixed",
-        help="how the synthetic task words facts and changes",
+        help="how the synthetic task words facts and changes (default fixed)",
     )
     p.add_argument(
         "overrides",
@@ -165,12 +169,31 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.policy_overrides = _policy_overrides(p, [o for o in args.overrides if o.startswith("policy.")])
     memory = memory_overrides(p, [o for o in args.overrides if not o.startswith("policy.")])
-    args.overrides = {"llm_max_tokens": LLM_MAX_TOKENS, **memory}
+    base = _config_defaults(p, args) if args.config else {}
+    args.phrasing = args.phrasing or "fixed"
+    args.chunk = args.chunk or 1
+    args.overrides = {**base, "llm_max_tokens": LLM_MAX_TOKENS, **memory}
     if "extractor" in args.overrides:
         p.error("name the extractor with --extractor rule|llm|both, not extractor=...")
     if args.episodes < 1:
         p.error(f"--episodes must be >= 1, got {args.episodes}")
     return args
+
+
+def _config_defaults(p: argparse.ArgumentParser, args: argparse.Namespace) -> dict:
+    """A run config's memory settings as MemoryConfig kwargs (its extractor aside: ``--extractor`` names that);
+    fills ``--phrasing`` and ``--chunk`` from it where not given."""
+    import dataclasses
+
+    from memrl.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(args.config)
+    except (ConfigError, ValueError) as exc:
+        p.error(str(exc))
+    args.phrasing = args.phrasing or cfg.data.options.get("phrasing")
+    args.chunk = args.chunk or cfg.episode.ingest_chunk_turns or None
+    return {k: v for k, v in dataclasses.asdict(cfg.memory).items() if k != "extractor"}
 
 
 @BENCHES.register("extract")

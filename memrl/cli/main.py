@@ -11,7 +11,7 @@ import logging
 import sys
 
 # Order = order in --help.
-COMMANDS = ("run", "train", "report", "eval", "data", "bench", "inspect", "serve", "sandbox")
+COMMANDS = ("run", "train", "report", "eval", "config", "data", "bench", "inspect", "serve", "sandbox")
 # Commands that run a model: they set torch's thread count from the machine's load first (memrl.threads).
 MODEL_COMMANDS = frozenset({"run", "train", "eval", "bench", "serve"})
 # Libraries whose INFO lines read like failures or noise on every run: faiss reports each CPU-specific build it

@@ -3,7 +3,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 _INDEXES = ("flat", "hnsw", "ivf")
-_GRANULARITIES = ("turn", "sentence")
 UPDATE_TARGETS = ("written", "nearest")  # memrl.memory.update_guard
 EMBEDDER_DTYPES = ("float32", "bfloat16", "float16", "auto")
 
@@ -43,9 +42,6 @@ class MemoryConfig:
     use_gpu: bool = True  # only takes effect when faiss reports GPUs
     # --- fact extraction (history turns) ---
     extractor: str = "rule"
-    rule_granularity: str = "turn"  # one fact per dialog turn, or one per sentence
-    # Embed "Speaker: text" (True) or just the text (False; the stored fact text keeps the speaker either way).
-    embed_speaker: bool = False
     llm_neighbours: int = 5  # existing facts shown to the llm extractor per turn
     llm_max_tokens: int = 256
     # Also store every history turn as its rule fact, beside what the extractor writes (the llm, gold or policy
@@ -77,17 +73,9 @@ class MemoryConfig:
     # --- retrieval ---
     retrieval: str = "hybrid"  # dense | bm25 | hybrid
     top_k: int = 10
-    # Tuned on LoCoMo (memrl bench memory): a small rrf_k trusts the top of each ranking more.
-    rrf_k: float = 10.0
     dense_weight: float = 0.5  # MiniLM alone is weaker than BM25 on dialogue (0.31 vs 0.48 recall@10)
     bm25_weight: float = 1.0
     candidate_pool: int = 100  # per-retriever candidates before fusion
-    bm25_stem: bool = True  # Porter stemming (nltk) instead of plural stripping
-    bm25_k1: float = 1.5
-    bm25_b: float = 0.5  # weaker length normalisation: long turns are not less relevant
-    # Keep speaker names in the BM25 query. Every fact starts with "Name:", so a name matches half the
-    # conversation; dropping them (False) was better on LoCoMo.
-    bm25_query_speakers: bool = False
     # Context around the hits (memrl.memory.context). 0: the top_k facts alone. n > 0: passages of adjacent facts
     # chosen by value (own score plus a decaying share of the hits up to 2n facts away) within the tokens that
     # +-n windows around top_k hits would take. n = 1, memrl bench memory: LoCoMo recall@10 0.64 (facts alone,
@@ -96,9 +84,8 @@ class MemoryConfig:
     neighbour_turns: int = 1
     # Time-aware scoring: a bonus for facts dated in the year/month the query names; facts in the range its
     # relative time names ("two weeks ago", "in the past three months", from the date it was asked) score 1.5x
-    # (retrieval.RANGE_BOOST); recency decay (per fact, by ingest order) for "latest"-style queries. 0 disables.
+    # (retrieval.RANGE_BOOST). 0 disables both. (A recency bonus for "latest"-style queries did not help.)
     time_weight: float = 0.05
-    recency_weight: float = 0.0
     # Passages: facts said by a speaker the query is about (one it names, or its asker when it says "I"/"my",
     # context.question_speakers) are worth (1 + speaker_weight) times as much. 96 % of LoCoMo's evidence turns
     # are said by the person the question names (50 % of all turns): recall@10 0.825 (0) -> 0.852 (1.0), same
@@ -113,10 +100,6 @@ class MemoryConfig:
             )
         if self.index not in _INDEXES:
             raise ValueError(f"memory.index={self.index!r}: expected one of {_INDEXES}")
-        if self.rule_granularity not in _GRANULARITIES:
-            raise ValueError(
-                f"memory.rule_granularity={self.rule_granularity!r}: expected one of {_GRANULARITIES}"
-            )
         for name in (
             "embed_batch_size",
             "top_k",
@@ -144,11 +127,9 @@ class MemoryConfig:
             if getattr(self, name) < 0:
                 raise ValueError(f"memory.{name}={getattr(self, name)}: must be >= 0")
         for name in (
-            "rrf_k",
             "dense_weight",
             "bm25_weight",
             "time_weight",
-            "recency_weight",
             "speaker_weight",
         ):
             if getattr(self, name) < 0:

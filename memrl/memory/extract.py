@@ -94,24 +94,20 @@ def split_sentences(text: str) -> list[str]:
     return [s.strip() for s in _SENTENCE_END.split(text.strip()) if s.strip()]
 
 
-def rule_fact_texts(turn: TurnSpec, granularity: str = "turn") -> list[str]:
+def rule_fact_texts(turn: TurnSpec) -> list[str]:
     """Speaker-attributed fact texts of one turn (``[]`` for an empty turn)."""
     prefix = f"{turn.speaker}: " if turn.speaker else ""
-    return [prefix + p for p in rule_fact_bodies(turn, granularity)]
+    return [prefix + p for p in rule_fact_bodies(turn)]
 
 
-def rule_fact_bodies(turn: TurnSpec, granularity: str = "turn") -> list[str]:
-    """The fact pieces of one turn without the speaker prefix (what the rule extractor embeds by default)."""
+def rule_fact_bodies(turn: TurnSpec) -> list[str]:
+    """The fact of one turn without the speaker prefix (what the rule extractor embeds): the whole turn, its
+    photo caption appended (one fact per sentence lost to one per turn on LoCoMo retrieval)."""
     caption = turn_caption(turn)
     body = turn.text.strip()
-    pieces = split_sentences(body) if granularity == "sentence" else ([body] if body else [])
-    if caption:
-        photo = f"[shares a photo: {caption}]"
-        if pieces and granularity == "turn":
-            pieces[-1] = f"{pieces[-1]} {photo}"
-        else:
-            pieces.append(photo)
-    return pieces
+    photo = f"[shares a photo: {caption}]" if caption else ""
+    text = f"{body} {photo}".strip()
+    return [text] if text else []
 
 
 class RuleExtractor:
@@ -121,13 +117,12 @@ class RuleExtractor:
     writes_steps = False
 
     def __init__(self, cfg: MemoryConfig, generate_text: TextGenerator | None = None) -> None:
-        self.granularity = cfg.rule_granularity
-        self.embed_speaker = cfg.embed_speaker
+        del cfg, generate_text  # the rule extractor has no settings
 
     def extract(self, requests: Sequence[ExtractionRequest]) -> list[list[FactDecision]]:
         out = []
         for req in requests:
-            bodies = rule_fact_bodies(req.turn, self.granularity)
+            bodies = rule_fact_bodies(req.turn)
             if not bodies:
                 out.append([FactDecision(MemoryOpType.NOOP, reason="empty turn: nothing to remember")])
                 continue
@@ -138,7 +133,7 @@ class RuleExtractor:
                         MemoryOpType.ADD,
                         text=prefix + b,
                         speaker=req.turn.speaker,
-                        embed_text="" if self.embed_speaker else b,
+                        embed_text=b,  # the text alone: embedding the speaker prefix did not help retrieval
                     )
                     for b in bodies
                 ]

@@ -25,6 +25,12 @@ from memrl.registry import Registry
 
 Ranked = list[tuple[int, float]]
 
+# BM25's term saturation (the usual 1.5) and a weaker length normalisation than the usual 0.75: a long turn is
+# not less relevant (memrl bench memory on LoCoMo).
+BM25_K1, BM25_B = 1.5, 0.5
+# Reciprocal-rank fusion's k: 10 trusts the top of each ranking more than the usual 60 (better on LoCoMo).
+RRF_K = 10.0
+
 _TOKEN = re.compile(r"[a-z0-9]+")
 # Function words: BM25 would otherwise reward matching "the"/"did" in long turns.
 _STOP = frozenset(
@@ -163,19 +169,6 @@ _MONTHS = [
     "december",
 ]
 _YEAR = re.compile(r"\b(19|20)\d{2}\b")
-_RECENCY_WORDS = frozenset(["latest", "recent", "recently", "currently", "current", "now", "newest", "last"])
-
-
-def tokenize(text: str) -> list[str]:
-    """Lower-cased alphanumeric tokens without stop words, light plural stripping (``dogs`` → ``dog``)."""
-    out = []
-    for tok in _TOKEN.findall(text.lower()):
-        if tok in _STOP:
-            continue
-        if len(tok) > 3 and tok.endswith("s") and not tok.endswith("ss"):
-            tok = tok[:-1]
-        out.append(tok)
-    return out
 
 
 @functools.lru_cache(maxsize=200_000)
@@ -189,7 +182,8 @@ _STEMMER: dict = {}
 
 
 def tokenize_stemmed(text: str) -> list[str]:
-    """:func:`tokenize` without plural stripping, Porter-stemmed (``went``≠``go``, but ``painting``→``paint``)."""
+    """Lower-cased alphanumeric tokens without stop words, Porter-stemmed (``went``≠``go``, but ``painting``→``paint``;
+    stemming beat plural stripping on LoCoMo)."""
     return [_porter(t) for t in _TOKEN.findall(text.lower()) if t not in _STOP]
 
 
@@ -227,9 +221,7 @@ class Bm25Retriever:
     needs_vectors = False
 
     def __init__(self, cfg: MemoryConfig) -> None:
-        self.bm25_query_speakers = cfg.bm25_query_speakers
-        self.tokenize = tokenize_stemmed if cfg.bm25_stem else tokenize
-        self.k1, self.b = cfg.bm25_k1, cfg.bm25_b
+        self.tokenize = tokenize_stemmed
         self._cache: dict[str, tuple[int, list[int], BM25Okapi | None, frozenset[str]]] = {}
 
     def _index(self, store: FactStore, namespace: str) -> tuple[list[int], BM25Okapi | None, frozenset[str]]:
@@ -241,7 +233,7 @@ class Bm25Retriever:
         ids = [r.fact_id for r in records]
         docs = [self.tokenize(r.text) for r in records]
         # BM25Okapi divides by the corpus size; an empty namespace has no index.
-        bm25 = BM25Okapi(docs, k1=self.k1, b=self.b) if docs else None
+        bm25 = BM25Okapi(docs, k1=BM25_K1, b=BM25_B) if docs else None
         speakers = frozenset(self.tokenize(" ".join({r.speaker for r in records if r.speaker})))
         self._cache[namespace] = (rev, ids, bm25, speakers)
         return ids, bm25, speakers
@@ -250,10 +242,9 @@ class Bm25Retriever:
         ids, bm25, speakers = self._index(store, query.namespace)
         if bm25 is None:
             return []
-        q = self.tokenize(query.text)
-        if not self.bm25_query_speakers:
-            # Speaker names match half of all facts (every "Name: ..." prefix): drop them from the lexical query.
-            q = [t for t in q if t not in speakers] or q
+        # Speaker names match half of all facts (every "Name: ..." prefix): they are dropped from the lexical
+        # query (keeping them was worse on LoCoMo).
+        q = [t for t in self.tokenize(query.text) if t not in speakers] or self.tokenize(query.text)
         scores = bm25.get_scores(q)
         top = np.argsort(-scores, kind="stable")[:k]
         return [(ids[i], float(scores[i])) for i in top if scores[i] > 0]
@@ -283,7 +274,7 @@ class HybridRetriever:
                 (self.dense.rank(store, query, pool), self.cfg.dense_weight),
                 (self.bm25.rank(store, query, pool), self.cfg.bm25_weight),
             ],
-            self.cfg.rrf_k,
+            RRF_K,
             pool,
         )
 
@@ -378,16 +369,12 @@ def time_rescore(
     ranked: Ranked, records: dict[int, FactRecord], query: str, cfg: MemoryConfig, asked_at: str | None = None
 ) -> Ranked:
     """Multiply the fused score of facts dated in the range the query's relative time names from ``asked_at``
-    by ``1 + RANGE_BOOST``; add ``time_weight`` × (dated in the year/month the query names) and
-    ``recency_weight`` × (ingest-order percentile, only for recency-style queries). ``time_weight = 0`` turns
-    the date terms off. Scores stay "higher = better"."""
-    if not ranked or (cfg.time_weight == 0 and cfg.recency_weight == 0):
+    by ``1 + RANGE_BOOST``; add ``time_weight`` × (dated in the year/month the query names). ``time_weight = 0``
+    turns both off. Scores stay "higher = better"."""
+    if not ranked or cfg.time_weight == 0:
         return ranked
     years, months = query_periods(query)
     period = relative_period(query, asked_at)
-    wants_recent = bool(_RECENCY_WORDS & set(_TOKEN.findall(query.lower())))
-    orders = [records[f].order for f, _ in ranked]
-    lo, hi = min(orders), max(orders)
     out = []
     for fid, score in ranked:
         rec = records[fid]
@@ -397,12 +384,10 @@ def time_rescore(
             hit_year = not years or any(y in stamp for y in years)
             hit_month = not months or any(m in stamp for m in months)
             bonus += cfg.time_weight * float(hit_year and hit_month)
-        if period is not None and cfg.time_weight:
+        if period is not None:
             day = parse_date(rec.timestamp)
             if day is not None and period[0] <= day <= period[1]:
                 score *= 1.0 + RANGE_BOOST
-        if wants_recent and hi > lo:
-            bonus += cfg.recency_weight * (rec.order - lo) / (hi - lo)
         out.append((fid, score + bonus))
     return sorted(out, key=lambda kv: -kv[1])
 

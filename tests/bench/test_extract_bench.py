@@ -123,6 +123,27 @@ def test_bench_runs_the_rule_extractor_from_argv():
         BENCHES.get("extract")(["--episodes", "0"])
 
 
+def test_bench_takes_the_writers_settings_from_a_run_config(tmp_path):
+    from memrl.bench.extract import parse_args
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        "data: {options: {phrasing: varied}}\nepisode: {ingest_chunk_turns: 3}\n"
+        "memory: {extractor: policy, write_neighbours: 4, update_target: nearest, update_floor: 0.6}\n"
+    )
+    args = parse_args(["--config", str(cfg), "--extractor", "rule", "update_floor=0.5"])
+    assert (args.phrasing, args.chunk) == ("varied", 3)
+    assert args.overrides["write_neighbours"] == 4 and args.overrides["update_target"] == "nearest"
+    assert args.overrides["update_floor"] == 0.5  # a key=value override wins over the file
+    assert "extractor" not in args.overrides  # --extractor names it
+    assert parse_args(["--config", str(cfg), "--chunk", "1"]).chunk == 1
+    plain = parse_args([])
+    assert (plain.phrasing, plain.chunk) == ("fixed", 1)
+    cfg.write_text("memory: {topk: 3}\n")
+    with pytest.raises(SystemExit):
+        parse_args(["--config", str(cfg)])
+
+
 @pytest.mark.slow
 def test_bench_with_smollm2_reports_tokens_per_turn():
     result = BENCHES.get("extract")(["--episodes", "1", "--extractor", "llm"])["llm"]

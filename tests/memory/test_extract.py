@@ -28,11 +28,7 @@ def test_rule_facts_are_speaker_attributed_with_caption():
     assert rule_fact_texts(t) == [
         "Ann: I adopted a dog. His name is Rex! [shares a photo: a photo of a puppy]"
     ]
-    assert rule_fact_texts(t, "sentence") == [
-        "Ann: I adopted a dog.",
-        "Ann: His name is Rex!",
-        "Ann: [shares a photo: a photo of a puppy]",
-    ]
+    assert rule_fact_texts(turn("", blip_caption="a cat")) == ["Ann: [shares a photo: a cat]"]
     assert rule_fact_texts(turn("   ")) == []
 
 
