@@ -7,6 +7,7 @@ caught where it is built, not where a later stage trips over it.
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -43,6 +44,21 @@ def require_str(obj: object, name: str, value: Any, *, non_empty: bool = True) -
         fail(obj, name, f"expected str, got {type(value).__name__}")
     if non_empty and not value.strip():
         fail(obj, name, "must be a non-empty string")
+
+
+def optional_number(
+    obj: object, name: str, value: Any, low: float = -math.inf, high: float = math.inf
+) -> None:
+    if value is None:
+        return
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not low <= value <= high:
+        fail(obj, name, f"expected None or a number in [{low}, {high}], got {value!r}")
+    object.__setattr__(obj, name, float(value))
+
+
+def require_count(obj: object, name: str, value: Any, low: int = 0) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        fail(obj, name, f"expected an int >= {low}, got {value!r}")
 
 
 def enum_field(obj: object, name: str, cls: type[enum.Enum]) -> None:

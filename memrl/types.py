@@ -6,7 +6,8 @@ inference produced.
 
 Every contract validates itself on creation and raises :class:`ContractError` naming the type, the field and
 what was expected. Free-form extras live in one sidecar field (``metadata`` / ``extra``), never in ad-hoc dicts
-passed between components.
+passed between components; what a later stage computes with is a typed field. Their plain-dict form (dumps,
+Parquet sidecars, checkpoints) is :mod:`memrl.serialize`.
 """
 
 from __future__ import annotations
@@ -14,10 +15,19 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
-from memrl.checks import ContractError, as_tuple, enum_field, fail, freeze_mapping, require_str
+from memrl.checks import (
+    ContractError,
+    as_tuple,
+    enum_field,
+    fail,
+    freeze_mapping,
+    optional_number,
+    require_count,
+    require_str,
+)
 
 
 class TurnRole(str, enum.Enum):
@@ -63,6 +73,13 @@ class BranchFinish(str, enum.Enum):
     ABORT = "abort"  # the backend gave up (e.g. context overflow)
     TOOL_LIMIT = "tool_limit"  # a turn asked for a call past rollout.max_tool_calls
     RETRY_LIMIT = "retry_limit"  # a failing call was regenerated rollback.max_retries times
+
+
+class StepRole(str, enum.Enum):
+    """The part the policy plays in a trainable step; training splits rows by it (``train.roles``)."""
+
+    ANSWER = "answer"  # a target-turn step
+    MEMORY = "memory"  # a memory write the policy generated (``memory.extractor: policy``)
 
 
 class MemoryOpType(str, enum.Enum):
@@ -273,6 +290,55 @@ class PathNode:
 
 
 @dataclass(frozen=True)
+class MemoryWrite:
+    """One policy-written memory step as its credit and its trainer read it (:mod:`memrl.episode.credit`).
+
+    ``index`` is the write's position among the episode's writes; the step is reply ``alternative`` of the
+    ``alternatives`` replies sampled from one store state (1 unless snapshot / local credit sampled the write).
+    ``applied``: this reply changed the episode's own store (reply 0; the others went to store copies).
+    ``turns_read``: history turns the episode's writes had read up to and including this one; ``facts_before`` /
+    ``facts_after``: current facts around the write (``facts_after`` is ``None`` for a reply not applied).
+    ``format_errors``: reply lines that were not valid operations. ``op_score``: F1 of the reply's operations
+    against the dataset's (:func:`memrl.memory.gold.ops_score`; ``None`` where the dataset does not know them),
+    ``gold_ops`` those operations as the writer would write them. ``snapshot_reward``: the outcome of answering
+    on the store copy this reply was applied to (snapshot credit; ``None`` otherwise).
+    """
+
+    index: int
+    alternative: int = 0
+    alternatives: int = 1
+    applied: bool = True
+    turns_read: int = 1
+    facts_before: int = 0
+    facts_after: int | None = None
+    format_errors: tuple[str, ...] = ()
+    op_score: float | None = None
+    gold_ops: str | None = None
+    snapshot_reward: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("index", "alternative", "turns_read", "facts_before"):
+            require_count(self, name, getattr(self, name))
+        require_count(self, "alternatives", self.alternatives, low=1)
+        if self.alternative >= self.alternatives:
+            fail(self, "alternative", f"{self.alternative} is not below alternatives={self.alternatives}")
+        if not isinstance(self.applied, bool):
+            fail(self, "applied", f"expected bool, got {type(self.applied).__name__}")
+        if self.facts_after is not None:
+            require_count(self, "facts_after", self.facts_after)
+        as_tuple(self, "format_errors", self.format_errors, str)
+        optional_number(self, "op_score", self.op_score, 0.0, 1.0)
+        if self.gold_ops is not None:
+            require_str(self, "gold_ops", self.gold_ops, non_empty=False)
+        optional_number(self, "snapshot_reward", self.snapshot_reward)
+
+    @property
+    def op_right(self) -> bool | None:
+        """Every operation was the dataset's (``None`` where it does not know them)."""
+        return None if self.op_score is None else self.op_score == 1.0
+
+
+@dataclass(frozen=True)
 class StepMeta:
     """Sidecar of one trainable step. Aligned 1:1 with rows of the training batch; never enters the loss.
 
@@ -280,7 +346,12 @@ class StepMeta:
     ``memrl inspect``); every rollout ``finish``, ``tool_calls``, ``rollbacks``. The episode runner adds
     ``leaf_index``, ``source_episode_id`` (the input episode; its leaves are trajectories ``<id>#<j>``),
     ``response_text`` (what the reward scored), ``gold_answer``, the prompt's ``included_fact_ids`` /
-    ``cut_fact_ids`` and memory fields. ``extra`` holds display-only values (question, evidence, spans)."""
+    ``cut_fact_ids`` and memory fields.
+
+    What training reads is typed: ``role`` (``answer`` on every target step, ``memory`` on a policy-written
+    memory step, ``None`` on an untrainable history record), ``credit_group`` (the GRPO group of a memory step;
+    answer steps train in their episode's group) and ``write`` (the memory step's :class:`MemoryWrite`).
+    ``extra`` holds display-only values (question, evidence, spans, what a writer read): nothing trains on it."""
 
     turn_id: str = ""
     turn_role: TurnRole = TurnRole.TARGET
@@ -300,10 +371,14 @@ class StepMeta:
     source_episode_id: str = ""
     response_text: str = ""
     gold_answer: str | None = None
+    role: StepRole | None = None
+    credit_group: str | None = None
+    write: MemoryWrite | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         enum_field(self, "turn_role", TurnRole)
+        self._check_role()
         as_tuple(self, "node_path", self.node_path, int)
         as_tuple(self, "tree_path", self.tree_path, PathNode)
         if self.finish is not None:
@@ -321,6 +396,26 @@ class StepMeta:
         require_str(self, "source_episode_id", self.source_episode_id, non_empty=False)
         require_str(self, "response_text", self.response_text, non_empty=False)
         freeze_mapping(self, "extra", self.extra)
+
+    def _check_role(self) -> None:
+        if self.role is None and self.turn_role is TurnRole.TARGET:
+            object.__setattr__(self, "role", StepRole.ANSWER)
+        if self.role is not None:
+            enum_field(self, "role", StepRole)
+        want = {StepRole.ANSWER: TurnRole.TARGET, StepRole.MEMORY: TurnRole.HISTORY}.get(self.role)
+        if want is not None and self.turn_role is not want:
+            why = f"{self.role.value} steps have turn_role {want.value}, got {self.turn_role.value}"
+            fail(self, "role", why)
+        if self.write is not None and not isinstance(self.write, MemoryWrite):
+            fail(self, "write", f"expected MemoryWrite or None, got {type(self.write).__name__}")
+        if (self.write is not None) != (self.role is StepRole.MEMORY):
+            fail(self, "write", "a memory step carries its MemoryWrite, and only a memory step does")
+        if self.credit_group is not None:
+            require_str(self, "credit_group", self.credit_group)
+            if self.role is not StepRole.MEMORY:
+                fail(
+                    self, "credit_group", "only memory steps have their own group (answers use the episode's)"
+                )
 
 
 @dataclass(frozen=True)
@@ -480,96 +575,6 @@ class PackedBatch:
         return len(self.step_ids)
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Plain-dict round trips (debug dumps, Parquet sidecars, Ray transport). Enums become their values.
-
-
-def to_dict(obj: Any) -> Any:
-    """Recursively turn a contract into JSON-friendly builtins (enums → values, tuples → lists)."""
-    if isinstance(obj, enum.Enum):
-        return obj.value
-    if hasattr(obj, "__dataclass_fields__") and not isinstance(obj, PackedBatch):
-        return {f.name: to_dict(getattr(obj, f.name)) for f in fields(obj)}
-    if isinstance(obj, Mapping):
-        return {k: to_dict(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [to_dict(v) for v in obj]
-    return obj
-
-
-def _build(cls: type, data: Mapping[str, Any], nested: Mapping[str, Any]) -> Any:
-    names = {f.name for f in fields(cls)}
-    unknown = set(data) - names
-    if unknown:
-        raise ContractError(f"{cls.__name__}: unknown fields {sorted(unknown)}; valid: {sorted(names)}")
-    kwargs = dict(data)
-    for key, conv in nested.items():
-        if key in kwargs and kwargs[key] is not None:
-            kwargs[key] = conv(kwargs[key])
-    return cls(**kwargs)
-
-
-def turn_from_dict(d: Mapping[str, Any]) -> TurnSpec:
-    return _build(TurnSpec, d, {})
-
-
-def batch_input_from_dict(d: Mapping[str, Any]) -> BatchInput:
-    return _build(BatchInput, d, {"turns": lambda ts: tuple(turn_from_dict(t) for t in ts)})
-
-
-def memory_op_from_dict(d: Mapping[str, Any]) -> MemoryOp:
-    return _build(MemoryOp, d, {})
-
-
-# StepMeta fields that older dumps, replay checkpoints and run directories kept in ``extra``: read from there.
-_FIELDS_ONCE_IN_EXTRA = (
-    "tree_path",
-    "finish",
-    "leaf_index",
-    "source_episode_id",
-    "response_text",
-    "included_fact_ids",
-    "gold_answer",
-)
-
-
-def _lift_from_extra(d: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(d)
-    extra = dict(out.get("extra") or {})
-    for name in _FIELDS_ONCE_IN_EXTRA:
-        if name in extra:
-            out.setdefault(name, extra.pop(name))
-    if out.get("finish") == "":  # branches that never finished were written as ""
-        out["finish"] = None
-    out["extra"] = extra
-    return out
-
-
-def path_node_from_dict(d: Mapping[str, Any]) -> PathNode:
-    return _build(PathNode, d, {})
-
-
-def step_meta_from_dict(d: Mapping[str, Any]) -> StepMeta:
-    return _build(
-        StepMeta,
-        _lift_from_extra(d),
-        {
-            "tree_path": lambda xs: tuple(path_node_from_dict(x) for x in xs),
-            "tool_calls": lambda xs: tuple(_build(ToolCallRecord, x, {}) for x in xs),
-            "rollbacks": lambda xs: tuple(_build(RollbackRecord, x, {}) for x in xs),
-            "memory_ops": lambda xs: tuple(memory_op_from_dict(x) for x in xs),
-        },
-    )
-
-
-def step_from_dict(d: Mapping[str, Any]) -> StepTrajectory:
-    return _build(StepTrajectory, d, {"meta": step_meta_from_dict})
-
-
-def episode_from_dict(d: Mapping[str, Any]) -> EpisodeTrajectory:
-    return _build(EpisodeTrajectory, d, {"steps": lambda xs: tuple(step_from_dict(x) for x in xs)})
-
-
 __all__ = [
     "BatchInput",
     "BranchFinish",
@@ -580,20 +585,15 @@ __all__ = [
     "GenerationOutput",
     "MemoryOp",
     "MemoryOpType",
+    "MemoryWrite",
     "PackedBatch",
     "PathNode",
     "RollbackRecord",
     "StepMeta",
+    "StepRole",
     "StepTrajectory",
     "ToolCallRecord",
     "ToolStatus",
     "TurnRole",
     "TurnSpec",
-    "asdict",
-    "batch_input_from_dict",
-    "episode_from_dict",
-    "path_node_from_dict",
-    "step_from_dict",
-    "step_meta_from_dict",
-    "to_dict",
 ]

@@ -1,5 +1,6 @@
 import pytest
 
+from memrl.serialize import batch_input_from_dict, episode_from_dict, step_meta_from_dict, to_dict
 from memrl.types import (
     BatchInput,
     BranchFinish,
@@ -10,17 +11,15 @@ from memrl.types import (
     GenerationOutput,
     MemoryOp,
     MemoryOpType,
+    MemoryWrite,
     PathNode,
     StepMeta,
+    StepRole,
     StepTrajectory,
     ToolCallRecord,
     ToolStatus,
     TurnRole,
     TurnSpec,
-    batch_input_from_dict,
-    episode_from_dict,
-    step_meta_from_dict,
-    to_dict,
 )
 
 
@@ -192,3 +191,70 @@ def test_tool_status_is_an_enum_that_reads_as_its_value():
         ContractError, match=r"ToolCallRecord.status: expected one of \['ok', 'error', 'timeout'\]"
     ):
         ToolCallRecord(name="python", arguments="x", result="", status="crashed", position=0)
+
+
+def _memory_meta(**kw) -> StepMeta:
+    return StepMeta(turn_id="D1:2", turn_role=TurnRole.HISTORY, role="memory", **kw)
+
+
+def test_role_is_answer_on_target_steps_and_typed_on_memory_writes():
+    assert StepMeta(turn_id="q0").role is StepRole.ANSWER
+    assert StepMeta(turn_id="D1:1", turn_role=TurnRole.HISTORY).role is None  # an untrainable history record
+    meta = _memory_meta(
+        write=MemoryWrite(index=2, alternative=1, alternatives=3, applied=False), credit_group="g/m/2"
+    )
+    assert meta.role is StepRole.MEMORY and meta.role == "memory" and meta.write.index == 2
+    with pytest.raises(ContractError, match="StepMeta.role: memory steps have turn_role history, got target"):
+        StepMeta(turn_id="q0", role="memory", write=MemoryWrite(index=0))
+    with pytest.raises(ContractError, match=r"StepMeta.role: expected one of \['answer', 'memory'\]"):
+        StepMeta(turn_id="D1:1", turn_role=TurnRole.HISTORY, role="writer")
+    with pytest.raises(ContractError, match="StepMeta.write: a memory step carries its MemoryWrite"):
+        _memory_meta()
+    with pytest.raises(ContractError, match="StepMeta.credit_group: only memory steps"):
+        StepMeta(turn_id="q0", credit_group="g")
+    with pytest.raises(ContractError, match="StepMeta.credit_group: must be a non-empty string"):
+        _memory_meta(write=MemoryWrite(index=0), credit_group=" ")
+
+
+def test_memory_write_validates_its_fields():
+    w = MemoryWrite(index=0, op_score=1, format_errors=["line 2: unknown id 9"])
+    assert w.op_score == 1.0 and w.op_right is True and w.format_errors == ("line 2: unknown id 9",)
+    assert MemoryWrite(index=0).op_right is None and MemoryWrite(index=0, op_score=0.5).op_right is False
+    for kw, msg in [
+        ({"index": -1}, "MemoryWrite.index: expected an int >= 0"),
+        (
+            {"index": 0, "alternative": 3, "alternatives": 3},
+            "MemoryWrite.alternative: 3 is not below alternatives=3",
+        ),
+        ({"index": 0, "alternatives": 0}, "MemoryWrite.alternatives: expected an int >= 1"),
+        ({"index": 0, "op_score": 1.5}, r"MemoryWrite.op_score: expected None or a number in \[0.0, 1.0\]"),
+        ({"index": 0, "applied": 1}, "MemoryWrite.applied: expected bool"),
+        ({"index": 0, "snapshot_reward": "high"}, "MemoryWrite.snapshot_reward"),
+    ]:
+        with pytest.raises(ContractError, match=msg):
+            MemoryWrite(**kw)
+
+
+def test_memory_steps_round_trip_and_older_dumps_of_them_load():
+    write = MemoryWrite(
+        index=1, turns_read=12, facts_after=5, op_score=0.5, gold_ops="NOOP", snapshot_reward=0.25
+    )
+    meta = _memory_meta(write=write, credit_group="g/memory", extra={"read_turns": ["[x] A: hi"]})
+    d = to_dict(meta)
+    assert d["role"] == "memory" and d["write"]["turns_read"] == 12
+    assert step_meta_from_dict(d) == meta
+    # Written when the write's fields lived in ``extra`` (op_right before op_score existed).
+    old = to_dict(StepMeta(turn_id="D1:2", turn_role=TurnRole.HISTORY))
+    for name in ("role", "credit_group", "write"):
+        del old[name]
+    old["extra"] = {
+        "role": "memory", "credit_group": "g/memory/1", "write_index": 1, "alternative": 0, "alternatives": 2,
+        "applied": True, "format_errors": [], "op_right": False, "gold_ops": "ADD x", "facts_after": 3,
+        "turns_read": 6, "credit": 0.7, "read_turns": ["[x] A: hi"],
+    }  # fmt: skip
+    got = step_meta_from_dict(old)
+    assert got.role is StepRole.MEMORY and got.credit_group == "g/memory/1"
+    assert got.write == MemoryWrite(
+        index=1, alternatives=2, op_score=0.0, gold_ops="ADD x", facts_after=3, turns_read=6
+    )
+    assert got.extra == {"read_turns": ["[x] A: hi"]}  # display-only values stay; the typed ones moved out

@@ -2,7 +2,7 @@
 
 Rows are the episodes' steps in order. Target-turn steps are trainable, and so are memory writes the policy made
 (``memory.extractor: policy``) that carry a step credit: such a row keeps its mask and log-probs, its reward is
-the step's credit (``step_rewards_ext``) and its group is ``StepMeta.extra["credit_group"]``
+the step's credit (``step_rewards_ext``) and its group is ``StepMeta.credit_group``
 (:mod:`memrl.episode.credit`). Other history-turn steps are dropped (``history_steps="drop"``) or kept with
 ``response_mask`` 0 and reward 0 (``"mask"``). The episode reward is broadcast to every target step of that
 episode: ``rewards[i]`` is the row's scalar and ``token_level_rewards``
@@ -126,14 +126,14 @@ def rows_from_episodes(episodes: Sequence[EpisodeTrajectory], config: BatchConfi
             ext = ep.step_rewards_ext[j] if ep.step_rewards_ext else None
             is_target = step.turn_role is TurnRole.TARGET
             # A memory write with credit is trained on its own reward and group (memrl.episode.credit).
-            is_write = not is_target and ext is not None and "credit_group" in step.meta.extra
+            is_write = not is_target and ext is not None and step.meta.credit_group is not None
             if not (is_target or is_write) and config.history_steps == "drop":
                 continue
             trained = is_target or is_write
             row = BatchRow(
                 step_id=step.step_id,
                 episode_id=ep.episode_id,
-                group_id=step.meta.extra["credit_group"] if is_write else ep.group_id,
+                group_id=step.meta.credit_group if is_write else ep.group_id,
                 prompt_ids=step.prompt_ids,
                 response_ids=step.response_ids,
                 response_mask=step.response_mask if trained else (0,) * len(step.response_ids),

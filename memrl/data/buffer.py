@@ -20,7 +20,7 @@ kept groups beyond ``num_groups`` go back to the local buffer as prompts, so the
 own policy instead of training on stale rollouts. Failed episodes never reach the filter (a failure is not a
 reward); they are returned in ``result.episodes`` and counted.
 
-Debug dumps are JSONL (one :func:`memrl.types.to_dict` episode per line, one file per rollout id, every round's
+Debug dumps are JSONL (one :func:`memrl.serialize.to_dict` episode per line, one file per rollout id, every round's
 episodes in draw order) and replay through :func:`read_rollout_dump` into equal :class:`EpisodeTrajectory`
 objects; :func:`select_groups` applied to a dump gives back exactly the groups the rollout trained on.
 """
@@ -38,15 +38,8 @@ from typing import Any
 from memrl.data.config import DataConfig
 from memrl.data.datasource import RolloutDataSource, write_json_atomic
 from memrl.registry import Registry
-from memrl.types import (
-    BatchInput,
-    ContractError,
-    EpisodeStatus,
-    EpisodeTrajectory,
-    batch_input_from_dict,
-    episode_from_dict,
-    to_dict,
-)
+from memrl.serialize import batch_input_from_dict, episode_from_dict, to_dict
+from memrl.types import BatchInput, ContractError, EpisodeStatus, EpisodeTrajectory
 
 logger = logging.getLogger(__name__)
 
@@ -89,8 +82,8 @@ def has_reward_signal(group: Sequence[EpisodeTrajectory]) -> bool:
     credits: dict[str, list[float]] = {}
     for ep in group:
         for step, r in zip(ep.steps, ep.step_rewards_ext or (), strict=False):
-            if r is not None and "credit_group" in step.meta.extra:
-                credits.setdefault(step.meta.extra["credit_group"], []).append(float(r))
+            if r is not None and step.meta.credit_group is not None:
+                credits.setdefault(step.meta.credit_group, []).append(float(r))
     return any(len(c) > 1 and max(c) - min(c) > 1e-12 for c in credits.values())
 
 

@@ -16,14 +16,16 @@ import dataclasses
 from typing import Any
 
 from memrl.episode.config import EpisodeConfig
-from memrl.episode.credit import MEMORY_ROLE, CreditInput, credit_group, step_rewards
+from memrl.episode.credit import CreditInput, credit_group, step_rewards, write_of
 from memrl.episode.state import EpisodeState
 from memrl.types import (
     BranchFinish,
     EpisodeStatus,
     EpisodeTrajectory,
     MemoryOpType,
+    MemoryWrite,
     StepMeta,
+    StepRole,
     StepTrajectory,
     TurnRole,
 )
@@ -78,27 +80,26 @@ def memory_steps(st: EpisodeState) -> list[StepTrajectory]:
         gold = gold_text(res.turns, res.neighbours)
         k = len(res.samples)
         for j, sample in enumerate(res.samples):
-            extra = {
-                "role": MEMORY_ROLE,
-                "write_index": i,
-                "alternative": j,
-                "alternatives": k,
-                "applied": j == 0,
+            write = MemoryWrite(
+                index=i,
+                alternative=j,
+                alternatives=k,
+                applied=j == 0,
+                turns_read=turns_read,
+                facts_before=len(res.facts_before),
+                facts_after=len(res.facts_after) if j == 0 else None,
+                format_errors=tuple(sample.ops.errors),
+                op_score=ops_score(res.turns, res.neighbours, sample.ops.decisions),
+                gold_ops=gold,
+                snapshot_reward=rewards[j] if j < len(rewards) else None,
+            )
+            extra = {  # what the writer read and decided, for inspectors (memrl inspect)
                 "read_turns": [turn_line(t) for t in res.turns],
                 "read_facts": [
                     f"{n}. [{f.timestamp or 'undated'}] {f.text}" for n, f in enumerate(res.neighbours)
                 ],
-                "format_errors": list(sample.ops.errors),
-                "op_score": (score := ops_score(res.turns, res.neighbours, sample.ops.decisions)),
-                "op_right": None if score is None else score == 1.0,
-                "gold_ops": gold,
-                "facts_before": len(res.facts_before),
-                "facts_after": len(res.facts_after) if j == 0 else None,
-                "turns_read": turns_read,
                 "decisions": [_describe(d) for d in sample.ops.decisions],
             }
-            if j < len(rewards):
-                extra["snapshot_reward"] = rewards[j]
             if sample.resolved is not None:  # what the store changed (memrl.memory.update_guard)
                 extra["resolved"] = [d.extra["resolved"] for d in sample.resolved if "resolved" in d.extra]
             n = len(sample.response_ids)
@@ -117,6 +118,8 @@ def memory_steps(st: EpisodeState) -> list[StepTrajectory]:
                         memory_ops=res.ops if j == 0 else (),
                         source_episode_id=st.episode_id,
                         response_text=sample.text,
+                        role=StepRole.MEMORY,
+                        write=write,
                         extra=extra,
                     ),
                 )
@@ -134,16 +137,16 @@ def _describe(d) -> str:
 def _with_credit(
     st: EpisodeState, cfg: EpisodeConfig, steps: list[StepTrajectory]
 ) -> tuple[list[StepTrajectory], list[float | None]]:
-    """Memory steps with their GRPO group and credit in ``extra`` (:mod:`memrl.episode.credit`)."""
+    """Memory steps with their GRPO group (``StepMeta.credit_group``), and their credits (:mod:`memrl.episode.credit`)."""
     if not steps:
         return [], []
     used = frozenset(st.prompt.included_fact_ids) if st.prompt is not None else frozenset()
     outcome = sum(st.rewards) / len(st.rewards) if st.rewards else 0.0
     rewards = step_rewards(CreditInput(tuple(steps), outcome, used), cfg.memory_credit)
     out = []
-    for step, r in zip(steps, rewards, strict=True):
-        extra = {**step.meta.extra, "credit_group": credit_group(st.inp.group_id, step), "credit": r}
-        out.append(dataclasses.replace(step, meta=dataclasses.replace(step.meta, extra=extra)))
+    for step in steps:
+        group = credit_group(st.inp.group_id, write_of(step))
+        out.append(dataclasses.replace(step, meta=dataclasses.replace(step.meta, credit_group=group)))
     return out, rewards
 
 

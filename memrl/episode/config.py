@@ -3,6 +3,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from memrl.episode.contexts import context_mode
+
 
 @dataclass
 class WorkerConfig:
@@ -87,9 +89,6 @@ class MemoryCreditConfig:
 
 
 FACT_ORDERS = ("time", "score")
-# What the target-turn prompt carries besides the question: ``memory`` = retrieved facts + summary, ``none`` =
-# nothing, ``recent_history`` = the latest raw history turns that fit the policy's context window.
-CONTEXTS = ("memory", "none", "recent_history")
 
 
 @dataclass
@@ -140,8 +139,10 @@ class EpisodeConfig:
                 f"episode.prompt_token_budget must be >= 16 tokens, got {self.prompt_token_budget}"
                 " (it must at least hold the instructions and the question)"
             )
-        if self.context not in CONTEXTS:
-            raise ValueError(f"episode.context={self.context!r}; valid: {', '.join(CONTEXTS)}")
+        try:
+            context_mode(self.context)  # the modes: memrl.episode.contexts
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"episode.context: {exc}") from exc
         if self.fact_order not in FACT_ORDERS:
             raise ValueError(f"episode.fact_order={self.fact_order!r}; valid: {', '.join(FACT_ORDERS)}")
         if self.history_steps not in ("turn", "none"):

@@ -1,8 +1,9 @@
 """Step-wise credit for policy-written memory: who gets what reward among an episode's memory writes.
 
-One registry, :data:`STEP_CREDITS`, one signature::
+One registry, :data:`STEP_CREDITS`, of :class:`StepCredit` entries: a typed :class:`CreditSpec` (where the runner
+samples alternative replies, how they are scored) and one function with one signature::
 
-    fn(inp: CreditInput) -> list[float | None]     # one outcome share per memory step (None: not trained)
+    shares(inp: CreditInput) -> list[float | None]     # one outcome share per memory step (None: not trained)
 
 * ``broadcast`` — the episode's outcome to every memory step (MemAgent, ReSum).
 * ``used`` — the outcome to the steps that wrote a fact the answer's prompt carried, 0 to the rest.
@@ -32,14 +33,47 @@ memory step of a prompt's episodes is compared with the others), ``<group>/memor
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from memrl.episode.config import MemoryCreditConfig
 from memrl.registry import Registry
-from memrl.types import MemoryOpType, StepTrajectory
+from memrl.types import MemoryOpType, MemoryWrite, StepTrajectory
 
-MEMORY_ROLE = "memory"  # StepMeta.extra["role"] of a memory-write step
+
+class SampleAt(str, enum.Enum):
+    """Which writes the runner samples ``snapshot_k`` alternative replies at (one GRPO group each)."""
+
+    NONE = "none"  # one reply per write
+    PLANNED = "planned"  # the writes the snapshot scorer plans (evidence turns first)
+    EVERY_WRITE = "every_write"
+
+
+class ScoredBy(str, enum.Enum):
+    """What a write's outcome share is measured by."""
+
+    OUTCOME = "outcome"  # the episode's own answers
+    ANSWERING = "answering"  # answering the question on a store copy holding that alternative (snapshot)
+    STEP_TERMS = "step_terms"  # nothing beyond the per-step terms (outcome share 0)
+
+
+@dataclass(frozen=True)
+class CreditSpec:
+    """What a step credit needs from the episode runner."""
+
+    sample_at: SampleAt = SampleAt.NONE
+    scored_by: ScoredBy = ScoredBy.OUTCOME
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sample_at", SampleAt(self.sample_at))
+        object.__setattr__(self, "scored_by", ScoredBy(self.scored_by))
+        if self.scored_by is ScoredBy.ANSWERING and self.sample_at is SampleAt.NONE:
+            raise ValueError("CreditSpec: scored_by=answering scores sampled alternatives; set sample_at")
+
+    @property
+    def samples_alternatives(self) -> bool:
+        return self.sample_at is not SampleAt.NONE
 
 
 @dataclass(frozen=True)
@@ -53,7 +87,45 @@ class CreditInput:
 
 
 CreditFn = Callable[[CreditInput], list[float | None]]
-STEP_CREDITS: Registry[CreditFn] = Registry("memory step credit")
+
+
+@dataclass(frozen=True)
+class StepCredit:
+    """A registered step credit: its :class:`CreditSpec` and its outcome shares."""
+
+    spec: CreditSpec
+    shares: CreditFn
+
+
+STEP_CREDITS: Registry[StepCredit] = Registry("memory step credit")
+
+
+def register_credit(name: str, spec: CreditSpec | None = None) -> Callable[[CreditFn], CreditFn]:
+    """``@register_credit("mine", CreditSpec(...))`` on a :data:`CreditFn` registers it under ``name``."""
+
+    def deco(fn: CreditFn) -> CreditFn:
+        STEP_CREDITS.register(name)(StepCredit(spec or CreditSpec(), fn))
+        return fn
+
+    return deco
+
+
+def get_credit(name: str) -> StepCredit:
+    """The registered credit ``name`` (or a dotted path to a :class:`StepCredit`)."""
+    entry = STEP_CREDITS.get(name)
+    if not isinstance(entry, StepCredit):
+        raise TypeError(
+            f"episode.memory_credit.name={name!r} is a {type(entry).__name__}, expected a StepCredit "
+            "(memrl.episode.credit.StepCredit(spec=CreditSpec(...), shares=fn))"
+        )
+    return entry
+
+
+def write_of(step: StepTrajectory) -> MemoryWrite:
+    """The :class:`~memrl.types.MemoryWrite` of a memory step (credit only ever sees memory steps)."""
+    if step.meta.write is None:
+        raise ValueError(f"step {step.step_id!r} is not a memory write (StepMeta.write is None)")
+    return step.meta.write
 
 
 def written_ids(step: StepTrajectory) -> set[int]:
@@ -66,55 +138,35 @@ def written_ids(step: StepTrajectory) -> set[int]:
     }
 
 
-@STEP_CREDITS.register("broadcast")
+@register_credit("broadcast")
 def broadcast(inp: CreditInput) -> list[float | None]:
-    return [inp.outcome if s.meta.extra.get("applied", True) else None for s in inp.steps]
+    return [inp.outcome if write_of(s).applied else None for s in inp.steps]
 
 
-@STEP_CREDITS.register("used")
+@register_credit("used")
 def used(inp: CreditInput) -> list[float | None]:
     out: list[float | None] = []
     for s in inp.steps:
-        if not s.meta.extra.get("applied", True):
+        if not write_of(s).applied:
             out.append(None)
         else:
             out.append(inp.outcome if written_ids(s) & inp.used_fact_ids else 0.0)
     return out
 
 
-@STEP_CREDITS.register("snapshot")
+@register_credit("snapshot", CreditSpec(SampleAt.PLANNED, ScoredBy.ANSWERING))
 def snapshot(inp: CreditInput) -> list[float | None]:
-    return [s.meta.extra.get("snapshot_reward") for s in inp.steps]
+    return [write_of(s).snapshot_reward for s in inp.steps]
 
 
-snapshot.answers = True  # type: ignore[attr-defined]  # k replies at planned writes, each scored by answering
-
-
-@STEP_CREDITS.register("local")
+@register_credit("local", CreditSpec(SampleAt.EVERY_WRITE, ScoredBy.STEP_TERMS))
 def local(inp: CreditInput) -> list[float | None]:
     return [0.0 for _ in inp.steps]
 
 
-local.every_write = True  # type: ignore[attr-defined]  # k replies at every write, not only planned ones
-
-
-def samples_alternatives(name: str) -> bool:
-    """The runner samples ``k`` replies at some writes (planned ``snapshot`` writes, or every ``local`` one)."""
-    return answers_alternatives(name) or alternatives_at_every_write(name)
-
-
-def answers_alternatives(name: str) -> bool:
-    """Each sampled alternative is scored by answering the question on its own copy of the store."""
-    return bool(getattr(STEP_CREDITS.get(name), "answers", False))
-
-
-def alternatives_at_every_write(name: str) -> bool:
-    return bool(getattr(STEP_CREDITS.get(name), "every_write", False))
-
-
 def step_rewards(inp: CreditInput, cfg: MemoryCreditConfig) -> list[float | None]:
     """The credit function's outcome shares plus the per-step terms (module docstring)."""
-    shares = STEP_CREDITS.get(cfg.name)(inp)
+    shares = get_credit(cfg.name).shares(inp)
     if len(shares) != len(inp.steps):
         raise RuntimeError(f"step credit {cfg.name!r} gave {len(shares)} rewards for {len(inp.steps)} steps")
     out: list[float | None] = []
@@ -122,21 +174,18 @@ def step_rewards(inp: CreditInput, cfg: MemoryCreditConfig) -> list[float | None
         if share is None:
             out.append(None)
             continue
-        extra = step.meta.extra
-        reward = float(share) + cfg.format_weight * float(not extra.get("format_errors"))
-        op_score = extra.get(
-            "op_score", extra.get("op_right")
-        )  # op_right alone: steps dumped before op_score
-        if op_score is not None and cfg.op_weight:
-            reward += cfg.op_weight * float(op_score)
+        write = write_of(step)
+        reward = float(share) + cfg.format_weight * float(not write.format_errors)
+        if write.op_score is not None and cfg.op_weight:
+            reward += cfg.op_weight * write.op_score
         if cfg.size_weight:
-            reward -= cfg.size_weight * extra.get("facts_after", 0) / max(1, extra.get("turns_read", 1))
+            reward -= cfg.size_weight * (write.facts_after or 0) / max(1, write.turns_read)
         out.append(reward)
     return out
 
 
-def credit_group(group_id: str, step: StepTrajectory) -> str:
-    """The GRPO group of a memory step: the ``k`` alternatives of one snapshot write form their own group."""
-    if step.meta.extra.get("alternatives", 1) > 1:
-        return f"{group_id}/memory/{step.meta.extra.get('write_index', 0)}"
+def credit_group(group_id: str, write: MemoryWrite) -> str:
+    """The GRPO group of a memory step: the ``k`` alternatives of one sampled write form their own group."""
+    if write.alternatives > 1:
+        return f"{group_id}/memory/{write.index}"
     return f"{group_id}/memory"

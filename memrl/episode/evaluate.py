@@ -273,7 +273,7 @@ def _history_rows(frame: Any) -> list[dict[str, Any]]:
     """The memory-writing rows of an arm, with only the columns :func:`write_quality` reads."""
     if frame.empty:
         return []
-    cols = ["turn_role", "extra", "memory_ops"]
+    cols = [c for c in ("turn_role", "role", "write", "extra", "memory_ops") if c in frame.columns]
     return frame.loc[frame.turn_role == "history", cols].to_dict("records")
 
 

@@ -56,6 +56,8 @@ SCHEMA = pa.schema(
         ("included_fact_ids", pa.list_(pa.int64())),
         ("leaf_index", pa.int64()),
         ("finish", pa.string()),
+        ("role", pa.string()),
+        ("credit_group", pa.string()),
         ("response_text", pa.string()),
         ("gold_answer", pa.string()),
         ("num_tool_calls", pa.int64()),
@@ -66,6 +68,7 @@ SCHEMA = pa.schema(
         ("tool_calls", pa.string()),
         ("rollbacks", pa.string()),
         ("memory_ops", pa.string()),
+        ("write", pa.string()),
         ("extra", pa.string()),
     ]
 )

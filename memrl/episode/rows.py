@@ -3,7 +3,8 @@
 :func:`step_rows` flattens ``StepMeta`` into columns (nested records — tree path, tool calls, rollbacks, memory
 ops, extra — as JSON text, so every part has one schema); :func:`step_meta_of_row` rebuilds the ``StepMeta`` of a
 row, also of parts written before ``tree_path``, ``finish``, ``leaf_index``, ``response_text``,
-``included_fact_ids`` and ``gold_answer`` had columns (those kept them in ``extra``). No pyarrow here: the
+``included_fact_ids``, ``gold_answer``, ``role``, ``credit_group`` and ``write`` had columns (those kept them in
+``extra``). No pyarrow here: the
 inspector reads rows through pandas.
 """
 
@@ -13,10 +14,11 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from memrl.types import EpisodeTrajectory, StepMeta, step_meta_from_dict, to_dict
+from memrl.serialize import step_meta_from_dict, to_dict
+from memrl.types import EpisodeTrajectory, StepMeta
 
 # Columns holding JSON text (nested records), and the StepMeta fields read back from plain columns.
-JSON_COLUMNS = ("tree_path", "tool_calls", "rollbacks", "memory_ops", "extra")
+JSON_COLUMNS = ("tree_path", "tool_calls", "rollbacks", "memory_ops", "write", "extra")
 _PLAIN_META_COLUMNS = (
     "turn_id",
     "turn_role",
@@ -25,6 +27,8 @@ _PLAIN_META_COLUMNS = (
     "is_duplicate",
     "leaf_index",
     "finish",
+    "role",
+    "credit_group",
 )
 _ID_META_COLUMNS = ("node_path", "retrieved_ids", "included_fact_ids", "cut_fact_ids")
 
@@ -62,6 +66,8 @@ def step_rows(trajs: Iterable[EpisodeTrajectory]) -> list[dict[str, Any]]:
                     "included_fact_ids": list(meta.included_fact_ids),
                     "leaf_index": meta.leaf_index,
                     "finish": None if meta.finish is None else meta.finish.value,
+                    "role": None if meta.role is None else meta.role.value,
+                    "credit_group": meta.credit_group,
                     "response_text": meta.response_text,
                     "gold_answer": meta.gold_answer,
                     "num_tool_calls": len(meta.tool_calls),
@@ -72,6 +78,7 @@ def step_rows(trajs: Iterable[EpisodeTrajectory]) -> list[dict[str, Any]]:
                     "tool_calls": json.dumps(to_dict(meta.tool_calls)),
                     "rollbacks": json.dumps(to_dict(meta.rollbacks)),
                     "memory_ops": json.dumps(to_dict(meta.memory_ops)),
+                    "write": json.dumps(to_dict(meta.write)),
                     "extra": json.dumps(to_dict(meta.extra), default=str),
                 }
             )

@@ -35,12 +35,13 @@ import hashlib
 import math
 import random
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from memrl.episode.config import MemoryCreditConfig
 from memrl.episode.prompt import PromptTooLongError
+from memrl.episode.state import EpisodeState
 from memrl.formats import format_answer
-from memrl.rewards.base import RewardInput
+from memrl.rewards.base import RewardFn, RewardInput
 from memrl.types import BatchInput, EpisodeStatus
 
 
@@ -49,12 +50,34 @@ def history_key(inp: BatchInput) -> tuple:
     return tuple((t.turn_id, t.text, t.speaker, t.timestamp) for t in inp.history)
 
 
+class SnapshotHost(Protocol):
+    """What the scorer answers forks with (the episode runner is one): the memory system (forks, retrieval), the
+    policy (``generate``, ``logprobs``, ``tokenizer``), the reward, and the target-turn prompt of a question."""
+
+    memory: Any
+    policy: Any
+    reward: RewardFn
+
+    @property
+    def max_response_tokens(self) -> int: ...
+
+    def memory_room(self, st: EpisodeState) -> int:
+        """Policy tokens the retrieved passages of ``st``'s prompt may take."""
+        ...
+
+    def prompt_tokens(self, text: str) -> int: ...
+
+    def answer_prompt(self, question: str, facts: Sequence[Any]) -> tuple[int, ...]:
+        """The target-turn prompt's ids over ``facts`` (raises ``PromptTooLongError``)."""
+        ...
+
+
 class SnapshotScorer:
-    def __init__(self, cfg: MemoryCreditConfig) -> None:
+    def __init__(self, cfg: MemoryCreditConfig, host: SnapshotHost) -> None:
         self.cfg = cfg
-        self._askers: dict[
-            int, list[Any]
-        ] = {}  # id(episode state) -> the states whose questions its forks answer
+        self.host = host
+        # id(episode state) -> the states whose questions its forks answer
+        self._askers: dict[int, list[EpisodeState]] = {}
 
     def plan(self, inp: BatchInput, chunk: int) -> set[int]:
         """The write indices of ``inp`` to sample as groups (writes of ``chunk`` turns; 0 = one write)."""
@@ -72,10 +95,10 @@ class SnapshotScorer:
         random.Random(seed).shuffle(rest)
         return set((hits + rest)[: self.cfg.snapshot_writes])
 
-    def prepare(self, states: Sequence[Any], chunk: int) -> None:
+    def prepare(self, states: Sequence[EpisodeState], chunk: int) -> None:
         """Plan each episode's snapshot writes, and note which questions its forks answer: its own, or with
         ``snapshot_questions: all`` every episode of the batch over the same history (its own first)."""
-        by_history: dict[tuple, list[Any]] = {}
+        by_history: dict[tuple, list[EpisodeState]] = {}
         for st in states:
             st.snapshot_writes = self.plan(st.inp, chunk)
             key = history_key(st.inp)
@@ -86,11 +109,11 @@ class SnapshotScorer:
                 others = [o for o in group if o is not st] if self.cfg.snapshot_questions == "all" else []
                 self._askers[id(st)] = [st, *others]
 
-    def score(self, runner: Any, scored: Sequence[tuple[Any, Any]]) -> None:
+    def score(self, scored: Sequence[tuple[EpisodeState, Any]]) -> None:
         """Answer the questions of :meth:`prepare` on every fork of ``scored`` ((EpisodeState, WriteResult) pairs)
         and record each alternative's reward, the mean over those questions, in
         ``state.snapshot_rewards[write index]``; the forks are released."""
-        memory = runner.memory
+        memory = self.host.memory
         forks = [
             (st, len(st.writes) - 1, memory.manager(ns)) for st, res in scored for ns in res.alternatives
         ]
@@ -105,7 +128,7 @@ class SnapshotScorer:
                 ]
                 jobs.extend((a, mgr) for a in askers)
                 owner.extend([f] * len(askers))
-            rewards = self._answer(runner, jobs)
+            rewards = self._answer(jobs)
             per_fork: list[list[float]] = [[] for _ in forks]
             for f, r in zip(owner, rewards, strict=True):
                 per_fork[f].append(r)
@@ -115,60 +138,61 @@ class SnapshotScorer:
             for _, _, mgr in forks:
                 memory.release(mgr.episode_id)
 
-    def _answer(self, runner: Any, jobs: Sequence[tuple[Any, Any]]) -> list[float]:
+    def _answer(self, jobs: Sequence[tuple[EpisodeState, Any]]) -> list[float]:
         """One outcome per (asking episode, fork manager) job."""
-        ids = self._prompts(runner, jobs)
+        ids = self._prompts(jobs)
         if self.cfg.snapshot_score == "gold_logprob":
-            return self._gold_likelihood(runner, jobs, ids)
-        return self._greedy_reward(runner, jobs, ids)
+            return self._gold_likelihood(jobs, ids)
+        return self._greedy_reward(jobs, ids)
 
-    def _prompts(self, runner: Any, jobs: Sequence[tuple[Any, Any]]) -> list[tuple[int, ...] | None]:
+    def _prompts(self, jobs: Sequence[tuple[EpisodeState, Any]]) -> list[tuple[int, ...] | None]:
         """Each job's target-turn prompt over what its fork retrieves for the asker's question (``None``: too
         long)."""
-        memory, prompts = runner.memory, runner.prompts
+        host = self.host
+        memory = host.memory
         hits = memory.retrieve_batch(
             [(mgr, st.inp.final_query) for st, mgr in jobs],
             memory.cfg.top_k,
             turn_id="snapshot",
             asked_at=[st.inp.target.timestamp for st, _ in jobs],
             asked_by=[st.inp.target.speaker for st, _ in jobs],
-            room=[runner._memory_room(st) for st, _ in jobs],
-            count_tokens=runner._prompt_tokens,
+            room=[host.memory_room(st) for st, _ in jobs],
+            count_tokens=host.prompt_tokens,
         )
         ids: list[tuple[int, ...] | None] = []
         for (st, _), facts in zip(jobs, hits, strict=True):
             try:
-                ids.append(prompts.build(st.inp.final_query, facts, "", runner.tool_names).ids)
+                ids.append(host.answer_prompt(st.inp.final_query, facts))
             except PromptTooLongError:
                 ids.append(None)
         return ids
 
     def _greedy_reward(
-        self, runner: Any, jobs: Sequence[tuple[Any, Any]], ids: list[tuple[int, ...] | None]
+        self, jobs: Sequence[tuple[EpisodeState, Any]], ids: list[tuple[int, ...] | None]
     ) -> list[float]:
         from memrl.policy.base import GenerationRequest, SamplingParams
 
-        params = SamplingParams(temperature=0.0, max_tokens=runner.rollout_cfg.max_response_tokens)
+        policy = self.host.policy
+        params = SamplingParams(temperature=0.0, max_tokens=self.host.max_response_tokens)
         todo = [i for i, p in enumerate(ids) if p is not None]
-        outs = (
-            runner.policy.generate([GenerationRequest(tuple(ids[i]), params) for i in todo]) if todo else []
-        )
+        outs = policy.generate([GenerationRequest(tuple(ids[i]), params) for i in todo]) if todo else []
         texts = [""] * len(jobs)
         for i, out in zip(todo, outs, strict=True):
-            texts[i] = runner.policy.tokenizer.decode(list(out[0].token_ids), skip_special_tokens=True)
+            texts[i] = policy.tokenizer.decode(list(out[0].token_ids), skip_special_tokens=True)
         inputs = [
             RewardInput.from_response(text, st.inp.target_answer, st.inp.final_query, st.inp.metadata)
             for (st, _), text in zip(jobs, texts, strict=True)
         ]
-        return [float(r) for r in runner.reward(inputs)]
+        return [float(r) for r in self.host.reward(inputs)]
 
     def _gold_likelihood(
-        self, runner: Any, jobs: Sequence[tuple[Any, Any]], ids: list[tuple[int, ...] | None]
+        self, jobs: Sequence[tuple[EpisodeState, Any]], ids: list[tuple[int, ...] | None]
     ) -> list[float]:
         """exp(mean log p(gold reply token | prompt, earlier tokens)) per fork, the gold reply written as the policy
         answers (``<answer>gold</answer>``, then eos). A fork whose prompt cannot be built, or a question without a
         gold answer, scores 0 (no signal among alternatives that all do)."""
-        tok = runner.policy.tokenizer
+        policy = self.host.policy
+        tok = policy.tokenizer
         eos = [] if getattr(tok, "eos_token_id", None) is None else [int(tok.eos_token_id)]
         replies: dict[str, list[int]] = {}  # the k forks of a write share one gold reply: tokenized once
         pairs, where = [], []
@@ -183,7 +207,7 @@ class SnapshotScorer:
         # Forks that retrieved the same facts build the same prompt: scored once, so they tie exactly (a padded
         # batch can differ in the last bits between rows, and a std-normalised advantage would blow that up).
         unique = list(dict.fromkeys((tuple(p), tuple(r)) for p, r in pairs))
-        lps = dict(zip(unique, runner.policy.logprobs(unique) if unique else [], strict=True))
+        lps = dict(zip(unique, policy.logprobs(unique) if unique else [], strict=True))
         scores = [0.0] * len(jobs)
         for i, (p, r) in zip(where, pairs, strict=True):
             got = lps[(tuple(p), tuple(r))]

@@ -17,7 +17,6 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from memrl.episode.rows import step_meta_of_row
-from memrl.types import TurnRole
 
 
 def gold_kinds(gold_ops: str) -> list[str]:
@@ -27,7 +26,9 @@ def gold_kinds(gold_ops: str) -> list[str]:
 
 def write_quality(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
     """Summary of the applied memory writes among ``rows`` (Parquet rows as dicts, read by
-    :func:`~memrl.episode.rows.step_meta_of_row`: ``turn_role``, ``extra``, ``memory_ops``) whose gold operations are known; ``None`` when there are none (rule memory, LoCoMo)."""
+    :func:`~memrl.episode.rows.step_meta_of_row`: ``turn_role``, ``role``, ``write``, ``memory_ops``, and ``extra``
+    where older runs kept the write there) whose gold operations are known; ``None`` when there are none (rule
+    memory, LoCoMo)."""
     gold_n: Counter[str] = Counter()
     written_n: Counter[str] = Counter()
     matched: Counter[str] = Counter()
@@ -36,18 +37,14 @@ def write_quality(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
     score_sum = 0.0
     for row in rows:
         meta = step_meta_of_row(dict(row))
-        extra = meta.extra
-        if (
-            meta.turn_role is not TurnRole.HISTORY
-            or extra.get("gold_ops") is None
-            or not extra.get("applied", True)
-        ):
+        write = meta.write
+        if write is None or write.gold_ops is None or not write.applied:
             continue
-        gold = Counter(gold_kinds(str(extra["gold_ops"])))
+        gold = Counter(gold_kinds(write.gold_ops))
         written = Counter(op.op.value for op in meta.memory_ops)
         writes += 1
-        right += bool(extra.get("op_right"))
-        score_sum += float(extra.get("op_score") or 0.0)
+        right += bool(write.op_right)
+        score_sum += write.op_score or 0.0
         gold_n.update(gold)
         written_n.update(written)
         matched.update(gold & written)

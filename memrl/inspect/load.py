@@ -51,6 +51,9 @@ REQUIRED_COLUMNS = (
 )
 
 
+_EMPTY: dict[str, Any] = {"extra": {}, "write": None}  # a JSON column's value where a row holds none
+
+
 class InspectError(ValueError):
     """A run directory is missing, incomplete or malformed. The message names the file and what was expected."""
 
@@ -110,7 +113,7 @@ def _parse_row(path: Path, index: int, row: dict[str, Any]) -> dict[str, Any]:
             continue
         raw = row.get(name)
         try:
-            out[name] = json.loads(raw) if isinstance(raw, str) and raw else ([] if name != "extra" else {})
+            out[name] = json.loads(raw) if isinstance(raw, str) and raw else _EMPTY.get(name, [])
         except json.JSONDecodeError as exc:
             raise InspectError(
                 f"{path}/trajectories: row {index} (episode {row.get('episode_id')!r}) field {name!r} "

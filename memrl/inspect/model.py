@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from memrl.episode.rows import step_meta_of_row
-from memrl.types import MemoryOp, MemoryOpType, PathNode, RollbackRecord, StepMeta, ToolCallRecord
+from memrl.types import MemoryOp, MemoryOpType, PathNode, RollbackRecord, StepMeta, StepRole, ToolCallRecord
 
 
 @dataclass
@@ -219,34 +219,32 @@ def _credit(row: dict[str, Any]) -> float | None:
 def _writes(rows: list[tuple[dict, StepMeta]], memory: _Memory) -> list[MemoryWriteView]:
     """Replay the applied writes' ops in order, recording the current facts around each write."""
     out = []
-    ordered = sorted(
-        rows, key=lambda rm: (rm[1].extra.get("write_index", 0), rm[1].extra.get("alternative", 0))
-    )
-    for row, meta in ordered:
+    writes = [(row, meta, meta.write) for row, meta in rows if meta.write is not None]
+    for row, meta, w in sorted(writes, key=lambda rmw: (rmw[2].index, rmw[2].alternative)):
         x = dict(meta.extra)
         before = memory.current()
-        if x.get("applied", True):
+        if w.applied:
             for op in meta.memory_ops:
                 memory.apply(op)
         out.append(
             MemoryWriteView(
-                index=int(x.get("write_index", 0)),
-                alternative=int(x.get("alternative", 0)),
-                alternatives=int(x.get("alternatives", 1)),
-                applied=bool(x.get("applied", True)),
+                index=w.index,
+                alternative=w.alternative,
+                alternatives=w.alternatives,
+                applied=w.applied,
                 read_turns=list(x.get("read_turns", [])),
                 read_facts=list(x.get("read_facts", [])),
                 reply=meta.response_text,
                 decisions=list(x.get("decisions", [])),
-                errors=list(x.get("format_errors", [])),
+                errors=list(w.format_errors),
                 ops=meta.memory_ops,
-                op_right=x.get("op_right"),
-                op_score=x.get("op_score"),
-                gold_ops=x.get("gold_ops"),
+                op_right=w.op_right,
+                op_score=w.op_score,
+                gold_ops=w.gold_ops,
                 credit=_credit(row),
-                snapshot_reward=x.get("snapshot_reward"),
+                snapshot_reward=w.snapshot_reward,
                 store_before=before,
-                store_after=memory.current() if x.get("applied", True) else before,
+                store_after=memory.current() if w.applied else before,
                 resolved=list(x.get("resolved", [])),
             )
         )
@@ -351,8 +349,8 @@ def build_episode_view(manifest: list[dict[str, Any]], rows: list[dict[str, Any]
     """One :class:`EpisodeView` from the manifest entries and parsed step rows of one source episode."""
     first = manifest[0] if manifest else rows[0]
     typed = [(r, step_meta_of_row(r)) for r in rows]
-    hist = [(r, m) for r, m in typed if r["turn_role"] == "history" and m.extra.get("role") != "memory"]
-    write_rows = [(r, m) for r, m in typed if r["turn_role"] == "history" and m.extra.get("role") == "memory"]
+    hist = [(r, m) for r, m in typed if r["turn_role"] == "history" and m.role is not StepRole.MEMORY]
+    write_rows = [(r, m) for r, m in typed if r["turn_role"] == "history" and m.role is StepRole.MEMORY]
     targets = sorted(
         [(r, m) for r, m in typed if r["turn_role"] == "target"], key=lambda rm: rm[1].leaf_index
     )

@@ -21,16 +21,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from memrl.types import (
-    BatchInput,
-    EpisodeStatus,
-    EpisodeTrajectory,
-    StepMeta,
-    StepTrajectory,
-    TurnRole,
-    batch_input_from_dict,
-    to_dict,
-)
+from memrl.serialize import batch_input_from_dict, to_dict
+from memrl.types import BatchInput, EpisodeStatus, EpisodeTrajectory, StepMeta, StepTrajectory, TurnRole
 
 INPUT_KEY = "memrl_input"
 AGENT_NAME = "memrl"

@@ -42,8 +42,9 @@ from memrl.integrations.verl_rows import (
 from memrl.integrations.verl_rows import (
     CREDIT_MODULE as MODULE,
 )
+from memrl.serialize import to_dict
 from memrl.train.roles import active_roles
-from memrl.types import BatchInput, EpisodeTrajectory, to_dict
+from memrl.types import BatchInput, EpisodeTrajectory
 
 try:
     from verl.experimental.agent_loop.agent_loop import (
@@ -89,9 +90,9 @@ def check_lengths(rollout: RolloutConfig, rollout_config: DictConfig) -> None:
 
 def policy_writes(cfg: Config) -> bool:
     """``memory.extractor: policy``: the policy writes the memory, each write a trainable step."""
-    from memrl.memory.extract import EXTRACTORS
+    from memrl.memory.extractors import writes_steps
 
-    return bool(getattr(EXTRACTORS.get(cfg.memory.extractor), "writes_steps", False))
+    return writes_steps(cfg.memory.extractor)
 
 
 def check_memory_writer(cfg: Config, verl_config: DictConfig) -> None:

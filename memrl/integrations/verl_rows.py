@@ -21,7 +21,7 @@ from typing import Any
 
 from memrl.data.batch import BatchRow, rows_from_episodes
 from memrl.data.config import BatchConfig
-from memrl.types import EpisodeTrajectory, StepMeta, TurnRole
+from memrl.types import EpisodeTrajectory, StepMeta, StepRole, TurnRole
 
 ANSWER, MEMORY = "answer", "memory"
 # verl's name of memrl's advantage estimator, and the module that registers it (memrl.integrations.verl_credit)
@@ -39,12 +39,12 @@ def step_credit_fields(meta: StepMeta) -> tuple[str | None, str | None]:
     """``(role, credit group)`` of a step: ``("answer", None)`` for a target step (its group is the episode's),
     ``("memory", "<group>/memory...")`` for a credited policy write, ``(None, None)`` otherwise.
 
-    The one place this integration reads the step contract's role and credit group (``StepMeta.extra`` today)."""
+    The one place this integration reads the step contract's typed ``role`` and ``credit_group``."""
     if meta.turn_role is TurnRole.TARGET:
         return ANSWER, None
-    extra = meta.extra or {}
-    role = MEMORY if extra.get("role") == MEMORY else None
-    return role, extra.get("credit_group") if role else None
+    if meta.role is StepRole.MEMORY:
+        return MEMORY, meta.credit_group
+    return None, None
 
 
 @dataclass(frozen=True)

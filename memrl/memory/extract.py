@@ -1,4 +1,4 @@
-"""Fact extraction from history turns: a registry of extractors with one batched signature.
+"""Fact extraction from history turns: the extractor contract (one batched signature), rule and llm extractors.
 
 An extractor turns a batch of :class:`ExtractionRequest` (a turn plus, for extractors that ask for them, the
 most similar existing facts of that episode) into per-request :class:`FactDecision` lists — mem0 / Memory-R1
@@ -8,6 +8,9 @@ applies the decisions to the store and logs one ``MemoryOp`` per decision.
 Rule facts (the default, no LLM) are speaker-attributed: ``"{speaker}: {text}"`` with an image caption appended
 as ``" [shares a photo: {caption}]"``; the turn's date is kept in ``FactRecord.timestamp`` and its dialog id in
 ``source_ids``. The target-turn prompt renders them as ``- [{timestamp}] {text} ({source_ids})``.
+
+``memory.extractor`` names one in :data:`memrl.memory.extractors.EXTRACTORS` (this module's two, the gold one of
+:mod:`memrl.memory.gold` and the policy writer of :mod:`memrl.memory.writer`).
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ from typing import Protocol
 
 from memrl.memory.config import MemoryConfig
 from memrl.memory.store import FactRecord
-from memrl.registry import Registry
 from memrl.templates import load_template
 from memrl.types import MemoryOpType, TurnSpec
 
@@ -69,20 +71,15 @@ class FactDecision:
 
 
 class FactExtractor(Protocol):
+    """Built as ``cls(cfg, generate_text)``; class attributes say what the memory system does around it."""
+
     needs_neighbours: bool  # ask the system to search similar existing facts first
+    writes_steps: bool  # each write is a trainable step (the policy writer: MemorySystem.write_batch)
 
     def extract(self, requests: Sequence[ExtractionRequest]) -> list[list[FactDecision]]: ...
 
 
 ExtractorFactory = Callable[[MemoryConfig, "TextGenerator | None"], FactExtractor]
-
-
-def _populate() -> None:
-    import memrl.memory.gold  # noqa: F401 -- registers "gold"
-    import memrl.memory.writer  # noqa: F401 -- registers "policy"
-
-
-EXTRACTORS: Registry[ExtractorFactory] = Registry("fact extractor", populate=_populate)
 
 
 def turn_caption(turn: TurnSpec) -> str:
@@ -117,9 +114,10 @@ class RuleExtractor:
     """ADD every speaker-attributed piece of a turn; exact duplicates of an existing fact become NOOPs."""
 
     needs_neighbours = False
+    writes_steps = False
 
-    def __init__(self, cfg: MemoryConfig) -> None:
-        del cfg  # the rule extractor has no settings
+    def __init__(self, cfg: MemoryConfig, generate_text: TextGenerator | None = None) -> None:
+        del cfg, generate_text  # the rule extractor has no settings
 
     def extract(self, requests: Sequence[ExtractionRequest]) -> list[list[FactDecision]]:
         out = []
@@ -141,11 +139,6 @@ class RuleExtractor:
                 ]
             )
         return out
-
-
-@EXTRACTORS.register("rule")
-def _rule(cfg: MemoryConfig, generate_text: TextGenerator | None = None) -> FactExtractor:
-    return RuleExtractor(cfg)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -219,8 +212,9 @@ class LlmExtractor:
     """Prompts ``memrl/prompts/memory_extract.j2`` for all turns of a batch in one ``generate_text`` call."""
 
     needs_neighbours = True
+    writes_steps = False
 
-    def __init__(self, cfg: MemoryConfig, generate_text: TextGenerator | None) -> None:
+    def __init__(self, cfg: MemoryConfig, generate_text: TextGenerator | None = None) -> None:
         if generate_text is None:
             raise ValueError(
                 "memory.extractor=llm needs a text generator: MemorySystem(cfg, generate_text="
@@ -250,8 +244,3 @@ class LlmExtractor:
                 logger.warning("llm extractor, turn %s: malformed reply → NOOP (%s)", req.turn.turn_id, exc)
                 out.append([FactDecision(MemoryOpType.NOOP, reason=f"{MALFORMED_REASON}: {exc}")])
         return out
-
-
-@EXTRACTORS.register("llm")
-def _llm(cfg: MemoryConfig, generate_text: TextGenerator | None = None) -> FactExtractor:
-    return LlmExtractor(cfg, generate_text)

@@ -20,7 +20,7 @@ import re
 from collections.abc import Sequence
 
 from memrl.memory.config import MemoryConfig
-from memrl.memory.extract import EXTRACTORS, ExtractionRequest, FactDecision, TextGenerator
+from memrl.memory.extract import ExtractionRequest, FactDecision, TextGenerator
 from memrl.memory.store import FactRecord
 from memrl.memory.writer import parse_ops, turn_line
 from memrl.types import MemoryOpType, TurnRole, TurnSpec
@@ -118,8 +118,9 @@ class GoldExtractor:
     """``memory.extractor: gold``: each turn's gold operations, written as the policy writer writes them."""
 
     needs_neighbours = True
+    writes_steps = False
 
-    def __init__(self, cfg: MemoryConfig) -> None:
+    def __init__(self, cfg: MemoryConfig, generate_text: TextGenerator | None = None) -> None:
         self.neighbour_count = cfg.write_neighbours
 
     @staticmethod
@@ -142,8 +143,3 @@ class GoldExtractor:
                 )
             out.append(list(parse_ops(text, req.neighbours).decisions))
         return out
-
-
-@EXTRACTORS.register("gold")
-def _gold(cfg: MemoryConfig, generate_text: TextGenerator | None = None) -> GoldExtractor:
-    return GoldExtractor(cfg)

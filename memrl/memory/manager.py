@@ -23,7 +23,7 @@ import logging
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
@@ -32,39 +32,14 @@ from memrl.memory.compress import COMPRESSORS, CompressRequest
 from memrl.memory.config import MemoryConfig
 from memrl.memory.context import question_speakers, select_passages
 from memrl.memory.embedder import Embedder, build_embedder, window_chunks
-from memrl.memory.extract import EXTRACTORS, ExtractionRequest, FactDecision, RuleExtractor, TextGenerator
+from memrl.memory.extract import ExtractionRequest, FactDecision, RuleExtractor, TextGenerator
+from memrl.memory.extractors import EXTRACTORS
+from memrl.memory.policy_writes import WriteResult, write_batch
 from memrl.memory.retrieval import RETRIEVERS, Query, as_history, supersede_rescore, time_rescore
 from memrl.memory.store import FACT_STORES, FactRecord, FactStore, FactStoreError, NewFact
-from memrl.memory.update_guard import resolve_batch
 from memrl.types import MemoryOp, MemoryOpType, TurnRole, TurnSpec
 
-if TYPE_CHECKING:
-    from memrl.memory.writer import WriteRequest
-
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class WriteResult:
-    """One policy write: what the writer read (``turns``, ``neighbours`` with local id = index, ``prompt_ids``),
-    its sampled replies (``samples[0]`` was applied: ``ops``) and the current fact ids before and after."""
-
-    turns: tuple[TurnSpec, ...]
-    neighbours: tuple[FactRecord, ...]
-    prompt_ids: tuple[int, ...]
-    samples: tuple[Any, ...]  # memrl.memory.writer.WriteSample
-    ops: tuple[MemoryOp, ...]
-    facts_before: tuple[int, ...]
-    facts_after: tuple[int, ...]
-    alternatives: tuple[str, ...] = ()  # namespaces of the store forks, one per sample (snapshot credit)
-
-
-def _use_order(samples, fork: bool = True) -> list:
-    """The decision lists of a write batch in the order ``write_batch`` applies them: per item, every fork's reply
-    (snapshot writes), then reply 0 to the episode's own store."""
-    return [
-        alt.applied for alts in samples for alt in ((*alts, alts[0]) if fork and len(alts) > 1 else alts[:1])
-    ]
 
 
 @dataclass(frozen=True)
@@ -305,7 +280,30 @@ class MemorySystem:
             MemoryOpType.UPDATE, turn.turn_id, fact_ids=(old.fact_id, new_id), text=d.text, source_ids=src
         )
 
-    # -- policy-written memory ------------------------------------------------------------------------
+    # -- policy-written memory (memrl.memory.policy_writes) -----------------------------------------------
+    def write_batch(
+        self,
+        items: Sequence[tuple[MemoryManager, Sequence[TurnSpec]]],
+        n: Sequence[int] | None = None,
+        *,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        teacher: Callable[[Any], str] | None = None,
+        fork: bool = True,
+        greedy_first: bool = False,
+    ) -> list[WriteResult]:
+        """One policy write per (episode, new turns): :func:`memrl.memory.policy_writes.write_batch`."""
+        return write_batch(
+            self,
+            items,
+            n,
+            temperature=temperature,
+            seed=seed,
+            teacher=teacher,
+            fork=fork,
+            greedy_first=greedy_first,
+        )
+
     def current_neighbours(self, mgr: MemoryManager, vecs, k: int) -> tuple[FactRecord, ...]:
         """The ``k`` current (not superseded) facts nearest to ``vecs[0]``, nearest first. SmolLM2-135M writes
         "UPDATE 0" far more often than any other id; nearest first, fact 0 is usually the one a change replaces
@@ -317,91 +315,12 @@ class MemorySystem:
         recs = (self.store.get(mgr.episode_id, fid) for fid, _ in hits)
         return tuple(r for r in recs if not r.superseded)[:k]
 
-    def write_batch(
-        self,
-        items: Sequence[tuple[MemoryManager, Sequence[TurnSpec]]],
-        n: Sequence[int] | None = None,
-        *,
-        temperature: float = 0.0,
-        seed: int | None = None,
-        teacher: Callable[[WriteRequest], str] | None = None,
-        fork: bool = True,
-        greedy_first: bool = False,
-    ) -> list[WriteResult]:
-        """One policy write per (episode, new turns) (``memory.extractor: policy``): ``n[i]`` replies for item i,
-        reply 0 greedy with ``greedy_first``, the others sampled in one generate call. Reply 0 is applied to the
-        episode's store, the others are alternatives for step credit, each on its own fork when ``fork``
-        (:mod:`memrl.episode.snapshot`). With ``teacher`` each reply is ``teacher(request)`` (a demonstration)."""
-        writer = self.extractor
-        if not getattr(writer, "writes_steps", False):
-            raise ValueError(f"memory.extractor={self.cfg.extractor!r} writes no steps; use 'policy'")
-        if not items:
-            return []
-        from memrl.memory.writer import WriteRequest, turn_line
-
-        qvecs = self.embedder.encode(["\n".join(turn_line(t) for t in turns) for _, turns in items])
-        requests = [
-            WriteRequest(
-                tuple(turns), self.current_neighbours(mgr, qvecs[i : i + 1], self.cfg.write_neighbours)
-            )
-            for i, (mgr, turns) in enumerate(items)
-        ]
-        if teacher is None:
-            prompts, samples = writer.sample(requests, n or [1] * len(items), temperature, seed, greedy_first)
-        else:
-            prompts, samples = writer.forced(requests, [teacher(r) for r in requests])
-        samples = self._resolve(items, requests, samples)
-        if self._turn_facts is not None:
-            # after the writer read its neighbours, before its forks are taken: every fork holds them
-            self._keep_turns([(mgr, t) for mgr, turns in items for t in turns])
-        # One encode call for the facts of every reply that gets applied (forks first, then reply 0, per item).
-        vecs = self._decision_vectors([d for ds in _use_order(samples, fork) for d in ds])
-        out = []
-        for (mgr, turns), req, prompt, alts in zip(items, requests, prompts, samples, strict=True):
-            before = tuple(r.fact_id for r in self.current_facts(mgr))
-            forks = self._fork_alternatives(mgr, turns, alts, vecs) if fork and len(alts) > 1 else ()
-            ops = self.apply_decisions(mgr, turns, alts[0].applied, vecs)
-            after = tuple(r.fact_id for r in self.current_facts(mgr))
-            out.append(
-                WriteResult(
-                    tuple(turns), req.neighbours, prompt, tuple(alts), tuple(ops), before, after, forks
-                )
-            )
-        return out
-
     def _keep_turns(self, items: Sequence[tuple[MemoryManager, TurnSpec]]) -> None:
         """Store each turn's verbatim rule facts (``memory.keep_turns``; before its written facts), one encode."""
         kept = self._turn_facts.extract([ExtractionRequest(t) for _, t in items])
         vecs = self._decision_vectors([d for ds in kept for d in ds])
         for (mgr, turn), ds in zip(items, kept, strict=True):
             self.apply_decisions(mgr, (turn,), ds, vecs)
-
-    def _resolve(self, items, requests, samples) -> list[list[Any]]:
-        """Every reply's writes resolved against the facts its write was shown (:mod:`memrl.memory.update_guard`)."""
-        out, counts = resolve_batch(
-            [mgr.episode_id for mgr, _ in items], [r.neighbours for r in requests], samples,
-            self.encode_chunked, self.store.chunk_vectors,
-            target=self.cfg.update_target, floor=self.cfg.update_floor, ceiling=self.cfg.add_ceiling,
-        )  # fmt: skip
-        self.metrics.update(+counts)
-        return out
-
-    def _fork_alternatives(
-        self, mgr: MemoryManager, turns: Sequence[TurnSpec], alts, vecs
-    ) -> tuple[str, ...]:
-        """One fork of ``mgr``'s store per reply, all taken before any reply is applied; reply j goes to fork j."""
-        forks = []
-        for _ in alts:
-            self._forks += 1
-            forks.append(self.fork(mgr, f"{mgr.episode_id}~fork{self._forks}"))
-        for (fork, ids), alt in zip(forks, alts, strict=True):
-            # The reply named the episode's fact ids; the fork holds the same facts under its own ids.
-            decisions = [
-                d if d.fact_id is None else dataclasses.replace(d, fact_id=ids[d.fact_id])
-                for d in alt.applied
-            ]
-            self.apply_decisions(fork, turns, decisions, vecs)
-        return tuple(fork.episode_id for fork, _ in forks)
 
     def _decision_vectors(self, decisions: Sequence[FactDecision]):
         """The vectors of the ADD/UPDATE decisions among ``decisions``, in order, from one encode call."""

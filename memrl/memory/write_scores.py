@@ -295,7 +295,7 @@ def score_writes(
     truths = [expected_decisions(ep.history) for ep in episodes]
     scores = ExtractScores()
     steps = max((len(ep.history) for ep in episodes), default=0)
-    policy_writes = getattr(system.extractor, "writes_steps", False)
+    policy_writes = system.extractor.writes_steps
     size = max(1, chunk or steps) if policy_writes else 1  # chunk 0: the whole history in one write
     seconds, writes_done, bad_writes = 0.0, 0, 0
     try:

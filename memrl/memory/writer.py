@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from memrl.memory.config import MemoryConfig
-from memrl.memory.extract import EXTRACTORS, ExtractionRequest, FactDecision, TextGenerator, turn_caption
+from memrl.memory.extract import ExtractionRequest, FactDecision, TextGenerator, turn_caption
 from memrl.memory.store import FactRecord
 from memrl.memory.write_cache import Reply, WriteCache, writer_digest
 from memrl.paths import cache_dir
@@ -164,7 +164,7 @@ class PolicyWriter:
     needs_neighbours = True
     writes_steps = True  # the runner records each write as a trainable step (MemorySystem.write_batch)
 
-    def __init__(self, cfg: MemoryConfig, generate_text: TextGenerator | None) -> None:
+    def __init__(self, cfg: MemoryConfig, generate_text: TextGenerator | None = None) -> None:
         client = getattr(generate_text, "client", None)
         if client is None:
             raise ValueError(
@@ -367,11 +367,3 @@ class PolicyWriter:
             if s[0].ops.errors:
                 logger.debug("policy writer, turn %s: %s", r.turn.turn_id, "; ".join(s[0].ops.errors))
         return [list(s[0].ops.decisions) for s in samples]
-
-
-@EXTRACTORS.register("policy")
-def _policy(cfg: MemoryConfig, generate_text: TextGenerator | None = None) -> PolicyWriter:
-    return PolicyWriter(cfg, generate_text)
-
-
-_policy.writes_steps = True  # type: ignore[attr-defined]  # (verl's agent loop refuses extractors that do)

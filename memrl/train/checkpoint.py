@@ -54,7 +54,7 @@ class TrainState:
     step: int = 0
     data_source: dict[str, Any] = field(default_factory=dict)
     counters: dict[str, float] = field(default_factory=dict)
-    extra: dict[str, Any] = field(default_factory=dict)
+    replay: dict[str, Any] | None = None  # the replay buffer's state_dict (train.replay), None without one
 
 
 def _fsync_dir(path: Path) -> None:
@@ -160,7 +160,10 @@ def load_checkpoint(path: str | Path, model: Any, optimizer: torch.optim.Optimiz
     """Restore adapter weights, optimizer and RNG states in place; return the :class:`TrainState`."""
     path = Path(path)
     try:
-        state = TrainState(**json.loads((path / "state.json").read_text()))
+        data = json.loads((path / "state.json").read_text())
+        if isinstance(data, dict) and "extra" in data:  # checkpoints that kept the replay state under "extra"
+            data.setdefault("replay", (data.pop("extra") or {}).get("replay"))
+        state = TrainState(**data)
     except (OSError, ValueError, TypeError) as exc:
         raise CheckpointError(f"{path / 'state.json'}: unreadable checkpoint state ({exc})") from exc
     load_adapter_weights(model, path / "adapter")

@@ -123,18 +123,19 @@ class GoldDemonstrations:
         out, seen = [], set()
         for ep in group:
             for step in ep.steps:
-                extra = step.meta.extra
-                if extra.get("role") != "memory" or not extra.get("applied", True) or step.step_id in seen:
+                write = step.meta.write
+                if write is None or not write.applied or step.step_id in seen:
                     continue
-                if extra.get("gold_ops") is None or extra.get("op_right") is not False:
+                if write.gold_ops is None or write.op_right is not False:
                     continue
                 seen.add(step.step_id)
-                ids = self.tokenizer(extra["gold_ops"], add_special_tokens=False)["input_ids"]
+                ids = self.tokenizer(write.gold_ops, add_special_tokens=False)["input_ids"]
                 ids = [*ids, self.eos_id]
                 meta = dataclasses.replace(
                     step.meta,
-                    response_text=extra["gold_ops"],
-                    extra={**extra, "credit_group": f"{ep.group_id}/memory/gold", "demonstration": True},
+                    response_text=write.gold_ops,
+                    credit_group=f"{ep.group_id}/memory/gold",
+                    write=dataclasses.replace(write, format_errors=(), op_score=1.0, snapshot_reward=None),
                 )
                 out.append(
                     dataclasses.replace(

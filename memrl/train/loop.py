@@ -185,15 +185,15 @@ def _restore(res: TrainResources, ckpt_root: Path) -> TrainState:
         return TrainState()
     state = load_checkpoint(last, res.model, res.updater.optimizer)
     res.buffer.load_state_dict(state.data_source)
-    if res.replay is not None and "replay" in state.extra:
-        res.replay.load_state_dict(state.extra["replay"])
+    if res.replay is not None and state.replay is not None:
+        res.replay.load_state_dict(state.replay)
     publish_adapter(res, state.step)
     return state
 
 
 def _checkpoint(res: TrainResources, ckpt_root: Path, step: int, counters: dict[str, float]) -> None:
-    extra = {"replay": res.replay.state_dict()} if res.replay is not None else {}
-    state = TrainState(step=step, data_source=res.buffer.state_dict(), counters=dict(counters), extra=extra)
+    replay = res.replay.state_dict() if res.replay is not None else None
+    state = TrainState(step=step, data_source=res.buffer.state_dict(), counters=dict(counters), replay=replay)
     save_checkpoint(ckpt_root, res.model, res.updater.optimizer, state, keep=res.cfg.train.keep_checkpoints)
 
 

@@ -133,12 +133,12 @@ class ReplayBuffer:
         return ReplaySample(batch, ReplayTargets(rewards), chosen, demos)
 
     def state_dict(self) -> dict:
-        from memrl.types import to_dict
+        from memrl.serialize import to_dict
 
         return {"episodes": [to_dict(e) for e in self._episodes], "rng": self._rng.getstate()}
 
     def load_state_dict(self, state: dict) -> None:
-        from memrl.types import episode_from_dict
+        from memrl.serialize import episode_from_dict
 
         self._episodes = deque(episode_from_dict(e) for e in state["episodes"])
         rng = state["rng"]

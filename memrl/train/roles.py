@@ -15,14 +15,12 @@ import torch
 
 from memrl.train.config import TrainConfig
 from memrl.train.lora import MEMORY_ADAPTER, adapter_for
-from memrl.types import EpisodeTrajectory, StepMeta, StepTrajectory, TurnRole
+from memrl.types import EpisodeTrajectory, StepMeta, StepTrajectory
 
 
 def step_role(meta: StepMeta) -> str | None:
     """``answer`` for a target step, ``memory`` for a policy-written memory step, ``None`` otherwise."""
-    if meta.turn_role is TurnRole.TARGET:
-        return "answer"
-    return "memory" if meta.extra.get("role") == "memory" else None
+    return None if meta.role is None else meta.role.value
 
 
 def label_adapters(records: Sequence, step_meta: Sequence[StepMeta] | None, model: torch.nn.Module) -> None:
@@ -92,21 +90,22 @@ def memory_rollout_metrics(episodes: Sequence[EpisodeTrajectory]) -> dict[str, f
         (s, r)
         for ep in episodes
         for s, r in zip(ep.steps, ep.step_rewards_ext or (None,) * len(ep.steps), strict=True)
-        if step_role(s.meta) == "memory" and s.meta.extra.get("applied", True)
+        if s.meta.write is not None and s.meta.write.applied
     ]
     if not applied:
         return {}
+    writes = [s.meta.write for s, _ in applied]
     credits = [r for _, r in applied if r is not None]
-    known = [s.meta.extra["op_right"] for s, _ in applied if s.meta.extra.get("op_right") is not None]
+    known = [w.op_right for w in writes if w.op_right is not None]
     out = {
         "memory/steps": float(len(applied)),
-        "memory/format_ok": sum(not s.meta.extra.get("format_errors") for s, _ in applied) / len(applied),
+        "memory/format_ok": sum(not w.format_errors for w in writes) / len(applied),
     }
     if credits:
         out["memory/credit_mean"] = sum(credits) / len(credits)
     if known:
         out["memory/op_right"] = sum(map(float, known)) / len(known)
-    scores = [s.meta.extra["op_score"] for s, _ in applied if s.meta.extra.get("op_score") is not None]
+    scores = [w.op_score for w in writes if w.op_score is not None]
     if scores:
         out["memory/op_score"] = sum(scores) / len(scores)
     return out

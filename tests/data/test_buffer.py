@@ -22,8 +22,10 @@ from memrl.types import (
     BatchInput,
     EpisodeTrajectory,
     MemoryOp,
+    MemoryWrite,
     RollbackRecord,
     StepMeta,
+    StepRole,
     StepTrajectory,
     ToolCallRecord,
     TurnRole,
@@ -145,7 +147,9 @@ def _with_writes(ep: EpisodeTrajectory, credits: list[float]) -> EpisodeTrajecto
             meta=dataclasses.replace(
                 ep.steps[0].meta,
                 turn_role=TurnRole.HISTORY,
-                extra={"role": "memory", "credit_group": f"{ep.group_id}/memory/0"},
+                role=StepRole.MEMORY,
+                write=MemoryWrite(index=0, alternative=j, alternatives=len(credits), applied=j == 0),
+                credit_group=f"{ep.group_id}/memory/0",
             ),
         )
         for j in range(len(credits))

@@ -5,23 +5,35 @@ from __future__ import annotations
 import pytest
 
 from memrl.episode.config import MemoryCreditConfig
-from memrl.episode.credit import CreditInput, step_rewards
-from memrl.types import StepMeta, StepTrajectory, TurnRole
+from memrl.episode.credit import (
+    STEP_CREDITS,
+    CreditInput,
+    CreditSpec,
+    SampleAt,
+    ScoredBy,
+    credit_group,
+    get_credit,
+    step_rewards,
+)
+from memrl.types import MemoryWrite, StepMeta, StepRole, StepTrajectory, TurnRole
 
 
-def _write(sid, **extra):
+def _write(sid, **write):
     meta = StepMeta(
-        turn_id=sid, turn_role=TurnRole.HISTORY, extra={"role": "memory", "applied": True, **extra}
+        turn_id=sid,
+        turn_role=TurnRole.HISTORY,
+        role=StepRole.MEMORY,
+        write=MemoryWrite(**{"index": 0, **write}),
     )
     return StepTrajectory(sid, (1, 2), (3, 4), (1, 1), (-0.1, -0.2), sid, TurnRole.HISTORY, meta)
 
 
 def test_op_term_pays_the_share_of_gold_operations_right():
     steps = (
-        _write("w0", op_score=1.0, op_right=True),
-        _write("w1", op_score=0.8, op_right=False),  # most lines right: most of the term
-        _write("w2", op_score=0.0, op_right=False, format_errors=["line 2: unknown id 9"]),
-        _write("w3", op_right=True),  # a step without op_score (older dumps) falls back to op_right
+        _write("w0", op_score=1.0),
+        _write("w1", op_score=0.8),  # most lines right: most of the term
+        _write("w2", op_score=0.0, format_errors=["line 2: unknown id 9"]),
+        _write("w3", op_score=1.0),
         _write("w4"),  # the dataset does not know this write's operations: no op term
         _write("w5", applied=False, op_score=1.0),  # an alternative that was not applied trains nothing
     )
@@ -35,8 +47,8 @@ def test_op_term_pays_the_share_of_gold_operations_right():
 
 def test_local_credit_scores_every_reply_by_its_step_terms_alone():
     steps = (
-        _write("w0", op_score=1.0, alternatives=2, write_index=0),
-        _write("w0.1", applied=False, op_score=0.0, alternatives=2, write_index=0),  # scored, not applied
+        _write("w0", op_score=1.0, alternatives=2),
+        _write("w0.1", alternative=1, applied=False, op_score=0.0, alternatives=2),  # scored, not applied
     )
     cfg = MemoryCreditConfig(name="local", format_weight=0.2, op_weight=0.5)
     got = step_rewards(CreditInput(steps, outcome=0.9, used_fact_ids=frozenset()), cfg)
@@ -49,3 +61,28 @@ def test_snapshot_score_must_be_one_the_scorer_knows():
     assert MemoryCreditConfig(snapshot_score="gold_logprob").snapshot_score == "gold_logprob"
     with pytest.raises(ValueError, match=r"snapshot_score must be one of \['answer', 'gold_logprob'\]"):
         MemoryCreditConfig(snapshot_score="f1")
+
+
+def test_each_credit_declares_what_the_runner_samples_and_how_it_is_scored():
+    specs = {name: get_credit(name).spec for name in STEP_CREDITS.names()}
+    assert specs == {
+        "broadcast": CreditSpec(),
+        "used": CreditSpec(),
+        "snapshot": CreditSpec(SampleAt.PLANNED, ScoredBy.ANSWERING),
+        "local": CreditSpec(SampleAt.EVERY_WRITE, ScoredBy.STEP_TERMS),
+    }
+    assert [n for n, s in specs.items() if s.samples_alternatives] == ["local", "snapshot"]
+    with pytest.raises(ValueError, match="scored_by=answering scores sampled alternatives"):
+        CreditSpec(scored_by=ScoredBy.ANSWERING)
+    with pytest.raises(KeyError, match="valid choices: broadcast, local, snapshot, used"):
+        get_credit("outcome")
+
+
+def test_a_dotted_credit_must_be_a_step_credit():
+    with pytest.raises(TypeError, match="expected a StepCredit"):
+        get_credit("memrl.episode.credit:used")  # the bare function, not its registry entry
+
+
+def test_credit_group_of_a_sampled_write_is_its_own():
+    assert credit_group("g", MemoryWrite(index=2, alternatives=3)) == "g/memory/2"
+    assert credit_group("g", MemoryWrite(index=2)) == "g/memory"

@@ -16,7 +16,7 @@ from memrl.data.config import BatchConfig
 from memrl.episode.build import build_runner
 from memrl.episode.credit import written_ids
 from memrl.testing.scripted import ScriptedPolicy
-from memrl.types import TurnRole
+from memrl.types import StepRole
 
 _TURN = re.compile(r"^\[[^\]]*\] [A-Z][a-z]+: (.*)$", re.M)
 
@@ -75,7 +75,7 @@ def _writes(traj):
     return [
         (s, r)
         for s, r in zip(traj.steps, traj.step_rewards_ext, strict=True)
-        if s.turn_role is TurnRole.HISTORY and s.meta.extra.get("role") == "memory"
+        if s.meta.role is StepRole.MEMORY
     ]
 
 
@@ -90,7 +90,7 @@ def test_each_write_is_a_trainable_history_step(used_run):
             assert step.response_mask == (1,) * len(step.response_ids) and len(step.logprobs) == len(
                 step.response_ids
             )
-            assert step.meta.extra["read_turns"] and step.meta.extra["credit_group"].endswith("/memory")
+            assert step.meta.extra["read_turns"] and step.meta.credit_group.endswith("/memory")
             assert step.trainable
     # Only leaf 0 carries the writes (the memory is the episode's, shared by its leaves).
     assert all(not _writes(t) for t in trajs if t.episode_id.endswith("#1"))
@@ -125,7 +125,7 @@ def test_memory_rows_round_trip_through_the_batch_builder(used_run):
             assert row.logprobs == pytest.approx(step.logprobs)
             i = batch.step_ids.index(step.step_id)
             assert float(batch.rewards[i]) == pytest.approx(credit)
-            assert batch.group_ids[i] == step.meta.extra["credit_group"] != traj.group_id
+            assert batch.group_ids[i] == step.meta.credit_group != traj.group_id
 
 
 def test_broadcast_gives_every_write_the_outcome(policy):
@@ -146,15 +146,15 @@ def test_snapshot_groups_k_alternatives_scored_on_forks(policy):
     trajs = runner.run_batch(inputs[:2])
     for traj in (t for t in trajs if t.episode_id.endswith("#0")):
         writes = _writes(traj)
-        alts = [(s, c) for s, c in writes if s.meta.extra["alternatives"] == 3]
-        assert len(alts) == 3 and len({s.meta.extra["credit_group"] for s, _ in alts}) == 1
-        assert [s.meta.extra["applied"] for s, _ in alts] == [True, False, False]
-        assert all(c == s.meta.extra["snapshot_reward"] for s, c in alts)
+        alts = [(s, c) for s, c in writes if s.meta.write.alternatives == 3]
+        assert len(alts) == 3 and len({s.meta.credit_group for s, _ in alts}) == 1
+        assert [s.meta.write.applied for s, _ in alts] == [True, False, False]
+        assert all(c == s.meta.write.snapshot_reward for s, c in alts)
         # The writes that were not sampled as a group train nothing under snapshot credit.
-        assert all(c is None for s, c in writes if s.meta.extra["alternatives"] == 1)
+        assert all(c is None for s, c in writes if s.meta.write.alternatives == 1)
         # The planned write is the one that read the question's evidence turn.
         inp = next(bi for bi in inputs if bi.episode_id == traj.source_episode_id)
-        i = alts[0][0].meta.extra["write_index"]
+        i = alts[0][0].meta.write.index
         read_ids = {t.turn_id for t in inp.history[6 * i : 6 * (i + 1)]}
         assert read_ids & set(inp.metadata["evidence_turn_ids"])
     assert not [ns for ns in runner.memory.store.namespaces() if "~fork" in ns]  # forks released
@@ -164,7 +164,7 @@ def test_snapshot_groups_k_alternatives_scored_on_forks(policy):
 def _snapshot_rewards(trajs) -> dict[str, list[float]]:
     return {
         t.source_episode_id: [
-            s.meta.extra["snapshot_reward"] for s, _ in _writes(t) if s.meta.extra["alternatives"] > 1
+            s.meta.write.snapshot_reward for s, _ in _writes(t) if s.meta.write.alternatives > 1
         ]
         for t in trajs
         if _writes(t)  # the leaf that carries the writes
@@ -240,16 +240,16 @@ def test_local_credit_groups_k_alternatives_at_every_write_scored_by_the_step_te
         assert len(writes) == 3 * 3  # every write of 6 turns, 3 alternatives each
         groups: dict[str, list] = {}
         for step, credit in writes:
-            groups.setdefault(step.meta.extra["credit_group"], []).append((step, credit))
-            extra = step.meta.extra
+            groups.setdefault(step.meta.credit_group, []).append((step, credit))
+            write = step.meta.write
             # No answering: the reward is the per-step terms alone.
-            expected = 0.2 * (not extra["format_errors"]) + 0.5 * extra["op_score"]
+            expected = 0.2 * (not write.format_errors) + 0.5 * write.op_score
             assert credit == pytest.approx(expected)
         assert len(groups) == 3
         for members in groups.values():
-            assert [s.meta.extra["applied"] for s, _ in members] == [True, False, False]
+            assert [s.meta.write.applied for s, _ in members] == [True, False, False]
             assert len({s.prompt_ids for s, _ in members}) == 1  # one store state, one prompt
-            assert len({s.meta.extra["write_index"] for s, _ in members}) == 1
+            assert len({s.meta.write.index for s, _ in members}) == 1
     assert runner.memory._forks == 0  # scored unapplied: no store copies
     assert "episode/time_snapshot_s" not in runner.metrics
 
@@ -300,7 +300,7 @@ def test_a_writer_left_untrained_writes_greedily_without_alternatives(policy, mo
     assert seen and set(seen) == {(0.0, 1)}
     assert runner.metrics["memory/writes"] == 3 and runner.metrics["memory/shared_ingests"] == 1
     assert [len(_writes(t)) for t in trajs] == [3, 0]
-    assert [s.meta.extra["applied"] for s, _ in _writes(trajs[0])] == [True] * 3  # no unapplied alternatives
+    assert [s.meta.write.applied for s, _ in _writes(trajs[0])] == [True] * 3  # no unapplied alternatives
 
 
 def test_policy_writes_log_how_far_they_got_at_most_once_a_minute(caplog):
@@ -364,7 +364,7 @@ def test_snapshot_gold_logprob_scores_each_fork_by_the_gold_answers_likelihood(t
             *tok(format_answer(inp.target_answer), add_special_tokens=False)["input_ids"],
             tok.eos_token_id,
         ]
-        alts = [s for s, _ in _writes(traj) if s.meta.extra["alternatives"] == 3]
-        rewards = [s.meta.extra["snapshot_reward"] for s in alts]
+        alts = [s for s, _ in _writes(traj) if s.meta.write.alternatives == 3]
+        rewards = [s.meta.write.snapshot_reward for s in alts]
         assert len(alts) == 3 and all(0 < r <= 1 for r in rewards)
         assert all(any(r == pytest.approx(x) for x in scored[tuple(gold)]) for r in rewards)

@@ -8,12 +8,12 @@ import pytest
 
 from memrl.memory.config import MemoryConfig
 from memrl.memory.extract import (
-    EXTRACTORS,
     ExtractionRequest,
     LlmOutputError,
     parse_decisions,
     rule_fact_texts,
 )
+from memrl.memory.extractors import EXTRACTORS, writes_steps
 from memrl.memory.manager import MemorySystem
 from memrl.memory.store import FactRecord
 from memrl.types import MemoryOpType, TurnSpec
@@ -137,3 +137,10 @@ def test_llm_extractor_add_update_delete_and_malformed_noop(counting, caplog):
 def test_llm_extractor_needs_a_generator():
     with pytest.raises(ValueError, match="policy_text_generator"):
         EXTRACTORS.get("llm")(MemoryConfig(extractor="llm"), None)
+
+
+def test_extractor_registry_lists_its_choices_and_says_which_write_trainable_steps():
+    assert EXTRACTORS.names() == ["gold", "llm", "policy", "rule"]
+    assert [n for n in EXTRACTORS.names() if writes_steps(n)] == ["policy"]
+    with pytest.raises(KeyError, match="valid choices: gold, llm, policy, rule"):
+        EXTRACTORS.get("mem0")

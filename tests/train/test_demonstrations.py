@@ -12,13 +12,14 @@ import torch
 
 from memrl.data.batch import TrajectoryBatchBuilder
 from memrl.data.config import BatchConfig
+from memrl.serialize import episode_from_dict, to_dict
 from memrl.testing.models import byte_tokenizer
 from memrl.train.config import LoraConfig, ReplayConfig, TrainConfig
 from memrl.train.demonstrations import GoldDemonstrations
 from memrl.train.lora import attach_lora, trainable_parameters
 from memrl.train.microbatch import collate, forward_logits, token_logprobs, unpack
 from memrl.train.replay import ReplayBuffer, replay_loss
-from memrl.types import EpisodeTrajectory, episode_from_dict, to_dict
+from memrl.types import EpisodeTrajectory
 from tests.train.train_fixtures import make_episodes, tiny_llama
 
 BUILD = TrajectoryBatchBuilder(BatchConfig(layout="packed")).build
@@ -173,14 +174,20 @@ def test_bad_demonstrations_value_lists_the_choices(value):
 
 def _with_write(ep: EpisodeTrajectory, op_right: bool | None) -> EpisodeTrajectory:
     """``ep`` with one applied memory write before its target step (its ops right, wrong or unknown)."""
-    from memrl.types import StepMeta, StepTrajectory, TurnRole
+    from memrl.types import MemoryWrite, StepMeta, StepRole, StepTrajectory, TurnRole
 
-    extra = {"role": "memory", "applied": True, "op_right": op_right, "credit_group": f"{ep.group_id}/memory",
-             "gold_ops": None if op_right is None else "ADD Ann lives in Oslo.\nNOOP"}  # fmt: skip
-    write = StepTrajectory(
-        f"{ep.episode_id}/w0", (5, 6, 7), (8, 9), (1, 1), (-0.3, -0.4), "D1:2", TurnRole.HISTORY,
-        StepMeta(turn_id="D1:2", turn_role=TurnRole.HISTORY, extra=extra),
+    record = MemoryWrite(
+        index=0,
+        op_score=None if op_right is None else float(op_right),
+        gold_ops=None if op_right is None else "ADD Ann lives in Oslo.\nNOOP",
+    )
+    meta = StepMeta(
+        turn_id="D1:2", turn_role=TurnRole.HISTORY, role=StepRole.MEMORY, write=record,
+        credit_group=f"{ep.group_id}/memory",
     )  # fmt: skip
+    write = StepTrajectory(
+        f"{ep.episode_id}/w0", (5, 6, 7), (8, 9), (1, 1), (-0.3, -0.4), "D1:2", TurnRole.HISTORY, meta
+    )
     return dataclasses.replace(ep, steps=(write, *ep.steps), step_rewards_ext=(0.5, None))
 
 
@@ -189,7 +196,8 @@ def test_memory_demonstrations_imitate_the_gold_operations_of_wrong_writes():
     group = [_with_write(e, op_right=False) for e in _group(_episodes(rewards=(1.0, 0.0, 0.0, 0.0)))]
     demo = GoldDemonstrations(tok, min_reward=1.0, memory=True)(group)
     # The group reached min_reward (no answer demonstration), but its writes got their operations wrong.
-    assert demo is not None and all(s.meta.extra["role"] == "memory" for s in demo.steps)
+    assert demo is not None and all(s.meta.role == "memory" for s in demo.steps)
+    assert all(s.meta.write.op_right and not s.meta.write.format_errors for s in demo.steps)
     step = demo.steps[0]
     gold_ids = tok("ADD Ann lives in Oslo.\nNOOP", add_special_tokens=False)["input_ids"]
     assert step.prompt_ids == (5, 6, 7) and list(step.response_ids) == [*gold_ids, tok.eos_token_id]

@@ -6,18 +6,23 @@ import torch
 
 from memrl.train.config import TrainConfig
 from memrl.train.roles import active_roles, keep_roles, memory_rollout_metrics, role_metrics
-from memrl.types import EpisodeTrajectory, StepMeta, StepTrajectory, TurnRole
+from memrl.types import EpisodeTrajectory, MemoryWrite, StepMeta, StepRole, StepTrajectory, TurnRole
 
 
-def _step(sid, role, memory=False, **extra):
-    meta = StepMeta(turn_id=sid, turn_role=role, extra={"role": "memory", **extra} if memory else {})
+def _step(sid, role, memory=False, **write):
+    meta = StepMeta(
+        turn_id=sid,
+        turn_role=role,
+        role=StepRole.MEMORY if memory else None,
+        write=MemoryWrite(index=0, **write) if memory else None,
+    )
     return StepTrajectory(sid, (1, 2), (3, 4), (1, 1), (-0.1, -0.2), sid, role, meta)
 
 
 def _episode():
     steps = (
-        _step("w0", TurnRole.HISTORY, memory=True, applied=True, op_right=True),
-        _step("w1", TurnRole.HISTORY, memory=True, applied=True, op_right=False, format_errors=["bad"]),
+        _step("w0", TurnRole.HISTORY, memory=True, applied=True, op_score=1.0),
+        _step("w1", TurnRole.HISTORY, memory=True, applied=True, op_score=0.0, format_errors=("bad",)),
         _step("t0", TurnRole.TARGET),
     )
     return EpisodeTrajectory("e", "g", steps, 1.0, "completed", step_rewards_ext=(0.7, 0.0, None))
@@ -57,4 +62,5 @@ def test_memory_rollout_metrics():
         "memory/format_ok": 0.5,
         "memory/credit_mean": 0.35,
         "memory/op_right": 0.5,
+        "memory/op_score": 0.5,
     }

@@ -13,7 +13,7 @@ from memrl.train.config import LoraConfig, TrainConfig
 from memrl.train.lora import adapter_state, attach_lora
 from memrl.train.microbatch import collate, token_logprobs, unpack
 from memrl.train.updater import PolicyUpdater
-from memrl.types import StepMeta, TurnRole
+from memrl.types import MemoryWrite, StepMeta, StepRole, TurnRole
 from tests.train.train_fixtures import make_episodes, tiny_llama
 
 
@@ -216,7 +216,9 @@ def _as_writes(episodes, group: str):
     out = []
     for ep in episodes:
         if ep.group_id == group:
-            meta = StepMeta(turn_id="t", turn_role=TurnRole.HISTORY, extra={"role": "memory"})
+            meta = StepMeta(
+                turn_id="t", turn_role=TurnRole.HISTORY, role=StepRole.MEMORY, write=MemoryWrite(index=0)
+            )
             ep = dataclasses.replace(ep, steps=tuple(dataclasses.replace(s, meta=meta) for s in ep.steps))
         out.append(ep)
     return out
