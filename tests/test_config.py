@@ -184,3 +184,20 @@ def test_every_config_key_is_a_stable_or_an_experiment_knob():
     assert keys - set(STABLE) - set(EXPERIMENT) == set(), "classify the new keys in memrl/config_knobs.py"
     assert set(STABLE) | set(EXPERIMENT) <= keys, "memrl/config_knobs.py names keys that no longer exist"
     assert all(STABLE.values()) and all(EXPERIMENT.values())
+
+
+def test_the_quickstart_trains_on_the_prompt_memrl_eval_scores_and_evaluates_held_out_episodes():
+    """configs/quickstart.yaml's adapter is meant for `memrl eval --config configs/synthetic.yaml
+    policy.lora_path=...`: same model, tools, memory and prompt settings; its own before/after evaluation is on
+    at least 48 test-split episodes, strict EM."""
+    from pathlib import Path
+
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    quick, ev = load_config(configs / "quickstart.yaml"), load_config(configs / "synthetic.yaml")
+    assert quick.policy.model == ev.policy.model and quick.tools.enabled == ev.tools.enabled
+    assert quick.memory == ev.memory
+    for field in ("context", "use_summary", "prompt_token_budget"):
+        assert getattr(quick.episode, field) == getattr(ev.episode, field), field
+    assert quick.data.adapter == ev.data.adapter and ev.data.split == quick.train.eval_split == "test"
+    assert quick.train.final_eval_episodes >= 48 and quick.train.eval_reward == "exact_match"
+    assert quick.train.steps <= 20 and quick.train.max_wall_s is not None

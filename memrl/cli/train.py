@@ -1,7 +1,9 @@
 """``memrl train --config configs/synthetic_tree.yaml [key=value ...]``: LoRA GRPO training.
 
 Resumes from the newest complete checkpoint in ``<output_dir>/checkpoints``; ``--fresh`` discards what an earlier
-run wrote there first, as in ``memrl run`` / ``memrl eval``. Prints ``summary.json`` at the end.
+run wrote there first, as in ``memrl run`` / ``memrl eval``. Ends with a table of the held-out scores before and
+after training (:mod:`memrl.train.summary_table`), the run dir and the next commands; ``--json`` prints the run's
+``summary.json`` instead.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ TRAIN_OUTPUTS = (
     "metrics.jsonl",
     "summary.json",
     "curve.png",
+    "eval_final",
 )
 
 
@@ -48,12 +51,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--fresh", action="store_true", help="discard an earlier run in the output dir (no resume)"
     )
     p.add_argument("--no-progress", action="store_true", help="no tqdm bars (evaluations, steps)")
+    p.add_argument("--json", action="store_true", help="end with summary.json instead of the table")
     p.set_defaults(func=run, accepts_extra=True)
 
 
 def run(args: argparse.Namespace) -> int:
     from memrl.config import ConfigError, load_config
     from memrl.train.loop import train
+    from memrl.train.summary_table import format_summary
 
     overrides = list(args.extra)
     if args.name:
@@ -66,5 +71,5 @@ def run(args: argparse.Namespace) -> int:
     if args.fresh and (removed := clear_training(cfg.output_dir)):
         print(f"memrl train: --fresh: removed {', '.join(removed)} from {cfg.output_dir}", file=sys.stderr)
     summary = train(cfg, progress=not args.no_progress)
-    print(json.dumps(summary, indent=2, sort_keys=True))
+    print(json.dumps(summary, indent=2, sort_keys=True) if args.json else format_summary(summary))
     return 0

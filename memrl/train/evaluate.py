@@ -4,18 +4,26 @@
 (``exact_match`` by default, so it is exact-match accuracy); failed episodes count as 0. ``eval/em_ci_low`` /
 ``_high`` are a 95 % percentile bootstrap interval over episodes (2,000 resamples, fixed seed). The same inputs
 and decoding are used at every evaluation and for every rollout strategy, so runs are comparable.
+
+Besides the reward, each answer is scored by :data:`SIDE_METRICS` (``eval/lenient_match``: the gold answer anywhere
+in the response, tag or not; ``eval/token_f1``), with the same intervals: an untrained model that never writes the
+answer tag scores 0 strict, and the lenient score shows what it knew.
 """
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from tqdm import tqdm
 
+from memrl.episode.output import TrajectoryWriter
 from memrl.formats import extract_answer
+from memrl.rewards.base import RewardInput, make_reward
 from memrl.rewards.benchmarks import LONGMEMEVAL_ABSTENTION, abstains
 from memrl.types import EpisodeStatus
 
@@ -29,16 +37,47 @@ def bootstrap_ci(values: list[float], resamples: int = 2000, seed: int = 0) -> t
     return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
 
 
+# Scored besides the evaluation reward on every held-out answer (the end-of-run table's lenient and F1 columns).
+SIDE_METRICS = ("lenient_match", "token_f1")
+
+
 def _score(episode: Any) -> float:
     return episode.reward if episode.status is not EpisodeStatus.FAILED else 0.0
 
 
+def side_scores(inputs: list, episodes: list) -> dict[str, float]:
+    """``eval/<metric>`` and its bootstrap interval for each of :data:`SIDE_METRICS` over ``episodes`` (scored
+    against their inputs' gold answers; a failed episode scores 0)."""
+    gold = {bi.episode_id: bi for bi in inputs}
+    answers = []
+    for e in episodes:
+        bi = gold[e.source_episode_id]
+        text = e.steps[-1].meta.response_text if e.steps else ""
+        answers.append(RewardInput.from_response(text, bi.target_answer, bi.final_query, bi.metadata))
+    ok = [e.status is not EpisodeStatus.FAILED for e in episodes]
+    out: dict[str, float] = {}
+    for name in SIDE_METRICS:
+        values = [v if good else 0.0 for v, good in zip(make_reward(name)(answers), ok, strict=True)]
+        low, high = bootstrap_ci(values)
+        out.update({
+            f"eval/{name}": float(np.mean(values)) if values else 0.0,
+            f"eval/{name}_ci_low": low,
+            f"eval/{name}_ci_high": high,
+        })  # fmt: skip
+    return out
+
+
 def evaluate(
-    res: Any, inputs: list | None = None, desc: str | None = None, leave: bool = True
+    res: Any,
+    inputs: list | None = None,
+    desc: str | None = None,
+    leave: bool = True,
+    save_dir: Path | None = None,
 ) -> dict[str, float]:
     """Evaluate on ``inputs`` (default: the in-run subset ``res.eval_inputs``). ``desc``: show a progress bar
     over the episodes on stderr with this label (the start and final evaluations take minutes); ``leave``: keep
-    the finished bar on screen."""
+    the finished bar on screen. ``save_dir``: also write the episodes there as ``memrl run`` does (replacing what
+    it held), for ``memrl inspect``."""
     t0 = time.perf_counter()
     res.model.eval()
     inputs = res.eval_inputs if inputs is None else inputs
@@ -59,6 +98,9 @@ def evaluate(
             episodes.extend(res.eval_runner.run_batch(inputs[i : i + size]))
             bar.set_postfix(em=f"{np.mean([_score(e) for e in episodes]):.3f}", refresh=False)
             bar.update(len(inputs[i : i + size]))
+    if save_dir is not None:
+        shutil.rmtree(save_dir, ignore_errors=True)
+        TrajectoryWriter(save_dir).write(episodes)
     rewards = [_score(e) for e in episodes]
     low, high = bootstrap_ci(rewards)
     return {
@@ -67,8 +109,9 @@ def evaluate(
         "eval/em_ci_high": high,
         "eval/episodes": float(len(episodes)),
         "eval/failed": float(sum(e.status is EpisodeStatus.FAILED for e in episodes)),
-        "eval/time_s": time.perf_counter() - t0,
+        **side_scores(inputs, episodes),
         **breakdown(inputs, episodes),
+        "eval/time_s": time.perf_counter() - t0,
     }
 
 

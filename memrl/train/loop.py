@@ -54,7 +54,7 @@ from memrl.train.checkpoint import (
     save_checkpoint,
 )
 from memrl.train.config import TrainConfig
-from memrl.train.evaluate import evaluate
+from memrl.train.evaluate import SIDE_METRICS, evaluate
 from memrl.train.metrics import MetricsLogger, plot_curves
 from memrl.train.replay import ReplayBuffer
 from memrl.train.roles import active_roles, keep_roles, memory_rollout_metrics
@@ -66,6 +66,7 @@ logger = logging.getLogger(__name__)
 
 TRAIN_STREAM, EVAL_STREAM = 0, 1
 DECODED = "rollout/decode_tokens"  # the runner's cumulative count of tokens the policy decoded
+FINAL_EVAL_DIR = "eval_final"  # the final evaluation's episodes, in memrl run's format (memrl inspect)
 PHASE_TIMES = {
     "episode/time_ingest_s": "time/memory_rollout_s",
     "episode/time_generate_s": "time/answer_rollout_s",
@@ -198,11 +199,16 @@ def _checkpoint(res: TrainResources, ckpt_root: Path, step: int, counters: dict[
 
 
 def _eval(
-    res: TrainResources, step: int, inputs: list | None = None, desc: str | None = None, leave: bool = True
+    res: TrainResources,
+    step: int,
+    inputs: list | None = None,
+    desc: str | None = None,
+    leave: bool = True,
+    save_dir: Path | None = None,
 ) -> dict[str, float]:
     # Evaluation gets its own fixed seed, so it never shifts the training stream.
     seed_everything(step_seed(res.cfg.seed, step, EVAL_STREAM), res)
-    return evaluate(res, inputs, desc=desc, leave=leave)
+    return evaluate(res, inputs, desc=desc, leave=leave, save_dir=save_dir)
 
 
 def _start_eval(res: TrainResources, progress: bool = False) -> dict[str, float]:
@@ -234,6 +240,7 @@ def start_eval_key(res: TrainResources) -> str:
         "episode": dataclasses.asdict(ecfg.episode),
         "rollout": dataclasses.asdict(ecfg.rollout),
         "inputs": episodes_digest(res.final_eval_inputs),
+        "side_metrics": SIDE_METRICS,  # an entry cached before a metric was added lacks its score
     }
     blob = json.dumps(payload, sort_keys=True, default=str).encode("utf-8")
     return hashlib.sha256(blob).hexdigest()[:20]
@@ -247,12 +254,15 @@ def episodes_digest(inputs: list[BatchInput]) -> str:
 
 
 def _counters_from_eval(counters: dict[str, float], name: str, result: dict[str, float]) -> None:
-    counters[name] = result["eval/em"]
+    """``name`` is ``em_start`` or ``em_final``: the reward's score and interval, and those of the side metrics
+    (``lenient_match_start``, ``token_f1_final``, ...) where the evaluation scored them."""
     counters["eval_episodes"] = result["eval/episodes"]
-    counters[f"{name}_ci_low"], counters[f"{name}_ci_high"] = (
-        result["eval/em_ci_low"],
-        result["eval/em_ci_high"],
-    )
+    when = name.removeprefix("em_")
+    for metric, key in (("em", name), *((m, f"{m}_{when}") for m in SIDE_METRICS)):
+        if f"eval/{metric}" in result:
+            counters[key] = result[f"eval/{metric}"]
+            counters[f"{key}_ci_low"] = result[f"eval/{metric}_ci_low"]
+            counters[f"{key}_ci_high"] = result[f"eval/{metric}_ci_high"]
 
 
 def train(cfg: Config, *, resources: TrainResources | None = None, progress: bool = False) -> dict[str, Any]:
@@ -288,7 +298,8 @@ def _train(cfg: Config, resources: TrainResources | None, progress: bool) -> dic
         step = _train_steps(res, state.step, counters, log, ckpt_root, evaluating, progress)
         if ends and (step != state.step or "em_final" not in counters):  # not again on a finished run
             t0 = time.perf_counter()
-            final = _eval(res, step, res.final_eval_inputs, desc="final eval" if progress else None)
+            desc = "final eval" if progress else None
+            final = _eval(res, step, res.final_eval_inputs, desc=desc, save_dir=run_dir / FINAL_EVAL_DIR)
             _counters_from_eval(counters, "em_final", final)
             counters["eval_wall_s"] = counters.get("eval_wall_s", 0.0) + time.perf_counter() - t0
             log.log(step, {**final, **{f"counters/{k}": v for k, v in counters.items()}})
@@ -376,11 +387,20 @@ def _finish(cfg: Config, run_dir: Path, step: int, counters: dict[str, float]) -
     ci = lambda name: (  # noqa: E731
         [counters[f"{name}_ci_low"], counters[f"{name}_ci_high"]] if f"{name}_ci_low" in counters else None
     )
+    adapter = run_dir / "checkpoints" / f"step_{step:06d}" / "adapter"
     summary = {
         "em_start": counters.get("em_start"),
         "em_start_ci": ci("em_start"),
         "em_final": counters.get("em_final"),
         "em_final_ci": ci("em_final"),
+        **{f"{m}_{w}": counters.get(f"{m}_{w}") for m in SIDE_METRICS for w in ("start", "final")},
+        **{f"{m}_{w}_ci": ci(f"{m}_{w}") for m in SIDE_METRICS for w in ("start", "final")},
+        "eval_reward": cfg.train.eval_reward or cfg.episode.reward,
+        "eval_split": cfg.train.final_eval_split or cfg.train.eval_split,
+        "memory": cfg.episode.context,
+        "run_dir": str(run_dir),
+        "eval_dir": str(run_dir / FINAL_EVAL_DIR) if (run_dir / FINAL_EVAL_DIR).is_dir() else None,
+        "adapter": str(adapter) if adapter.is_dir() else None,
         "eval_episodes": int(counters.get("eval_episodes", 0)) or None,
         "eval_wall_s": round(counters.get("eval_wall_s", 0.0), 1),
         "seed": cfg.seed,

@@ -62,3 +62,28 @@ def test_abstaining_on_answerable_questions_is_counted():
 
 def test_one_group_adds_nothing():
     assert breakdown([_input(0, 1)], [_episode(0, 1.0)]) == {}
+
+
+def test_lenient_and_f1_score_each_answer_against_its_gold_and_a_failed_episode_zero():
+    """Besides the reward (strict EM), the evaluation scores lenient match (gold anywhere in the response) and
+    token F1; a failed episode scores 0 in both, whatever its text."""
+    from memrl.train.evaluate import side_scores
+
+    inputs = [
+        BatchInput(episode_id=f"q{i}", group_id=f"q{i}", turns=_input(i, 1).turns, final_query="what?",
+                   target_answer=gold)
+        for i, gold in enumerate(["Paris", "blue", "Rome", "Oslo"])
+    ]  # fmt: skip
+    episodes = [
+        _episode(0, 1.0, answer="<answer>Paris</answer>"),  # tagged and right
+        _episode(1, 0.0, answer="I think it is blue, as said."),  # untagged: lenient yes, strict no
+        _episode(2, 0.0, answer="<answer>Milan</answer>"),  # wrong
+        _episode(3, 0.0, EpisodeStatus.FAILED, answer="<answer>Oslo</answer>"),  # failed: 0
+    ]
+    out = side_scores(inputs, episodes)
+    assert out["eval/lenient_match"] == pytest.approx(0.5)
+    assert 0.25 < out["eval/token_f1"] < 0.5  # 1 + a partial F1 for the untagged sentence + 0 + 0, over 4
+    assert out["eval/lenient_match_ci_low"] <= 0.5 <= out["eval/lenient_match_ci_high"]
+    assert set(out) == {
+        f"eval/{m}{s}" for m in ("lenient_match", "token_f1") for s in ("", "_ci_low", "_ci_high")
+    }

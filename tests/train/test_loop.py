@@ -444,3 +444,45 @@ def test_no_start_or_final_evaluation_with_final_eval_episodes_zero(tmp_path, ti
     rows = _metrics(tmp_path / "noeval")
     assert rows and not any(k.startswith("eval/") for r in rows for k in r)
     assert latest_checkpoint(tmp_path / "noeval" / "checkpoints") is not None
+
+
+def test_memrl_train_ends_with_the_before_after_table_of_its_summary(tmp_path, tiny_model_dir, capsys):
+    """`memrl train` prints the held-out table (strict, lenient, F1 before and after, from summary.json), the
+    run dir and the next commands; the final evaluation's episodes are a directory `memrl inspect` reads."""
+    from memrl.cli.main import main
+    from memrl.inspect import load_run
+
+    cfg = tmp_path / "table.yaml"
+    cfg.write_text(CONFIG.format(out=tmp_path / "table", model=tiny_model_dir, steps=1))
+    args = [
+        "train",
+        "--config",
+        str(cfg),
+        "--no-progress",
+        "train.final_eval_episodes=3",
+        "train.eval_every=0",
+    ]
+    assert main([*args, "episode.reward=tests.train.train_fixtures:vowel_reward"]) == 0
+    out = capsys.readouterr().out
+    summary = json.loads((tmp_path / "table" / "summary.json").read_text())
+    assert summary["eval_episodes"] == 3 and summary["memory"] == "memory" and summary["eval_split"] == "test"
+    for key in ("em", "lenient_match", "token_f1"):
+        for when in ("start", "final"):
+            value, (low, high) = summary[f"{key}_{when}"], summary[f"{key}_{when}_ci"]
+            assert 0.0 <= low <= value <= high <= 1.0
+    lines = out.splitlines()
+    assert lines[0] == "held-out test split: 3 episodes, memory on; 1 step, " + lines[0].split("step, ")[1]
+    # the reward's row is named by the reward, then lenient and F1, each with the summary's numbers
+    vowels = next(line for line in lines if line.startswith("tests.train.train_fixtures:vowel_reward"))
+    assert f"{summary['em_start']:.3f} ({summary['em_start_ci'][0]:.3f}-" in vowels
+    assert f"{summary['em_final']:.3f}" in vowels
+    lenient = next(line for line in lines if line.startswith("lenient")).split()
+    assert lenient[1] == f"{summary['lenient_match_start']:.3f}"
+    assert lenient[3] == f"{summary['lenient_match_final']:.3f}"
+    assert f"run dir: {tmp_path / 'table'}" in out
+    assert summary["adapter"] == str(tmp_path / "table" / "checkpoints" / "step_000001" / "adapter")
+    assert f"memrl eval --config EVAL_CONFIG policy.lora_path={summary['adapter']}" in out
+    assert f"memrl inspect {summary['eval_dir']}" in out
+    run = load_run(summary["eval_dir"])
+    assert len(run.episode_views()) == 3
+    assert "{" not in out  # the summary JSON only with --json
