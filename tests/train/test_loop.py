@@ -48,17 +48,6 @@ train:
 """
 
 
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
-    from memrl.testing import random_tiny_llama
-
-    path = tmp_path_factory.mktemp("tiny")
-    model, tok = random_tiny_llama(0)
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return path
-
-
 def _cmd(cfg: Path) -> list[str]:
     return [sys.executable, "-m", "memrl.cli.main", "train", "--config", str(cfg)]
 
