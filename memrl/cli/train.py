@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 
 # What `memrl train` writes under output_dir (memrl.train.loop, memrl.train.metrics, memrl.train.setup);
-# --fresh removes these and nothing else, so a directory shared with other files keeps them.
+# --fresh removes these and nothing else, so a directory shared with other files keeps them (names kept here so
+# the CLI starts without importing torch; tests/cli/test_train.py checks them against memrl.train.loop).
 TRAIN_OUTPUTS = (
     "checkpoints",
     "warm_start",

@@ -73,3 +73,11 @@ def test_clear_training_removes_only_what_training_writes(tmp_path):
     assert sorted(clear_training(tmp_path)) == sorted(TRAIN_OUTPUTS)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["eval.json", "trajectories"]
     assert clear_training(tmp_path / "missing") == []
+
+
+def test_fresh_knows_the_final_evaluation_directory():
+    """``--fresh`` lists what training writes by name (the CLI does not import torch); the final evaluation's
+    episodes directory, named in the training loop, must be among them."""
+    from memrl.train.loop import FINAL_EVAL_DIR
+
+    assert FINAL_EVAL_DIR in TRAIN_OUTPUTS
