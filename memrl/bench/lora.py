@@ -5,7 +5,9 @@ One batched ``generate`` of ``--batch`` rows, their prompts (``--prompt-tokens``
 cache, ``--gen-tokens`` new tokens each: ``*_ms_per_step`` is its time divided by the decode steps. The arms run
 interleaved, each timing the best of ``--repeats``. The folded arm's time includes folding the adapter in again
 (another arm's forward unfolds it, as a training step's update does); ``fold_s`` times one fold alone.
-``fold_speedup`` = unfolded / folded. The adapter is LoRA on every linear layer (as ``configs/*`` train), its
+``fold_speedup`` = unfolded / folded. On CUDA a fourth arm, ``graph``, is the folded one with each decode step
+replayed from a captured CUDA graph (``policy.cuda_graphs``, :mod:`memrl.policy.cuda_graphs`); the bench then
+also decodes the prompts greedily through both and counts the rows whose tokens are identical. The adapter is LoRA on every linear layer (as ``configs/*`` train), its
 ``B`` random so the fold changes the weights. ``--model`` takes ``random`` (the tiny random Llama of ``memrl bench
 policy``), an alias such as ``smollm2-135m`` or a model directory (e.g. a random-init copy of SmolLM2's shape on a
 GPU machine that has no weights).
@@ -23,6 +25,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="memrl bench lora")
     parser.add_argument("--model", default="smollm2-135m", help="'random', a model alias or an HF path")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="auto", help="policy.dtype (auto: bfloat16 on CUDA)")
+    parser.add_argument("--compile", action="store_true", help="on CUDA, also the compiled graph arm")
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--prompt-tokens", type=int, default=400)
     parser.add_argument("--gen-tokens", type=int, default=72)
@@ -49,7 +53,7 @@ def _arms(args):
     if args.model == "random":
         loaded = _policy(args.model)
     else:
-        loaded = HFPolicy(PolicyConfig(model=args.model, device=args.device))
+        loaded = HFPolicy(PolicyConfig(model=args.model, device=args.device, dtype=args.dtype))
     model = attach_lora(loaded.model, LoraConfig(r=args.rank, alpha=2 * args.rank)).to(args.device).eval()
     torch.manual_seed(0)
     with torch.no_grad():
@@ -58,10 +62,39 @@ def _arms(args):
                 param.normal_(0, 0.01)
     cfg = dataclasses.replace(loaded.cfg, device=args.device)
     arms = {}
-    for name, merge in (("bare", False), ("unfolded", False), ("folded", True)):
-        arms[name] = HFPolicy.from_model(model, loaded.tokenizer, dataclasses.replace(cfg, merge_lora=merge))
+    named = [("bare", False, False), ("unfolded", False, False), ("folded", True, False)]
+    if args.device.startswith("cuda"):
+        named.append(("graph", True, True))  # folded, each decode step replayed from a CUDA graph
+        if args.compile:
+            named.append(("compiled", True, "compile"))  # the same, of torch.compile's fused forward
+    for name, merge, graphs in named:
+        arm_cfg = dataclasses.replace(
+            cfg, merge_lora=merge, cuda_graphs=bool(graphs), compile_decode=graphs == "compile"
+        )
+        arms[name] = HFPolicy.from_model(model, loaded.tokenizer, arm_cfg)
         arms[name].eos_ids = []  # every row decodes --gen-tokens tokens
     return model, arms
+
+
+def _greedy_agreement(arms: dict, prompts: list, gen_tokens: int, other: str = "graph") -> dict:
+    """Greedy tokens of the captured decode against the eager folded one: rows identical, and the tokens
+    before each row's first difference."""
+    from memrl.policy.base import GenerationRequest, SamplingParams
+
+    greedy = SamplingParams(temperature=0.0, max_tokens=gen_tokens, stop_token_ids=())
+    eager, graph = (
+        [o[0].token_ids for o in arms[name].generate([GenerationRequest(p, greedy) for p in prompts])]
+        for name in ("folded", other)
+    )
+    same_prefix = [
+        next((i for i, (a, b) in enumerate(zip(x, y, strict=True)) if a != b), len(x))
+        for x, y in zip(eager, graph, strict=True)
+    ]
+    return {
+        "greedy_rows_identical": sum(x == y for x, y in zip(eager, graph, strict=True)),
+        "greedy_rows": len(prompts),
+        "greedy_tokens_before_first_difference": same_prefix,
+    }
 
 
 @BENCHES.register("lora")
@@ -88,6 +121,15 @@ def bench_lora(argv: list[str]) -> dict:
     for name, policy in arms.items():  # untimed: each arm's cache holds the prompts, as after tree search
         with scope(name):
             policy.generate([GenerationRequest(p, prime) for p in prompts])
+    warm_s = {}
+    for name in (
+        "graph",
+        "compiled",
+    ):  # untimed: graphs are captured (and compiled) at the first decode steps
+        if name in arms:
+            t0 = time.perf_counter()
+            arms[name].generate([GenerationRequest(p, params) for p in prompts])
+            warm_s[f"{name}_capture_s"] = time.perf_counter() - t0
     times: dict[str, list[float]] = {name: [] for name in arms}
     for _ in range(args.repeats):
         for name, policy in arms.items():
@@ -105,6 +147,19 @@ def bench_lora(argv: list[str]) -> dict:
     fold_s = time.perf_counter() - t0
     steps = args.gen_tokens
     best = {name: min(t) for name, t in times.items()}
+    graph = {}
+    if "graph" in arms:
+        graph = {
+            "graph_speedup_over_folded": best["folded"] / best["graph"],
+            "graph_speedup_over_bare": best["bare"] / best["graph"],
+            "graphs_captured": arms["graph"]._graphs.captures,
+            **warm_s,
+            **_greedy_agreement(arms, prompts, args.gen_tokens),
+        }
+        if "compiled" in arms:
+            graph["compiled_speedup_over_folded"] = best["folded"] / best["compiled"]
+            agree = _greedy_agreement(arms, prompts, args.gen_tokens, other="compiled")
+            graph.update({f"compiled_{k}": v for k, v in agree.items()})
     return {
         **vars(args),
         "torch_threads": torch.get_num_threads(),
@@ -113,4 +168,5 @@ def bench_lora(argv: list[str]) -> dict:
         "fold_s": fold_s,
         "fold_speedup": best["unfolded"] / best["folded"],
         "bare_over_folded": best["bare"] / best["folded"],
+        **graph,
     }

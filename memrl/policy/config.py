@@ -41,6 +41,12 @@ class PolicyConfig:
     # Decode with the active LoRA adapter folded into the base weights (memrl.policy.lora_merge): as fast as the
     # bare model, for one extra copy of the adapted layers' weights (false saves that memory, e.g. a large model).
     merge_lora: bool = True
+    # On CUDA, replay each decode step from a captured CUDA graph (memrl.policy.cuda_graphs): a small model's step
+    # is bound by kernel launches. false runs every step eagerly (e.g. to profile kernels one by one).
+    cuda_graphs: bool = True
+    # With cuda_graphs: the captured step is torch.compile's forward (fused kernels, fewer to replay); each bucket
+    # shape compiles once at its first use.
+    compile_decode: bool = False
     # --- openai-compatible http backend ---
     served_model_name: str | None = None  # "model" field sent to the server (default: the model string)
     api_key_env: str = "OPENAI_API_KEY"  # env var read for a bearer token (optional)

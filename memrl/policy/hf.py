@@ -30,6 +30,7 @@ import torch
 from memrl.policy.base import MEMORY_ADAPTER, GenerationRequest, SamplingParams, adapter_active
 from memrl.policy.batching import DecodeBatch, DecodeRow
 from memrl.policy.config import PolicyConfig
+from memrl.policy.cuda_graphs import GraphDecoder
 from memrl.policy.errors import PolicyError
 from memrl.policy.hf_load import attach_adapter, load_model_and_tokenizer
 from memrl.policy.hf_stream import HFStream
@@ -106,6 +107,12 @@ class HFPolicy:
         # time on an asynchronous device). Benchmarks split a speed-up into fewer forwards vs cheaper ones with it.
         self.forward_stats: Counter[str] = Counter()
         self._fold: LoraFold | None = None  # see _own_forward
+        # Decode steps replayed from captured CUDA graphs (memrl.policy.cuda_graphs).
+        self._graphs = (
+            GraphDecoder(self, compile=cfg.compile_decode)
+            if self.device.type == "cuda" and cfg.cuda_graphs
+            else None
+        )
 
     @classmethod
     def from_model(cls, model, tokenizer, cfg: PolicyConfig | None = None) -> HFPolicy:
@@ -157,7 +164,10 @@ class HFPolicy:
         if not self.cfg.merge_lora:
             return contextlib.nullcontext()
         if self._fold is None or self._fold.model is not self.model:  # load_adapter may wrap a new PeftModel
-            self._fold = LoraFold(self.model)
+            # One fold per model: policies sharing a model (a benchmark's arms) each stashing "base" weights that
+            # another had already folded would restore a folded model as the base, and fold the delta twice.
+            shared = getattr(self.model, "memrl_lora_fold", None)
+            self._fold = shared if shared is not None and shared.model is self.model else LoraFold(self.model)
         return self._fold.forward()
 
     @contextlib.contextmanager
@@ -347,6 +357,12 @@ class HFPolicy:
             # One query per row sees every cached position, so its 4-D mask is just the padding mask; handing it
             # over ready-made skips transformers' per-step mask construction (~1 ms per step, +35 %, on CPU).
             mask = batch.mask.bool()[:, None, None, :] if self.bool_decode_mask else batch.mask
+        if self._graphs is not None and self._graphs.supports(batch):
+            t0 = time.perf_counter()
+            with self._own_forward():
+                batch.logits = self._graphs.step(batch, next_ids)
+            self._count(next_ids, t0)
+            return
         batch.logits = self._forward(next_ids, mask, batch.pos, batch.cache)
 
     def _forward(self, input_ids, mask, pos, cache) -> torch.Tensor:
@@ -366,12 +382,15 @@ class HFPolicy:
                 logits_to_keep=1,
                 **extra,
             )
+        self._count(input_ids, t0)
+        return out.logits[:, -1, :]
+
+    def _count(self, input_ids: torch.Tensor, t0: float) -> None:
         stats = self.forward_stats
         stats["calls"] += 1
         stats["rows"] += input_ids.shape[0]
         stats["tokens"] += input_ids.numel()
         stats["seconds"] += time.perf_counter() - t0
-        return out.logits[:, -1, :]
 
     def _prefill_inputs(self, rows: list[DecodeRow]):
         """Inputs for the first forward of a batch of newly started rows.

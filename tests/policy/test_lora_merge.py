@@ -134,3 +134,16 @@ def test_decoding_with_adapters_disabled_runs_the_bare_base():
         assert _same(_base_weights(model), original) and not any(m.merged for m in lora_layers(model))
         expected = _manual_greedy(model, tok)
     assert list(bare.token_ids) == expected and bare.logprobs != adapted.logprobs
+
+
+def test_policies_sharing_a_model_share_one_fold():
+    """Two policies over one model (a benchmark's arms), taking turns: neither stashes the other's folded weights
+    as the base, so the adapter is never folded twice and the base comes back exact."""
+    model, tok = _model()
+    original = _base_weights(model)
+    a = HFPolicy.from_model(model, tok, PolicyConfig(model="x"))
+    b = HFPolicy.from_model(model, tok, PolicyConfig(model="x", prefix_cache_tokens=0))
+    outs = [_greedy(p).token_ids for p in (a, b, a, b)]
+    assert outs == [outs[0]] * 4 and list(outs[0]) == _manual_greedy(model, tok)
+    a._fold.restore()
+    assert a._fold is b._fold and _same(_base_weights(model), original)
