@@ -134,6 +134,7 @@ STABLE: dict[str, str] = {
     "episode.reward_options": "reward options (composite: parts and weights)",
     "episode.prompt_template": "Jinja template of the target-turn prompt",
     "episode.prompt_token_budget": "tokens of memory in the prompt",
+    "episode.tool_example": "show one worked python call in the prompt's tool line",
     "episode.context": "memory | none | recent_history: what the prompt carries",
     "episode.use_summary": "add the short-term summary to the prompt",
     "episode.batch_size": "episodes run together (a conversation's questions share one ingest)",
