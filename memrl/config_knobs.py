@@ -168,7 +168,7 @@ STABLE: dict[str, str] = {
     "train.replay.capacity": "episodes the replay buffer keeps",
     "train.replay.batch_size": "replayed groups per step (0: no replay SFT)",
     "train.replay.sft_weight": "weight of the SFT term",
-    "train.replay.demonstrations": "none | gold: SFT on gold answers when no episode is right",
+    "train.replay.demonstrations": "none | gold | gold_program: SFT on gold answers (or gold python calls) when no episode is right",
     "train.replay.memory_demonstrations": "SFT on gold writes too",
     "train.warm_start.episodes": "episodes of gold writes imitated before the first step (0: none)",
     "train.warm_start.batch_size": "writes per warm-start step",
