@@ -112,6 +112,7 @@ def gold_demonstration(
             source_episode_id=source,
             response_text=format_answer(gold or ""),
             gold_answer=gold,
+            gold_python=target.meta.gold_python,
         ),
     )
     return EpisodeTrajectory(
