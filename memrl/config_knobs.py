@@ -123,7 +123,7 @@ STABLE: dict[str, str] = {
     "rollout.tree.expansion_iterations": "expansion rounds",
     "rollout.tree.nodes_per_expansion": "nodes expanded per tree per round",
     "rollout.tree.beam_size": "continuations of an expanded node",
-    "rollout.tree.expansion_policy": "random | entropy: which nodes expand",
+    "rollout.tree.expansion_policy": "random | entropy | tool_call: which nodes expand",
     "rollout.tree.segment_tokens": "tokens between branch points",
     "rollout.rollback.enable_tool_rollback": "retry a tool call that failed with an environment error",
     "rollout.rollback.max_tool_retries": "retries of such a call",
