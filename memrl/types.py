@@ -345,9 +345,8 @@ class StepMeta:
     Tree search fills the tree fields (``tree_path``: root-to-leaf nodes, read by tree advantages and
     ``memrl inspect``); every rollout ``finish``, ``tool_calls``, ``rollbacks``. The episode runner adds
     ``leaf_index``, ``source_episode_id`` (the input episode; its leaves are trajectories ``<id>#<j>``),
-    ``response_text`` (what the reward scored), ``gold_answer`` (and ``gold_python``, a program printing it, where the
-    dataset has one), the prompt's ``included_fact_ids`` /
-    ``cut_fact_ids`` and memory fields.
+    ``response_text`` (what the reward scored), ``gold_answer`` / ``gold_python``, the prompt's
+    ``included_fact_ids`` / ``cut_fact_ids`` and memory fields.
 
     What training reads is typed: ``role`` (``answer`` on every target step, ``memory`` on a policy-written
     memory step, ``None`` on an untrainable history record), ``credit_group`` (the GRPO group of a memory step;
@@ -372,7 +371,7 @@ class StepMeta:
     source_episode_id: str = ""
     response_text: str = ""
     gold_answer: str | None = None
-    gold_python: str | None = None
+    gold_python: str | None = None  # a program printing the gold answer, where the dataset has one
     role: StepRole | None = None
     credit_group: str | None = None
     write: MemoryWrite | None = None
