@@ -123,8 +123,7 @@ class BatchInput:
 
     ``group_id`` ties together the ``n_samples_per_prompt`` copies of one prompt (GRPO groups);
     ``sample_index`` is unique per copy and is set by the data source (``-1`` before sampling).
-    ``target_answer`` is ``None`` for questions without a gold answer (e.g. LoCoMo adversarial).
-    """
+    ``target_answer`` is ``None`` for questions without a gold answer (e.g. LoCoMo adversarial)."""
 
     episode_id: str
     group_id: str
