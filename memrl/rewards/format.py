@@ -110,11 +110,9 @@ def make_tool_call(options: Mapping[str, Any], ctx: RewardContext) -> RewardFn:
         raise RewardConfigError(
             f"reward 'tool_call': questions must be 'program' or 'all', got {opts['questions']!r}"
         )
-    tool = str(opts["tool"])
-    call_re = re.compile(
-        rf"<{re.escape(tool)}>(.*?)</{re.escape(tool)}>\s*{re.escape(RESULT_OPEN.strip())}(.*?){re.escape(RESULT_CLOSE)}",
-        re.DOTALL,
-    )
+    tool = re.escape(str(opts["tool"]))
+    result = re.escape(RESULT_OPEN.strip()) + "(.*?)" + re.escape(RESULT_CLOSE)
+    call_re = re.compile(rf"<{tool}>(.*?)</{tool}>\s*{result}", re.DOTALL)
     every = opts["questions"] == "all"
 
     def score(x: RewardInput) -> float:

@@ -17,10 +17,10 @@ rollout that wrote this call and this answer holds (plus the eos that ends every
 without a program get the gold answer.
 
 A demonstration is an ordinary :class:`~memrl.types.EpisodeTrajectory` (one target step, ``response_mask`` 1 on
-every token the model would write), so batching and the SFT loss treat it as any other row. Nothing sampled it, so its
-``logprobs`` are NaN (no behaviour log-prob, as on rollback-spliced tokens) and its ``reward`` is 0.0 (it is not
-scored): only the SFT term reads it, never RFT or a policy-gradient ratio. Demonstrations are derived when a
-replay sample is drawn, never stored, so a resumed buffer rebuilds the same ones.
+every token the model would write), so batching and the SFT loss treat it as any other row. Nothing sampled
+it, so its model tokens' ``logprobs`` are NaN (no behaviour log-prob, as on rollback-spliced tokens) and its
+``reward`` is 0.0 (it is not scored): only the SFT term reads it, never RFT or a policy-gradient ratio.
+Demonstrations are derived when a replay sample is drawn, never stored, so a resumed buffer rebuilds the same ones.
 
     >>> demo = GoldDemonstrations(tokenizer, min_reward=1.0)(group)   # None if the group needs none
 """
