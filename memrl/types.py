@@ -123,8 +123,7 @@ class BatchInput:
 
     ``group_id`` ties together the ``n_samples_per_prompt`` copies of one prompt (GRPO groups);
     ``sample_index`` is unique per copy and is set by the data source (``-1`` before sampling).
-    ``target_answer`` is ``None`` for questions without a gold answer (e.g. LoCoMo adversarial).
-    """
+    ``target_answer`` is ``None`` for questions without a gold answer (e.g. LoCoMo adversarial)."""
 
     episode_id: str
     group_id: str
@@ -345,8 +344,8 @@ class StepMeta:
     Tree search fills the tree fields (``tree_path``: root-to-leaf nodes, read by tree advantages and
     ``memrl inspect``); every rollout ``finish``, ``tool_calls``, ``rollbacks``. The episode runner adds
     ``leaf_index``, ``source_episode_id`` (the input episode; its leaves are trajectories ``<id>#<j>``),
-    ``response_text`` (what the reward scored), ``gold_answer``, the prompt's ``included_fact_ids`` /
-    ``cut_fact_ids`` and memory fields.
+    ``response_text`` (what the reward scored), ``gold_answer`` / ``gold_python``, the prompt's
+    ``included_fact_ids`` / ``cut_fact_ids`` and memory fields.
 
     What training reads is typed: ``role`` (``answer`` on every target step, ``memory`` on a policy-written
     memory step, ``None`` on an untrainable history record), ``credit_group`` (the GRPO group of a memory step;
@@ -371,6 +370,7 @@ class StepMeta:
     source_episode_id: str = ""
     response_text: str = ""
     gold_answer: str | None = None
+    gold_python: str | None = None  # a program printing the gold answer, where the dataset has one
     role: StepRole | None = None
     credit_group: str | None = None
     write: MemoryWrite | None = None

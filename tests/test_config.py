@@ -201,3 +201,37 @@ def test_the_quickstart_trains_on_the_prompt_memrl_eval_scores_and_evaluates_hel
     assert quick.data.adapter == ev.data.adapter and ev.data.split == quick.train.eval_split == "test"
     assert quick.train.final_eval_episodes >= 48 and quick.train.eval_reward == "exact_match"
     assert quick.train.steps <= 20 and quick.train.max_wall_s is not None
+
+
+def test_the_tool_recipes_evaluate_on_the_prompt_they_train_on_with_200_held_out_arithmetic_questions():
+    """configs/synthetic_tools_eval.yaml scores a synthetic_tools adapter as its training run's final evaluation
+    does: same data options, tools, prompt and response budget; the test split holds >= 200 arithmetic questions."""
+    from pathlib import Path
+
+    from memrl.data.adapters import run_adapter
+    from memrl.train.setup import eval_config
+
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    train, ev = (
+        load_config(configs / "synthetic_tools.yaml"),
+        load_config(configs / "synthetic_tools_eval.yaml"),
+    )
+    final = eval_config(train)
+    assert {k: v for k, v in train.data.options.items() if k != "num_episodes"} == {
+        k: v for k, v in ev.data.options.items() if k != "num_episodes"
+    }
+    assert train.train.final_eval_episodes == ev.data.options["num_episodes"] == 400
+    assert train.tools == ev.tools and train.memory == ev.memory and train.policy.model == ev.policy.model
+    for field in ("context", "use_summary", "prompt_token_budget", "tool_example", "prompt_template"):
+        assert getattr(final.episode, field) == getattr(ev.episode, field), field
+    for field in ("max_response_tokens", "max_tool_calls", "rollback", "temperature", "n", "strategy"):
+        assert getattr(final.rollout, field) == getattr(ev.rollout, field), field
+    test, _ = run_adapter("synthetic", None, split="test", options=dict(ev.data.options))
+    assert sum(e.metadata["question_type"] == "arithmetic" for e in test) >= 200
+    # Every arm trains on the base's data and prompt under the same budget.
+    for arm in configs.glob("synthetic_tools_*.yaml"):
+        cfg = load_config(arm)
+        if arm.name != "synthetic_tools_eval.yaml":
+            assert cfg.data == train.data and cfg.train.max_wall_s == 1500 and cfg.episode.tool_example, (
+                arm.name
+            )

@@ -8,7 +8,10 @@ question of one of three types (``metadata["question_type"]``):
 * ``lookup``     – an attribute stated once ("What is Mia's job?")
 * ``update``     – an attribute stated, then changed in a later session; the answer is the latest value
 * ``arithmetic`` – a sum/difference over remembered numbers ("How old will Mia be in 7 years?");
-  ``metadata["gold_python"]`` is a one-line program printing the answer (``print(31 + 7)``).
+  ``metadata["gold_python"]`` is a one-line program printing the answer (``print(31 + 7)``). With
+  ``arithmetic_range=[lo, hi]`` every arithmetic question is over savings (after saving more, two persons'
+  together, how many more one has than the other), and savings and the amounts added are drawn from
+  ``[lo, hi]``: with 4-digit values a small model cannot do the sum in its head and needs the python tool.
 
 ``metadata["evidence_turn_ids"]`` lists the turns stating the facts the answer needs (for updates: the turn with
 the latest value). Other persons' attributes change too (distractors), so the word "now" alone does not give
@@ -176,12 +179,12 @@ def _pools(split: str) -> dict[str, list[str]]:
     }
 
 
-def _draw(rng: random.Random, pools: dict[str, list[str]], attr: str, avoid: str | None = None) -> str:
+def _draw(
+    rng: random.Random, pools: dict[str, list[str]], attr: str, avoid: str | None = None,
+    ranges: dict[str, tuple[int, int]] = _NUMERIC_RANGES,
+) -> str:  # fmt: skip
     while True:  # rejection sampling: pools have >= 10 values, so this ends after ~1 draw
-        if attr in _NUMERIC_RANGES:
-            value = str(rng.randint(*_NUMERIC_RANGES[attr]))
-        else:
-            value = rng.choice(pools[attr])
+        value = str(rng.randint(*ranges[attr])) if attr in ranges else rng.choice(pools[attr])
         if value != avoid:
             return value
 
@@ -223,17 +226,22 @@ class _EpisodeBuilder:
 
     def __init__(
         self, rng: random.Random, split: str, num_sessions: int, turns_per_session: int, n_persons: int,
-        speakers_are_persons: bool = False,
+        speakers_are_persons: bool = False, arithmetic_range: tuple[int, int] | None = None,
     ):  # fmt: skip
         self.rng = rng
         self.pools = _pools(split)
+        self.arithmetic_range = arithmetic_range
+        self.ranges = dict(_NUMERIC_RANGES, savings=arithmetic_range) if arithmetic_range else _NUMERIC_RANGES
         names = rng.sample(self.pools["names"], n_persons + 2)
         self.persons, self.speakers = names[:n_persons], names[n_persons:]
         if speakers_are_persons:  # varied phrasing: speakers talk about themselves in the first person
             self.speakers = self.persons[:2]
-        self.values = {p: {a: _draw(rng, self.pools, a) for a in _ATTRS} for p in self.persons}
+        self.values = {p: {a: self.draw(a) for a in _ATTRS} for p in self.persons}
         self.plan = _Plan({}, num_sessions, turns_per_session)
         self.stated: set[tuple[str, str]] = set()
+
+    def draw(self, attr: str, avoid: str | None = None, rng: random.Random | None = None) -> str:
+        return _draw(rng or self.rng, self.pools, attr, avoid, self.ranges)
 
     def state(self, person: str, attr: str, sessions: range | None = None) -> str:
         self.stated.add((person, attr))
@@ -245,7 +253,7 @@ class _EpisodeBuilder:
         n = self.plan.num_sessions
         first = self.rng.randrange(0, n - 1)
         later = self.rng.randrange(first + 1, n)
-        old = _draw(self.rng, self.pools, attr, avoid=self.values[person][attr])
+        old = self.draw(attr, avoid=self.values[person][attr])
         self.plan.place(self.rng, _Fact(person, attr, old), range(first, first + 1))
         self.stated.add((person, attr))
         fact = _Fact(person, attr, self.values[person][attr])
@@ -264,7 +272,7 @@ class _EpisodeBuilder:
             return False
         first = self.rng.choice(early)
         second = self.rng.choice([f for f in free if f[0] > first[0]])
-        old = _draw(self.rng, self.pools, attr, avoid=self.values[person][attr])
+        old = self.draw(attr, avoid=self.values[person][attr])
         self.plan.slots[first] = _Fact(person, attr, old)
         self.plan.slots[second] = _Fact(person, attr, self.values[person][attr])
         self.stated.add((person, attr))
@@ -306,6 +314,8 @@ def _q_update(b: _EpisodeBuilder):
 
 
 def _q_arithmetic(b: _EpisodeBuilder):
+    if b.arithmetic_range is not None:
+        return _q_large_arithmetic(b)
     kind = b.rng.choice(("age_in", "pets_together", "siblings_together", "savings_after"))
     p, q = b.rng.sample(b.persons, 2)
     v = b.values
@@ -323,6 +333,29 @@ def _q_arithmetic(b: _EpisodeBuilder):
         text = f"How many {attr} do {p} and {q} have together?"
         a, c = int(v[p][attr]), int(v[q][attr])
     return text, str(a + c), ids, f"print({a} + {c})", [attr]
+
+
+def _q_large_arithmetic(b: _EpisodeBuilder):
+    """A sum or difference of savings drawn from ``arithmetic_range`` (the amount saved too)."""
+    kind = b.rng.choice(("savings_after", "savings_together", "savings_difference"))
+    p, q = b.rng.sample(b.persons, 2)
+    a, c = int(b.values[p]["savings"]), int(b.values[q]["savings"])
+    if kind == "savings_after":
+        c = int(b.draw("savings"))
+        ids = [b.state(p, "savings")]
+        text, op = f"How many dollars will {p} have after saving {c} more?", "+"
+    elif kind == "savings_together":
+        ids = [b.state(p, "savings"), b.state(q, "savings")]
+        text, op = f"How many dollars do {p} and {q} have in savings together?", "+"
+    else:
+        if a < c:  # the program subtracts the smaller savings: p is the one with more
+            (p, a), (q, c) = (q, c), (p, a)
+        if a == c:
+            b.values[p]["savings"] = str(a := a + 1)
+        ids = [b.state(p, "savings"), b.state(q, "savings")]
+        text, op = f"How many more dollars does {p} have in savings than {q}?", "-"
+    answer = a + c if op == "+" else a - c
+    return text, str(answer), ids, f"print({a} {op} {c})", ["savings"]
 
 
 _QUESTIONS = {"lookup": _q_lookup, "update": _q_update, "arithmetic": _q_arithmetic}
@@ -346,7 +379,7 @@ def _varied(
 ) -> str:
     said_old = prev
     if prev is None and split == "train" and _ATTRS[item.attr].update and rng.random() < _UNANCHORED_CHANGE_P:
-        said_old = _draw(rng, b.pools, item.attr, avoid=item.value)  # a change from a value never stated here
+        said_old = b.draw(item.attr, avoid=item.value, rng=rng)  # a change from a value never stated here
     elif prev is not None and prev != item.value and split == "train" and rng.random() < _UNMARKED_CHANGE_P:
         said_old = None  # a change worded as a first statement
     return varied_text(item.attr, item.person, item.value, said_old, speaker, split, rng)
@@ -394,12 +427,14 @@ def _render(
 def make_episode(
     seed: int, split: str, index: int, *, num_sessions: int = 3, turns_per_session: int = 6,
     n_persons: int = 3, distractor_fraction: float = 0.5, question_types: Sequence[str] = QUESTION_TYPES,
-    phrasing: str = "fixed",
+    phrasing: str = "fixed", arithmetic_range: tuple[int, int] | None = None,
 ) -> BatchInput:  # fmt: skip
     """Episode ``index`` of ``split``; a pure function of its arguments."""
     rng = random.Random(f"memrl-synthetic:{seed}:{split}:{index}")
     qtype = question_types[index % len(question_types)]  # cycling keeps the type mix exact
-    b = _EpisodeBuilder(rng, split, num_sessions, turns_per_session, n_persons, phrasing == "varied")
+    b = _EpisodeBuilder(
+        rng, split, num_sessions, turns_per_session, n_persons, phrasing == "varied", arithmetic_range
+    )
     question, answer, evidence, gold_python, attrs = b.question(qtype)
     b.add_distractors(distractor_fraction)
     dates = _session_dates(rng, num_sessions)
@@ -450,17 +485,35 @@ def _validate(num_episodes, num_sessions, turns_per_session, n_persons, distract
         raise ValueError("synthetic adapter: " + "; ".join(problems))
 
 
+def _parse_range(value: Sequence[int] | str | None) -> tuple[int, int] | None:
+    if value is None:
+        return None
+    parts = value.split("-") if isinstance(value, str) else list(value)
+    try:
+        lo, hi = (int(x) for x in parts)
+    except (TypeError, ValueError):
+        lo = hi = -1  # reported below with the value as given
+    if not 2 <= lo < hi:
+        raise ValueError(
+            f"synthetic adapter: arithmetic_range must be [lo, hi] (or 'lo-hi') with 2 <= lo < hi, e.g. "
+            f"[1000, 9999]; got {value!r}"
+        )
+    return lo, hi
+
+
 @ADAPTERS.register("synthetic")
 def synthetic(
     path: str | None, *, split: str, lenient: bool, report: SkipReport, num_episodes: int = 1000,
     seed: int = 0, num_sessions: int = 3, turns_per_session: int = 6, n_persons: int = 3,
     distractor_fraction: float = 0.5, question_types: Sequence[str] = QUESTION_TYPES,
     max_turn_chars: int | None = None, phrasing: str = "fixed",
+    arithmetic_range: Sequence[int] | str | None = None,
 ) -> list[BatchInput]:  # fmt: skip
     """``num_episodes`` generated episodes of ``split`` (``all`` = that many train then that many test).
 
     ``path`` must be ``None`` or ``"-"``; ``lenient``/``report``/``max_turn_chars`` exist for the common
-    adapter signature (generated records are never malformed).
+    adapter signature (generated records are never malformed). ``arithmetic_range``: ``[lo, hi]`` (or
+    ``"lo-hi"``) of the savings that arithmetic questions add and subtract (see the module docstring).
     """
     if path not in (None, "", "-"):
         raise ValueError(f"synthetic adapter generates its data; path must be empty or '-', got {path!r}")
@@ -472,6 +525,7 @@ def synthetic(
     _validate(num_episodes, num_sessions, turns_per_session, n_persons, distractor_fraction, question_types)
     if phrasing not in PHRASINGS:
         raise ValueError(f"synthetic adapter: phrasing must be one of {PHRASINGS}, got {phrasing!r}")
+    value_range = _parse_range(arithmetic_range)
     if split == "validation":
         raise ValueError("adapter 'synthetic' has splits train and test (and all), no validation split")
     splits = ("train", "test") if split == "all" else (split,)
@@ -479,6 +533,7 @@ def synthetic(
         make_episode(
             seed, s, i, num_sessions=num_sessions, turns_per_session=turns_per_session, n_persons=n_persons,
             distractor_fraction=distractor_fraction, question_types=tuple(question_types), phrasing=phrasing,
+            arithmetic_range=value_range,
         )
         for s in splits
         for i in range(num_episodes)

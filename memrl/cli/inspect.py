@@ -1,6 +1,7 @@
 """``memrl inspect RUN_DIR [--episode ID] [--html OUT.html]``: look at episodes of a ``memrl run`` output.
 
-Without ``--episode``: one line per episode (category, leaves, mean reward, gold-evidence hit, rollbacks).
+Without ``--episode``: one line per episode (category, leaves, mean reward, gold-evidence hit, tool calls, failed
+calls, rollbacks, calls that printed the gold answer, answers that copied a result), then the run's tool use.
 With it: the episode's history turns and their memory ops, the final facts and summary, the retrieved facts with
 scores and gold-evidence hits, the generation tree, every leaf (tool output highlighted), rollbacks, rewards.
 ``--html`` also writes a self-contained page with the tree drawn as SVG. Exit code 2 on a bad run dir or id.
@@ -27,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from memrl.inspect import InspectError, load_run, write_html
-    from memrl.inspect.summary import episode_row
+    from memrl.inspect.summary import episode_row, run_tool_use
     from memrl.inspect.terminal import render, render_run_table
 
     console = Console(width=args.width)
@@ -37,7 +38,8 @@ def run(args: argparse.Namespace) -> int:
             if args.html:
                 print("memrl inspect: --html needs --episode ID", file=sys.stderr)
                 return 2
-            render_run_table([episode_row(v) for v in run_.episode_views()], console)
+            views = run_.episode_views()
+            render_run_table([episode_row(v) for v in views], console, run_tool_use(views))
             return 0
         view = run_.episode(args.episode)
     except InspectError as exc:

@@ -171,6 +171,7 @@ def _target_meta(st: EpisodeState, leaf: StepTrajectory, leaf_index: int, respon
         source_episode_id=st.episode_id,
         response_text=response,
         gold_answer=st.inp.target_answer,
+        gold_python=st.inp.metadata.get("gold_python"),
         extra=extra,
     )
     return dataclasses.replace(leaf, meta=meta, step_id=f"{st.episode_id}/t{leaf_index}")

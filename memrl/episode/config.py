@@ -96,6 +96,9 @@ class EpisodeConfig:
     """Prompting, reward and rollout workers (owned by memrl.episode).
 
     ``prompt_template`` is a file name in the bundled ``memrl/prompts/`` directory or a path to a Jinja file.
+    ``tool_example``: the tool line of the bundled template shows one worked python call (call, injected result,
+    answer) when the python tool is on, as the answer line shows one answer; off, a policy that was never shown a
+    call does not make one (SmolLM2-135M: no call in any trained run of the synthetic recipes).
     ``prompt_token_budget`` bounds the target-turn prompt; over budget the lowest-scored facts are cut (and
     recorded in ``StepMeta.cut_fact_ids``), never the question.
     ``fact_order``: ``time`` renders retrieved facts oldest first (the latest value of an attribute comes last;
@@ -122,6 +125,7 @@ class EpisodeConfig:
     reward_options: dict[str, Any] = field(default_factory=dict)
     prompt_template: str = "target_turn.j2"
     prompt_token_budget: int = 1536
+    tool_example: bool = False
     fact_order: str = "time"
     context: str = "memory"
     use_summary: bool = True

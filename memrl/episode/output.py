@@ -60,6 +60,7 @@ SCHEMA = pa.schema(
         ("credit_group", pa.string()),
         ("response_text", pa.string()),
         ("gold_answer", pa.string()),
+        ("gold_python", pa.string()),
         ("num_tool_calls", pa.int64()),
         ("num_rollbacks", pa.int64()),
         ("num_memory_ops", pa.int64()),

@@ -117,7 +117,10 @@ class PromptBuilder:
 
     def render_system(self, facts: Sequence[PromptFact], summary: str, tools: Sequence[str]) -> str:
         return self.template.render(
-            facts=[f.as_template_dict() for f in facts], summary=summary or "", tools=list(tools)
+            facts=[f.as_template_dict() for f in facts],
+            summary=summary or "",
+            tools=list(tools),
+            tool_example=self.cfg.tool_example,
         ).strip()
 
     def _encode(self, question: str, facts: Sequence[PromptFact], summary: str, tools: Sequence[str]):

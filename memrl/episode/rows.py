@@ -70,6 +70,7 @@ def step_rows(trajs: Iterable[EpisodeTrajectory]) -> list[dict[str, Any]]:
                     "credit_group": meta.credit_group,
                     "response_text": meta.response_text,
                     "gold_answer": meta.gold_answer,
+                    "gold_python": meta.gold_python,
                     "num_tool_calls": len(meta.tool_calls),
                     "num_rollbacks": len(meta.rollbacks),
                     "num_memory_ops": len(meta.memory_ops),
@@ -110,7 +111,7 @@ def step_meta_of_row(row: dict[str, Any]) -> StepMeta:
             d[name] = int(d[name])
     if "is_duplicate" in d:
         d["is_duplicate"] = bool(d["is_duplicate"])
-    for name in ("response_text", "gold_answer"):
+    for name in ("response_text", "gold_answer", "gold_python"):
         if isinstance(row.get(name), str):
             d[name] = row[name]
     if isinstance(row.get("source_episode_id"), str):

@@ -5,11 +5,27 @@ from __future__ import annotations
 from typing import Any
 
 from memrl.inspect.model import EpisodeView
+from memrl.rollout.metrics import AnswerToolUse, answer_tool_use, tool_use_metrics
+
+
+def leaf_tool_use(view: EpisodeView) -> list[AnswerToolUse]:
+    """How each distinct leaf (answer) of the episode used its tools (:mod:`memrl.rollout.metrics`)."""
+    return [
+        answer_tool_use(leaf.tool_calls, leaf.rollbacks, leaf.response_text, view.gold_answer)
+        for leaf in view.leaves
+        if not leaf.is_duplicate
+    ]
+
+
+def run_tool_use(views: list[EpisodeView]) -> dict[str, float]:
+    """``tooluse/...`` over every answer of the run, as the training loop logs them per step."""
+    return tool_use_metrics([u for v in views for u in leaf_tool_use(v)])
 
 
 def episode_row(view: EpisodeView) -> dict[str, Any]:
     rewards = view.rewards
     unique_rollbacks = {(rb.position, rb.error, rb.tokens_removed) for _, rb in view.rollbacks}
+    uses = leaf_tool_use(view)
     return {
         "episode_id": view.episode_id,
         "group_id": view.group_id,
@@ -24,6 +40,9 @@ def episode_row(view: EpisodeView) -> dict[str, Any]:
         "facts_final": sum(not f.deleted for f in view.facts),
         "history_turns": len(view.history),
         "tool_calls": sum(len(leaf.tool_calls) for leaf in view.leaves),
+        "failed_calls": sum(u.failed for u in uses),
+        "gold_calls": sum(u.gold_calls for u in uses),  # calls whose output is the gold answer
+        "copied_results": sum(u.copied for u in uses),  # answers that are their last successful call's output
         "rollbacks": len(unique_rollbacks),
         "rollback_tokens_removed": sum(t for _, _, t in unique_rollbacks),
         "tree_nodes": len(view.tree),

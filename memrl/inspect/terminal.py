@@ -217,11 +217,24 @@ def render(view: EpisodeView, console: Console | None = None) -> None:
         console.print(leaf_panel(leaf))
 
 
-def render_run_table(rows: list[dict[str, Any]], console: Console | None = None) -> None:
-    """One line per episode (see :func:`memrl.inspect.summary.episode_table`)."""
+def render_run_table(
+    rows: list[dict[str, Any]], console: Console | None = None, tool_use: dict[str, float] | None = None
+) -> None:
+    """One line per episode (see :func:`memrl.inspect.summary.episode_table`), then the run's tool use."""
     console = console or Console()
     table = Table(title="Episodes", expand=True)
-    for col in ("episode", "category", "leaves", "reward", "gold hit", "rollbacks", "status"):
+    cols = (
+        "episode",
+        "category",
+        "leaves",
+        "reward",
+        "gold hit",
+        "calls",
+        "failed",
+        "rollbacks",
+        "gold calls",
+    )
+    for col in (*cols, "copied", "status"):
         table.add_column(col)
     for r in rows:
         hit = r["gold_hit"]
@@ -231,7 +244,23 @@ def render_run_table(rows: list[dict[str, Any]], console: Console | None = None)
             str(r["leaves"]),
             f"{r['reward_mean']:.2f}",
             "-" if hit is None else ("yes" if hit else "no"),
+            str(r["tool_calls"]),
+            str(r["failed_calls"]),
             str(r["rollbacks"]),
+            str(r["gold_calls"]),
+            str(r["copied_results"]),
             r["status"],
         )
     console.print(table)
+    if tool_use:
+        console.print(tool_use_line(tool_use))
+
+
+def tool_use_line(m: dict[str, float]) -> str:
+    """The run's tool use in one line (:func:`memrl.inspect.summary.run_tool_use`)."""
+    return (
+        f"tool use over {m['tooluse/answers']:.0f} answers: {m['tooluse/calls_per_answer']:.2f} calls per answer, "
+        f"{m['tooluse/failed_calls']:.0f} failed calls, {m['tooluse/rollbacks']:.0f} rollbacks, "
+        f"{m['tooluse/gold_calls']:.0f} calls printed the gold answer, "
+        f"{m['tooluse/copied_results']:.0%} of answers with a successful call copied its result"
+    )

@@ -40,7 +40,9 @@ class TreeConfig:
     slowest branch (measured: ~11 % fewer sequential decode steps than stepping every tree's round together).
 
     ``expansion_policy`` is ``random`` (the default) or ``entropy`` (branch where entropy is high; where the
-    backend returns no top-k log-probs, the sampled tokens' surprisal stands in for it) or a dotted path. Random
+    backend returns no top-k log-probs, the sampled tokens' surprisal stands in for it) or ``tool_call`` (branch
+    right after a tool call's opening tag, so siblings share the prefix and differ in the program; random nodes
+    in a tree that made no call) or a dotted path. Random
     is the default because it measured at least as good: with SmolLM2-135M on the synthetic task (16 prompts x 16
     leaves x 3 seeds, two tree shapes) random forks matched or beat entropy forks on best-of-16, mean reward and
     mixed groups in all six comparisons, at 1-5 % more tokens. The answer is written early (first gold mention at

@@ -5,6 +5,11 @@ A policy is ``policy(candidates, k, rng) -> list of k nodes`` (a node may repeat
 ``k`` candidates). ``entropy`` follows ARPO/TreeRL: branch where the model was uncertain right after the node (top-k entropy, or
 the sampled tokens' surprisal where a backend returns no top-k: :func:`output_entropies`).
 
+``tool_call`` forks at tool calls (TreeRL / ARPO branch there): the tree lays a node right after each call's
+opening tag (``<python>``) in the branches it has grown (``TreeNode.at_call``), and forks continue from it, so
+siblings share everything up to the call and differ in its program. A policy that wants those nodes says so with
+the attribute ``call_nodes = True``; the others never see them, so their trees are as before.
+
 An initial-rollout rule is ``rule(answers, initial, budget) -> total initial chains`` in ``[initial, budget]``:
 called once per tree when its first ``initial`` chains have ended, with their extracted answers; the tree then
 gets the extra chains from its root, and its expansion rounds fork only what is left of its ``budget`` of
@@ -129,3 +134,17 @@ def entropy_expansion(candidates: Sequence[Any], k: int, rng: random.Random) -> 
         return [node for _, _, node in heapq.nsmallest(k, keyed, key=order)]
     ranked = [node for _, _, node in sorted(keyed, key=order)]
     return _fill(ranked[:k], ranked, k)
+
+
+@EXPANSION_POLICIES.register("tool_call")
+def tool_call_expansion(candidates: Sequence[Any], k: int, rng: random.Random) -> list[Any]:
+    """Nodes right after a tool call's opening tag (``at_call``), least expanded first, ties random; a tree with
+    no call yet forks at random nodes (:func:`random_expansion`), so it still grows its leaves."""
+    calls = [node for node in candidates if getattr(node, "at_call", False)]
+    if not calls:
+        return random_expansion(candidates, k, rng)
+    ranked = sorted(calls, key=lambda n: (n.expansions, rng.random()))  # one random draw per node
+    return _fill(ranked[:k], ranked, k)
+
+
+tool_call_expansion.call_nodes = True  # type: ignore[attr-defined]

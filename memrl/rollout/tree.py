@@ -19,10 +19,11 @@ from __future__ import annotations
 import functools
 import logging
 import random
-from collections.abc import Sequence
+import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from memrl.formats import extract_answer
+from memrl.formats import TOOL_TAGS, extract_answer
 from memrl.policy.base import PolicyClient
 from memrl.rollout.base import STRATEGIES, AgentState, RolloutRequest, RolloutResult, ToolRunner
 from memrl.rollout.branch import Branch
@@ -30,9 +31,11 @@ from memrl.rollout.config import RolloutConfig
 from memrl.rollout.engine import Engine, EngineHooks
 from memrl.rollout.expansion import EXPANSION_POLICIES, INITIAL_ROLLOUT_RULES, output_entropies
 from memrl.rollout.metrics import RolloutMetrics
+from memrl.rollout.toolcalls import token_end
 from memrl.types import GenerationOutput, PathNode, StepTrajectory
 
 logger = logging.getLogger(__name__)
+_CALL_OPEN_RE = re.compile("|".join(re.escape(f"<{t}>") for t in TOOL_TAGS))
 
 
 @dataclass(eq=False)
@@ -49,6 +52,9 @@ class TreeNode:
     children: list[TreeNode] = field(default_factory=list)
     terminal: bool = False
     expansions: int = 0
+    at_call: bool = (
+        False  # right after a tool call's opening tag (the ``tool_call`` expansion policy forks here)
+    )
     entropy_sum: float = 0.0
     entropy_n: int = 0
 
@@ -240,19 +246,48 @@ def _segment_points(b: Branch, seg: int) -> list[int]:
     return points
 
 
-def _lay_segment_nodes(tree: Tree, cfg: RolloutConfig) -> None:
+def _call_points(b: Branch, decode: Callable[[Sequence[int]], str]) -> list[int]:
+    """Response positions right after each tool call's opening tag that ``b`` wrote itself (after its fork point;
+    injected results are never searched): the first token boundary at or after the tag's end."""
+    points, i, end = [], b.floor, b.response_len
+    while i < end:
+        if b.mask[i] == 0:
+            i += 1
+            continue
+        j = i
+        while j < end and b.mask[j] == 1:
+            j += 1
+        run = b.tokens[b.prompt_len + i : b.prompt_len + j]
+        for m in _CALL_OPEN_RE.finditer(decode(run)):
+            at = i + token_end(decode, run, m.end())
+            if b.floor < at < end:
+                points.append(at)
+        i = j
+    return points
+
+
+def _lay_segment_nodes(
+    tree: Tree, cfg: RolloutConfig, decode: Callable[[Sequence[int]], str] | None = None
+) -> None:
     """Give each finished branch of ``tree`` the segment nodes a segment-by-segment run would have recorded, with
-    the same entropy (the first ``entropy_window`` tokens of the segment after the node)."""
+    the same entropy (the first ``entropy_window`` tokens of the segment after the node); with ``decode`` and an
+    expansion policy that wants them (``call_nodes``), also a node right after each tool call's opening tag."""
     seg, window = cfg.tree.segment_tokens, cfg.tree.entropy_window
+    calls = decode is not None and getattr(
+        EXPANSION_POLICIES.get(cfg.tree.expansion_policy), "call_nodes", False
+    )
     for b in tree.branches:
         link: _Link = b.tree
         if link.laid or b.state is not AgentState.TERMINATED:
             continue
         link.laid = True
-        for pos in _segment_points(b, seg):
+        points = _segment_points(b, seg)
+        at_calls = set(_call_points(b, decode)) if calls else set()
+        for pos in sorted(set(points) | at_calls):
             own = [link.entropies[q] for q in range(pos, pos + min(window, seg)) if q in link.entropies]
             entropy = sum(own) / len(own) if own else 0.0
-            _node_at(tree, b, pos, entropy)
+            node = _node_at(tree, b, pos, entropy)
+            node.at_call = node.at_call or pos in at_calls
 
 
 def _expand_tree(engine: Engine, tree: Tree, cfg: RolloutConfig) -> list[Branch]:
@@ -261,7 +296,7 @@ def _expand_tree(engine: Engine, tree: Tree, cfg: RolloutConfig) -> list[Branch]
     policy = EXPANSION_POLICIES.get(cfg.tree.expansion_policy)
     it = tree.rounds
     tree.rounds += 1
-    _lay_segment_nodes(tree, cfg)
+    _lay_segment_nodes(tree, cfg, engine.tokenizer.decode)
     candidates = _candidates(tree)
     # Extra initial chains (initial_rollouts_rule) came out of this budget: fork only what is left of it.
     left = cfg.tree.leaves_per_tree() - len(tree.branches)
@@ -335,7 +370,7 @@ def tree_rollout(
     _grow_per_tree(engine, trees, cfg)
     # Phase 4: exactly n leaves per tree.
     for t in trees:
-        _lay_segment_nodes(t, cfg)
+        _lay_segment_nodes(t, cfg, engine.tokenizer.decode)
     leaves = [_sample_leaves(t, hooks, cfg.n, rng) for t in trees]
     _tree_metrics(metrics, trees, leaves, cfg)
     return RolloutResult(leaves=leaves, metrics=metrics.summary())

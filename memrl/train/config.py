@@ -33,7 +33,7 @@ ROLE_SCHEDULES = ("joint", "alternate")
 ROLE_ADAPTERS = ("shared", "per_role")
 
 # Where the SFT target of a replayed group with no good trajectory comes from.
-DEMONSTRATION_SOURCES = ("none", "gold")
+DEMONSTRATION_SOURCES = ("none", "gold", "gold_program")
 
 
 @dataclass
@@ -45,7 +45,9 @@ class ReplayConfig:
     ``0`` disables replay. ``min_reward`` is the reward a group's best trajectory needs to be an SFT target.
     ``demonstrations`` decides the SFT target of a group with no such trajectory: ``none`` (no SFT target) or
     ``gold`` (the group's prompt followed by ``<answer>gold</answer><eos>``, an off-policy expert trace that
-    teaches the answer format a policy never samples; see :mod:`memrl.train.demonstrations`).
+    teaches the answer format a policy never samples; see :mod:`memrl.train.demonstrations`) or ``gold_program``
+    (as ``gold``, but a question whose dataset holds a program printing its answer is demonstrated as a python call
+    of it, its injected result (mask 0) and the tagged answer: needs ``python`` in ``tools.enabled``).
     """
 
     capacity: int = 512

@@ -7,11 +7,20 @@ LUFFY (off-policy expert traces mixed into GRPO), a replayed group whose best ep
 ``train.replay.min_reward`` gets a demonstration instead: the exact prompt the policy saw at the target turn, then
 ``<answer>{gold}</answer>`` and the tokenizer's eos.
 
+With ``train.replay.demonstrations: gold_program`` a question whose dataset holds a program printing its answer
+(``StepMeta.gold_python``: the synthetic task's arithmetic) is demonstrated as a tool-using answer instead: the
+call ``<python>{program}</python>``, the result the python tool gives for it (run through the same executor as a
+rollout's calls, so truncation and neutralisation match) injected as `` <result>…</result>``, then the tagged
+answer and eos. Each of the three parts is tokenized on its own, as the rollout engine appends a model segment
+and an injected result, and the result's tokens have mask 0: the demonstration holds token for token what a
+rollout that wrote this call and this answer holds (plus the eos that ends every demonstration). Questions
+without a program get the gold answer.
+
 A demonstration is an ordinary :class:`~memrl.types.EpisodeTrajectory` (one target step, ``response_mask`` 1 on
-every answer token), so batching and the SFT loss treat it as any other row. Nothing sampled it, so its
-``logprobs`` are NaN (no behaviour log-prob, as on rollback-spliced tokens) and its ``reward`` is 0.0 (it is not
-scored): only the SFT term reads it, never RFT or a policy-gradient ratio. Demonstrations are derived when a
-replay sample is drawn, never stored, so a resumed buffer rebuilds the same ones.
+every token the model would write), so batching and the SFT loss treat it as any other row. Nothing sampled
+it, so its model tokens' ``logprobs`` are NaN (no behaviour log-prob, as on rollback-spliced tokens) and its
+``reward`` is 0.0 (it is not scored): only the SFT term reads it, never RFT or a policy-gradient ratio.
+Demonstrations are derived when a replay sample is drawn, never stored, so a resumed buffer rebuilds the same ones.
 
     >>> demo = GoldDemonstrations(tokenizer, min_reward=1.0)(group)   # None if the group needs none
 """
@@ -20,13 +29,60 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from memrl.formats import format_answer
-from memrl.types import BranchFinish, EpisodeStatus, EpisodeTrajectory, StepMeta, StepTrajectory, TurnRole
+from memrl.formats import format_answer, format_result, format_tool_call
+from memrl.tools.base import ToolCall, ToolResult
+from memrl.types import (
+    BranchFinish,
+    EpisodeStatus,
+    EpisodeTrajectory,
+    StepMeta,
+    StepTrajectory,
+    ToolCallRecord,
+    ToolStatus,
+    TurnRole,
+)
 
 DEMO_SUFFIX = "#gold"  # a demonstration's episode id: the source episode's id + this
+PROGRAM_TOOL = "python"  # the tool a gold program is a call of
+
+# Runs one program as a rollout's python call runs (the tool, then the executor's truncation and neutralisation).
+RunProgram = Callable[[str], ToolResult]
+
+
+class ProgramRunner:
+    """Runs gold programs through a :class:`~memrl.tools.ToolExecutor` of its own (so demonstrations do not count
+    in the rollout's ``tools/python/*`` metrics), each distinct program once (a replayed group is demonstrated
+    again every time it is drawn)."""
+
+    def __init__(self, tools_cfg: Any, max_items: int = 4096) -> None:
+        self.tools_cfg = dataclasses.replace(tools_cfg, enabled=[PROGRAM_TOOL])
+        self.max_items = max_items
+        self._executor: Any = None
+        self._cache: OrderedDict[str, ToolResult] = OrderedDict()
+
+    def __call__(self, program: str) -> ToolResult:
+        if program in self._cache:
+            self._cache.move_to_end(program)
+            return self._cache[program]
+        if self._executor is None:
+            from memrl.tools.executor import ToolExecutor
+
+            self._executor = ToolExecutor(self.tools_cfg)
+        call = ToolCall(name=PROGRAM_TOOL, arguments=program, raw=format_tool_call(PROGRAM_TOOL, program))
+        result = self._executor.execute([(call, None)])[0]
+        self._cache[program] = result
+        while len(self._cache) > self.max_items:
+            self._cache.popitem(last=False)
+        return result
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.close()
+            self._executor = None
 
 
 def _target_step(episode: EpisodeTrajectory) -> StepTrajectory | None:
@@ -56,6 +112,7 @@ def gold_demonstration(
             source_episode_id=source,
             response_text=format_answer(gold or ""),
             gold_answer=gold,
+            gold_python=target.meta.gold_python,
         ),
     )
     return EpisodeTrajectory(
@@ -68,10 +125,45 @@ def gold_demonstration(
     )
 
 
-class GoldDemonstrations:
-    """Builds a group's demonstration with the policy's tokenizer (``tokenizer.eos_token_id`` must be set)."""
+def program_demonstration(
+    episode: EpisodeTrajectory, target: StepTrajectory, parts: Sequence[Sequence[int]], result: ToolResult
+) -> EpisodeTrajectory:
+    """The demonstration that answers ``target``'s prompt with a call, its injected result and the answer:
+    ``parts`` = (call ids, result ids, answer ids + eos); the result's tokens get mask 0, as a rollout's."""
+    call, injected, answer = (tuple(p) for p in parts)
+    demo = gold_demonstration(episode, target, (*call, *injected, *answer))
+    program = target.meta.gold_python or ""
+    record = ToolCallRecord(
+        name=PROGRAM_TOOL,
+        arguments=program,
+        result=result.text,
+        status=result.status,
+        position=len(call),
+        error=result.error,
+    )
+    text = (
+        format_tool_call(PROGRAM_TOOL, program)
+        + format_result(result.text)
+        + format_answer(target.meta.gold_answer or "")
+    )
+    step = demo.steps[0]
+    step = dataclasses.replace(
+        step,
+        response_mask=(1,) * len(call) + (0,) * len(injected) + (1,) * len(answer),
+        logprobs=(math.nan,) * len(call) + (0.0,) * len(injected) + (math.nan,) * len(answer),
+        meta=dataclasses.replace(step.meta, tool_calls=(record,), response_text=text),
+    )
+    return dataclasses.replace(demo, steps=(step,))
 
-    def __init__(self, tokenizer: Any, min_reward: float, memory: bool = False) -> None:
+
+class GoldDemonstrations:
+    """Builds a group's demonstration with the policy's tokenizer (``tokenizer.eos_token_id`` must be set).
+    ``run_program``: where given, questions with a gold program are demonstrated as a call of it (see the module
+    docstring)."""
+
+    def __init__(
+        self, tokenizer: Any, min_reward: float, memory: bool = False, run_program: RunProgram | None = None
+    ) -> None:
         if getattr(tokenizer, "eos_token_id", None) is None:
             raise ValueError(
                 "train.replay.demonstrations='gold' ends each demonstration with the tokenizer's eos token, "
@@ -81,6 +173,24 @@ class GoldDemonstrations:
         self.eos_id = int(tokenizer.eos_token_id)
         self.min_reward = min_reward
         self.memory = memory
+        self.run_program = run_program
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def program_parts(self, program: str, gold: str) -> tuple[list[int], list[int], list[int], ToolResult]:
+        """(call ids, injected result ids, answer ids + eos, the tool's result) of a gold program, each part
+        tokenized alone as the rollout engine appends it. A program whose result is not the gold answer is a
+        dataset error, raised with both."""
+        assert self.run_program is not None
+        result = self.run_program(program)
+        if result.status is not ToolStatus.OK or result.text.strip() != gold.strip():
+            raise ValueError(
+                f"gold program {program!r} gave {result.status.value} result {result.text[:200]!r}, not the gold "
+                f"answer {gold!r}: the dataset's gold_python must print exactly its answer"
+            )
+        call = self._encode(format_tool_call(PROGRAM_TOOL, program))
+        return call, self._encode(format_result(result.text)), self.answer_ids(gold), result
 
     def answer_ids(self, gold: str) -> list[int]:
         """``<answer>{gold}</answer>`` as the policy would write it, then eos (which ends its turn)."""
@@ -97,7 +207,12 @@ class GoldDemonstrations:
         best = max(group, key=lambda ep: ep.reward)  # the prompt SFT would have imitated (first of ties)
         target = _target_step(best)
         if best.reward < self.min_reward and target is not None and target.meta.gold_answer is not None:
-            demo = gold_demonstration(best, target, self.answer_ids(target.meta.gold_answer))
+            gold, program = target.meta.gold_answer, target.meta.gold_python
+            if program is not None and self.run_program is not None:
+                *parts, result = self.program_parts(program, gold)
+                demo = program_demonstration(best, target, parts, result)
+            else:
+                demo = gold_demonstration(best, target, self.answer_ids(gold))
         writes = self._memory_demos(group) if self.memory else []
         if not writes:
             return demo

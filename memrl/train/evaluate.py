@@ -25,6 +25,7 @@ from memrl.episode.output import TrajectoryWriter
 from memrl.formats import extract_answer
 from memrl.rewards.base import RewardInput, make_reward
 from memrl.rewards.benchmarks import LONGMEMEVAL_ABSTENTION, abstains
+from memrl.rollout.metrics import episodes_tool_use, tool_use_metrics
 from memrl.types import EpisodeStatus
 
 
@@ -111,6 +112,7 @@ def evaluate(
         "eval/failed": float(sum(e.status is EpisodeStatus.FAILED for e in episodes)),
         **side_scores(inputs, episodes),
         **breakdown(inputs, episodes),
+        **(tool_use_metrics(episodes_tool_use(episodes), "eval/tooluse/") if res.cfg.tools.enabled else {}),
         "eval/time_s": time.perf_counter() - t0,
     }
 

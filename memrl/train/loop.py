@@ -46,6 +46,7 @@ from memrl.data.buffer import (
 from memrl.data.datasource import write_json_atomic
 from memrl.paths import cache_dir
 from memrl.policy.models import describe_policy
+from memrl.rollout.metrics import episodes_tool_use, tool_use_metrics
 from memrl.train.checkpoint import (
     TrainState,
     clean_stale,
@@ -139,6 +140,8 @@ def run_step(res: TrainResources, step: int, counters: dict[str, float]) -> Step
         # The step profile: memory writes (ingest, snapshot scoring included) and answer generation.
         **{name: res.runner.metrics.get(k, 0.0) - phases_before[k] for k, name in PHASE_TIMES.items()},
         **memory_rollout_metrics(episodes),
+        # How answers used the tools: calls per answer, failed calls, rollbacks, gold calls, copied results.
+        **(tool_use_metrics(episodes_tool_use(episodes)) if cfg.tools.enabled else {}),
     }
     replay_sample = None
     if res.replay is not None and cfg.train.replay.batch_size > 0 and len(res.replay):

@@ -20,7 +20,7 @@ from memrl.config import Config
 from memrl.data.config import DataConfig
 from memrl.policy.config import PolicyConfig
 from memrl.train.config import LoraConfig
-from memrl.train.demonstrations import GoldDemonstrations
+from memrl.train.demonstrations import GoldDemonstrations, ProgramRunner
 from memrl.train.lora import attach_lora, load_adapter_weights, save_adapter
 from memrl.train.microbatch import checkpoint_prompts
 from memrl.train.replay import ReplayBuffer
@@ -132,6 +132,12 @@ def build_resources(cfg: Config) -> TrainResources:
     from memrl.data.datasource import RolloutDataSource
     from memrl.episode.build import build_runner
 
+    rc = cfg.train.replay
+    if rc.batch_size and rc.demonstrations == "gold_program" and "python" not in cfg.tools.enabled:
+        raise ValueError(
+            "train.replay.demonstrations=gold_program demonstrates python calls, but tools.enabled="
+            f"{cfg.tools.enabled} has no python: add it, or use demonstrations=gold"
+        )
     torch.manual_seed(cfg.seed)
     per_role = cfg.train.role_adapters == "per_role"
     model, policy, shares = _model_and_policy(cfg.policy, cfg.train.lora, per_role)
@@ -146,11 +152,12 @@ def build_resources(cfg: Config) -> TrainResources:
     rc = cfg.train.replay
     if rc.batch_size > 0:
         # Demonstrations are tokenized exactly as the policy reads and writes text: with its own tokenizer.
-        demonstrate = (
-            GoldDemonstrations(policy.tokenizer, rc.min_reward, memory=rc.memory_demonstrations)
-            if rc.demonstrations == "gold"
-            else None
-        )
+        demonstrate = None
+        if rc.demonstrations != "none":
+            run_program = ProgramRunner(cfg.tools) if rc.demonstrations == "gold_program" else None
+            demonstrate = GoldDemonstrations(
+                policy.tokenizer, rc.min_reward, memory=rc.memory_demonstrations, run_program=run_program
+            )
         replay = ReplayBuffer(rc.capacity, builder.build, seed=cfg.seed, demonstrate=demonstrate)
     return TrainResources(
         cfg=cfg,

@@ -299,3 +299,41 @@ def test_train_changes_are_sometimes_worded_as_plain_statements_and_stay_updates
     # The held-out split is unchanged: its changes are worded as changes.
     assert test_updates and not any(_worded_as_first(t) for t in test_updates)
     assert all(_worded_as_change(t) for t in test_updates)
+
+
+def test_arithmetic_range_gives_large_savings_sums_and_differences_whose_programs_print_the_answer():
+    mix = ["arithmetic", "lookup", "arithmetic", "update"]
+    options = {
+        "num_episodes": 400,
+        "arithmetic_range": [1000, 9999],
+        "question_types": mix,
+        "phrasing": "varied",
+    }
+    test = _gen("test", **options)
+    arithmetic = [e for e in test if e.metadata["question_type"] == "arithmetic"]
+    assert len(arithmetic) == 200  # the held-out evaluation's arithmetic questions
+    program = "\n".join(e.metadata["gold_python"] for e in arithmetic)
+    out = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.split() == [e.target_answer for e in arithmetic]
+    ops = Counter()
+    for ep in arithmetic:
+        operands = [int(x) for x in re.findall(r"\d+", ep.metadata["gold_python"])]
+        assert all(1000 <= x <= 10000 for x in operands), ep.metadata["gold_python"]
+        assert int(ep.target_answer) > 0  # a difference subtracts the smaller savings
+        stated = {t.turn_id: t.text for t in ep.history}
+        evidence = [int(re.findall(r"\d+", stated[t])[0]) for t in ep.metadata["evidence_turn_ids"]]
+        assert operands[: len(evidence)] == evidence  # the program's numbers are the remembered ones
+        ops[ep.metadata["gold_python"].split()[1]] += 1
+    assert ops["+"] > 0 and ops["-"] > 0
+    # Held out: the test split's names never occur in the train split.
+    train_names = {e.final_query.split()[4] for e in _gen("train", **options) if "will" in e.final_query}
+    test_names = {e.final_query.split()[4] for e in arithmetic if "will" in e.final_query}
+    assert test_names and not train_names & test_names
+
+
+@pytest.mark.parametrize("value", [[5, 3], "10", [1, 9], "a-b"])
+def test_a_bad_arithmetic_range_is_rejected_with_an_example(value):
+    with pytest.raises(ValueError, match=r"arithmetic_range must be \[lo, hi\].*\[1000, 9999\]"):
+        _gen(arithmetic_range=value)

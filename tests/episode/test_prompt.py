@@ -108,3 +108,23 @@ def test_fact_order_time_or_score_and_config_validation():
         order_facts(facts, "recency")
     with pytest.raises(ValueError, match="episode.fact_order='random'; valid: time, score"):
         EpisodeConfig(fact_order="random")
+
+
+def test_tool_example_shows_one_worked_python_call_in_the_response_format():
+    from memrl.rewards.format import format_problems
+
+    tok = ByT5Tokenizer()
+    shown = PromptBuilder(EpisodeConfig(tool_example=True), tok).build("Q?", _facts(1), "", ["python"]).text
+    lines = shown.splitlines()
+    call = lines[lines.index("Tools: <python>...</python>") + 3]
+    assert call == "<python>print(1250 + 3400)</python> <result>4650</result><answer>4650</answer>"
+    assert format_problems(call) == []  # the example is a well-formed response
+    assert str(1250 + 3400) in call
+    # The answer line's example still comes last, nearest the question.
+    assert lines[-1] == "<answer>teacher</answer>"
+    for tools in (["search"], []):
+        assert (
+            "<python>print"
+            not in PromptBuilder(EpisodeConfig(tool_example=True), tok).build("Q?", _facts(1), "", tools).text
+        )
+    assert "<python>print" not in _builder().build("Q?", _facts(1), "", ["python"]).text  # off by default

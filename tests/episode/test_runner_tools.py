@@ -75,6 +75,12 @@ def test_tool_calls_and_rollbacks_reach_step_meta(cfg):
     assert [t.steps[-1].meta.gold_answer for t in trajs] == [bi.target_answer for bi in inputs]
     row = [r for r in step_rows(trajs[:1]) if r["turn_role"] == "target"][0]
     assert step_meta_of_row(row).gold_answer == inputs[0].target_answer is not None
+    # so does the gold program of an arithmetic question (program demonstrations read it)
+    programs = [bi.metadata.get("gold_python") for bi in inputs]
+    assert [t.steps[-1].meta.gold_python for t in trajs] == programs and any(programs)
+    arithmetic = programs.index(next(p for p in programs if p))
+    row = [r for r in step_rows(trajs[arithmetic : arithmetic + 1]) if r["turn_role"] == "target"][0]
+    assert step_meta_of_row(row).gold_python == programs[arithmetic]
     assert row["num_tool_calls"] == 1 and row["num_rollbacks"] == 1
     assert json.loads(row["rollbacks"])[0]["repaired"] is True
 

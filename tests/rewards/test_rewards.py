@@ -148,3 +148,34 @@ def test_unknown_names_and_options_are_reported():
         make_reward("token_f1", {"stemm": False})
     with pytest.raises(RewardConfigError, match="PolicyClient"):
         make_reward("llm_judge")
+
+
+def test_tool_call_rewards_a_call_that_ran_on_questions_with_a_program():
+    reward = make_reward("tool_call", {})
+    program = {"gold_python": "print(1250 + 3400)"}
+    ran = "<python>print(1250 + 3400)</python> <result>4650</result><answer>9</answer>"
+    failed = "<python>print(x)</python> <result>Traceback (most recent call last):\nNameError: name 'x' is not defined</result>"
+    cases = [
+        (_x(ran, "4650", **program), 1.0),  # a call that ran scores, right answer or not
+        (_x(ran.replace("4650", "4651"), "4650", **program), 1.0),
+        (_x(ran, "4650"), 0.0),  # a lookup (no gold program) is not taught to call
+        (_x(failed + "<answer>1</answer>", "4650", **program), 0.0),
+        (
+            _x(
+                "<python>pass</python> <result>(no output; print() what you want to see)</result>",
+                "1",
+                **program,
+            ),
+            0.0,
+        ),
+        (_x("<python>print(1)</python>", "1", **program), 0.0),  # never ran: no result
+        (_x("<python>   </python> <result>tool call format is wrong: empty</result>", "1", **program), 0.0),
+        (_x("<answer>4650</answer>", "4650", **program), 0.0),
+        # A failed call, rolled back or left in, then one that ran: the call that ran counts.
+        (_x(failed + " " + ran, "4650", **program), 1.0),
+    ]
+    assert reward([x for x, _ in cases]) == [want for _, want in cases]
+    assert make_reward("tool_call", {"questions": "all"})([_x(ran, "4650")]) == [1.0]
+    assert make_reward("tool_call", {"tool": "search"})([_x(ran, "4650", **program)]) == [0.0]
+    with pytest.raises(RewardConfigError, match="questions must be 'program' or 'all'"):
+        make_reward("tool_call", {"questions": "some"})

@@ -216,3 +216,50 @@ def test_disagreeing_prompts_get_more_initial_chains_and_still_exactly_n_leaves(
 def test_dynamic_initial_rollouts_need_expansion_rounds():
     with pytest.raises(ValueError, match="expansion_iterations >= 1"):
         TreeConfig(initial_rollouts_rule="disagreement", expansion_iterations=0)
+
+
+def _calling_script(head: str):
+    """Writes ``head`` (ending in ``<python>``), a program printing a number drawn from its seed, then answers with
+    the result; a branch forked right after the opening tag writes only the program."""
+    import random
+    import re
+
+    def script(ctx):
+        resp = ctx.text.split("A:", 1)[1]
+        if "</result>" in resp:
+            return f"<answer>{re.findall(r'<result>(.*?)</result>', resp)[-1]}</answer>"
+        k = random.Random(f"{ctx.seed}/{ctx.sample_index}").randrange(100, 1000)
+        return f"print({k})</python>" if resp.endswith("<python>") else f"{head}print({k})</python>"
+
+    return script
+
+
+@pytest.mark.parametrize("policy", ["tool_call", "random"])
+def test_tool_call_policy_forks_right_after_the_calls_opening_tag(tok, policy):
+    from tests.rollout.rollout_fixtures import TableTools
+
+    head = " I compute it. <python>"
+    cfg = _cfg(6, 2, 2, 1, 3, seg=6, policy=policy)
+    leaves = run_rollout(
+        _requests(tok, 2), ScriptedPolicy(tok, _calling_script(head)), TableTools(), cfg
+    ).leaves
+    steps = [s for tree in leaves for s in tree]
+    fork_points = {p.pos for s in steps for p in s.meta.tree_path[1:] if p.children > 1}  # not the root
+    assert sum(s.meta.branch_depth > 0 for s in steps) == 8  # 2 trees x 2 rounds x 2 new branches
+    if policy == "random":  # forks land elsewhere too (and this script cannot finish a program cut mid-way)
+        assert fork_points - {len(head.encode())}
+        return
+    assert fork_points == {len(head.encode())}  # right after "<python>"
+    for tree in leaves:
+        for s in tree:
+            assert tok.decode(list(s.response_ids)).startswith(head) and s.meta.tool_calls[0].status == "ok"
+        # Forks resample the program: every leaf of a tree computed its own number.
+        assert len({s.meta.tool_calls[0].result for s in tree}) == len(tree)
+
+
+def test_tool_call_policy_forks_at_random_nodes_in_a_tree_without_calls(tok):
+    cfg = _cfg(4, 2, 1, 1, 3, policy="tool_call")
+    [leaves] = run_rollout(
+        _requests(tok, 1), ScriptedPolicy(tok, random_script(min_tokens=20)), None, cfg
+    ).leaves
+    assert sum(s.meta.branch_depth > 0 for s in leaves) == 2 and all(not s.meta.tool_calls for s in leaves)

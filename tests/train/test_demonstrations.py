@@ -168,7 +168,9 @@ def test_state_dict_round_trip_rebuilds_the_same_demonstrations():
 
 @pytest.mark.parametrize("value", ["expert", "Gold", ""])
 def test_bad_demonstrations_value_lists_the_choices(value):
-    with pytest.raises(ValueError, match=r"train\.replay\.demonstrations must be one of 'none', 'gold'"):
+    with pytest.raises(
+        ValueError, match=r"train\.replay\.demonstrations must be one of 'none', 'gold', 'gold_program'"
+    ):
         ReplayConfig(demonstrations=value)
 
 
@@ -209,3 +211,123 @@ def test_memory_demonstrations_imitate_the_gold_operations_of_wrong_writes():
     assert GoldDemonstrations(tok, min_reward=1.0, memory=True)([_with_write(e, True) for e in _group(
         _episodes(rewards=(1.0, 0.0, 0.0, 0.0)))]) is None  # fmt: skip
     assert GoldDemonstrations(tok, min_reward=1.0, memory=False)(group) is None
+
+
+def _program_group(prompt_ids, gold="8171", program="print(4821 + 3350)"):
+    """One group of two wrong episodes over ``prompt_ids`` whose question has a gold program."""
+    from memrl.types import EpisodeStatus, StepMeta, StepTrajectory
+
+    meta = StepMeta(turn_id="Q", gold_answer=gold, gold_python=program, source_episode_id="ep0")
+    step = StepTrajectory("ep0/t0", tuple(prompt_ids), (5,), (1,), (-0.5,), "Q", meta=meta)
+    return [
+        EpisodeTrajectory(f"ep0#{k}", "g0", (step,), reward=0.0, status=EpisodeStatus.COMPLETED)
+        for k in range(2)
+    ]
+
+
+def _bpe_tokenizer(smollm2_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(smollm2_dir))
+
+
+@pytest.mark.parametrize("which", ["bytes", "smollm2"])
+def test_program_demonstration_holds_token_for_token_what_a_rollout_of_the_same_text_holds(which, request):
+    """The demonstration of a gold program against a real rollout (real sandbox, the rollout engine) whose model
+    writes that call and then copies the result into its answer: same ids, same mask (result 0), same result."""
+    import shutil
+
+    from memrl.rollout import RolloutRequest, run_rollout
+    from memrl.rollout.config import RolloutConfig
+    from memrl.testing.scripted import ScriptedPolicy
+    from memrl.tools import ToolExecutor, ToolsConfig
+    from memrl.train.demonstrations import ProgramRunner
+
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed")
+    tok = byte_tokenizer() if which == "bytes" else _bpe_tokenizer(request.getfixturevalue("smollm2_dir"))
+    program, gold = "print(4821 + 3350)", "8171"
+
+    def script(ctx):
+        if "<result>" not in ctx.text:
+            return f"<python>{program}</python>"
+        return f"<answer>{ctx.text.rsplit('<result>', 1)[1].split('</result>')[0]}</answer>"
+
+    prompt = tok("Question: savings?\n", add_special_tokens=False)["input_ids"]
+    tools_cfg = ToolsConfig(enabled=["python"])
+    with ToolExecutor(tools_cfg) as tools:
+        result = run_rollout(
+            [RolloutRequest(tuple(prompt), "ep0")],
+            ScriptedPolicy(tok, script),
+            tools,
+            RolloutConfig(n=1, temperature=0.0, max_response_tokens=200),
+        )
+    leaf = result.leaves[0][0]
+    runner = ProgramRunner(tools_cfg)
+    try:
+        demo = GoldDemonstrations(tok, min_reward=1.0, run_program=runner)(
+            _program_group(prompt, gold, program)
+        )
+    finally:
+        runner.close()
+    step = demo.steps[0]
+    assert (
+        tok.decode(list(leaf.response_ids))
+        == f"<python>{program}</python> <result>{gold}</result><answer>{gold}</answer>"
+    )
+    # The rollout stops at </answer>; every demonstration ends its turn with eos after it.
+    assert step.response_ids[:-1] == leaf.response_ids and step.response_ids[-1] == tok.eos_token_id
+    assert step.response_mask[:-1] == leaf.response_mask and step.response_mask[-1] == 1
+    assert 0 in step.response_mask and set(step.response_mask) == {0, 1}
+    assert step.prompt_ids == leaf.prompt_ids
+    injected = [t for t, m in zip(step.response_ids, step.response_mask, strict=True) if m == 0]
+    assert tok.decode(injected) == f" <result>{gold}</result>"
+    [call] = step.meta.tool_calls
+    assert (call.name, call.arguments, call.result, call.status) == ("python", program, gold, "ok")
+    assert leaf.meta.tool_calls[0].result == call.result
+    # Model tokens carry no behaviour log-prob; the injected ones the rollout's 0.0.
+    assert all(math.isnan(lp) == bool(m) for lp, m in zip(step.logprobs, step.response_mask, strict=True))
+
+
+def test_program_demonstrations_fall_back_to_the_answer_and_refuse_a_program_that_misses_the_gold():
+    from memrl.tools import ToolResult
+    from memrl.types import ToolStatus
+
+    tok = byte_tokenizer()
+    runs = []
+
+    def run(program):
+        runs.append(program)
+        return ToolResult(text=str(eval(program.removeprefix("print"))), status=ToolStatus.OK)  # noqa: S307
+
+    demonstrate = GoldDemonstrations(tok, min_reward=1.0, run_program=run)
+    # No program: the gold answer alone.
+    plain = demonstrate(_group(_episodes()))
+    assert plain.steps[0].response_mask == (1,) * len(plain.steps[0].response_ids)
+    assert not plain.steps[0].meta.tool_calls and not runs
+    demo = demonstrate(_program_group((7, 8, 9), gold="12", program="print(5 + 7)"))
+    assert runs == ["print(5 + 7)"] and demo.steps[0].meta.response_text == (
+        "<python>print(5 + 7)</python> <result>12</result><answer>12</answer>"
+    )
+    with pytest.raises(
+        ValueError, match=r"gold program 'print\(5 \+ 6\)' gave ok result '11', not the gold answer '12'"
+    ):
+        demonstrate(_program_group((7, 8, 9), gold="12", program="print(5 + 6)"))
+    # Without a runner (demonstrations: gold) a question with a program still gets the answer alone.
+    answer_only = GoldDemonstrations(tok, min_reward=1.0)(_program_group((7, 8, 9), gold="12"))
+    assert not answer_only.steps[0].meta.tool_calls
+
+
+def test_gold_program_demonstrations_need_the_python_tool(tmp_path):
+    from memrl.config import load_config
+    from memrl.train.setup import build_resources
+
+    cfg = load_config(
+        None,
+        ["train.replay.demonstrations=gold_program", "train.replay.batch_size=4", "tools.enabled=[search]",
+         "policy.model=random-tiny", f"output_dir={tmp_path}"],
+    )  # fmt: skip
+    with pytest.raises(
+        ValueError, match=r"demonstrations=gold_program demonstrates python calls.*\['search'\]"
+    ):
+        build_resources(cfg)

@@ -198,6 +198,39 @@ def test_gold_demonstrations_reach_the_replay_sft_term_inside_the_loop(tmp_path,
     assert step2["replay/demo_token_logp"] < 0
 
 
+def test_gold_program_demonstrations_and_tool_use_metrics_inside_the_loop(tmp_path, tiny_model_dir):
+    """demonstrations=gold_program in the real loop: arithmetic questions are demonstrated as a python call of their
+    gold program, run in the sandbox, its result masked; every step and evaluation logs how answers used tools."""
+    import shutil
+
+    from memrl.train.loop import train
+    from memrl.train.setup import build_resources
+
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap is not installed")
+    cfg = _in_process_cfg(
+        tmp_path,
+        tiny_model_dir,
+        "program",
+        "train.replay={batch_size: 4, sft_weight: 0.5, min_reward: 2.0, demonstrations: gold_program}",
+        "tools.enabled=[python]",
+        "data.options={num_episodes: 12, num_sessions: 2, turns_per_session: 2, question_types: [arithmetic],"
+        " arithmetic_range: [1000, 9999]}",
+        "train.final_eval_episodes=1",
+    )
+    res = build_resources(cfg)
+    train(cfg, resources=res)
+    steps = [r for r in _metrics(tmp_path / "program") if "train/pg_loss" in r]
+    assert steps[1]["replay/demo_rows"] >= 1 and steps[1]["replay/demo_token_logp"] < 0
+    for key in ("calls_per_answer", "failed_calls", "rollbacks", "gold_calls", "copied_results"):
+        assert f"tooluse/{key}" in steps[0] and f"eval/tooluse/{key}" in _metrics(tmp_path / "program")[-1]
+    for demo in res.replay.sample(4).demonstrations:
+        step = demo.steps[0]
+        [call] = step.meta.tool_calls
+        assert call.result == step.meta.gold_answer and call.arguments == step.meta.gold_python
+        assert 0 in step.response_mask and step.response_mask[0] == 1
+
+
 def test_progress_bars_cover_the_evaluations_and_the_steps(tmp_path, tiny_model_dir, capsys):
     """The start and final evaluations (minutes on real runs) and the steps each show a bar on stderr."""
     from memrl.train.loop import train
