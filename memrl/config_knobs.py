@@ -208,6 +208,7 @@ EXPERIMENT: dict[str, str] = {
     "episode.memory_credit.format_weight": "writer reward for a valid reply",
     "episode.memory_credit.op_weight": "writer reward for the gold operation",
     "episode.memory_credit.size_weight": "writer penalty per current fact",
+    "episode.memory_credit.unsupported_weight": "writer penalty for a fact the turns read do not support",
     "episode.memory_credit.snapshot_k": "alternatives per planned write",
     "episode.memory_credit.snapshot_writes": "planned writes per episode",
     "episode.memory_credit.snapshot_score": "answer | gold_logprob: a fork's outcome",

@@ -301,7 +301,11 @@ class MemoryWrite:
     ``format_errors``: reply lines that were not valid operations. ``op_score``: F1 of the reply's operations
     against the dataset's (:func:`memrl.memory.gold.ops_score`; ``None`` where the dataset does not know them),
     ``gold_ops`` those operations as the writer would write them. ``snapshot_reward``: the outcome of answering
-    on the store copy this reply was applied to (snapshot credit; ``None`` otherwise).
+    on the store copy this reply was applied to (snapshot credit; ``None`` otherwise). ``turn_kinds``: the kind
+    of each turn read (``small_talk`` / ``first`` / ``change`` / ``repeat`` / ``unknown``,
+    :func:`memrl.memory.faithfulness.turn_kind`); ``facts_written``: the reply's ADD and UPDATE facts, of which
+    ``unsupported_facts`` are invented by the rule of :mod:`memrl.memory.faithfulness` (a name or value the
+    turns read do not contain).
     """
 
     index: int
@@ -315,9 +319,12 @@ class MemoryWrite:
     op_score: float | None = None
     gold_ops: str | None = None
     snapshot_reward: float | None = None
+    turn_kinds: tuple[str, ...] = ()
+    facts_written: int = 0
+    unsupported_facts: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("index", "alternative", "turns_read", "facts_before"):
+        for name in ("index", "alternative", "turns_read", "facts_before", "facts_written"):
             require_count(self, name, getattr(self, name))
         require_count(self, "alternatives", self.alternatives, low=1)
         if self.alternative >= self.alternatives:
@@ -331,6 +338,14 @@ class MemoryWrite:
         if self.gold_ops is not None:
             require_str(self, "gold_ops", self.gold_ops, non_empty=False)
         optional_number(self, "snapshot_reward", self.snapshot_reward)
+        as_tuple(self, "turn_kinds", self.turn_kinds, str)
+        as_tuple(self, "unsupported_facts", self.unsupported_facts, str)
+        if len(self.unsupported_facts) > self.facts_written:
+            fail(
+                self,
+                "unsupported_facts",
+                f"{len(self.unsupported_facts)} of facts_written={self.facts_written}",
+            )
 
     @property
     def op_right(self) -> bool | None:

@@ -173,13 +173,13 @@ class FaithfulnessTally:
     examples: list[dict[str, Any]] = field(default_factory=list)
     max_examples: int = 8
 
-    def add(self, kind: str, facts: Sequence[str], unsupported: Sequence[str], read: str = "") -> None:
-        """One write of ``kind`` that wrote ``facts``, of which ``unsupported`` are invented; ``read``: the
+    def add(self, kind: str, facts: int, unsupported: Sequence[str], read: str = "") -> None:
+        """One write of ``kind`` that wrote ``facts`` facts, of which ``unsupported`` are invented; ``read``: the
         turns it read, kept with the first few invented facts as examples."""
         self.writes[kind] += 1
-        self.writing[kind] += bool(facts)
+        self.writing[kind] += facts > 0
         self.inventing[kind] += bool(unsupported)
-        self.facts[kind] += len(facts)
+        self.facts[kind] += facts
         self.invented[kind] += len(unsupported)
         if unsupported and len(self.examples) < self.max_examples:
             self.examples.append({"kind": kind, "read": read[:200], "invented": list(unsupported)})

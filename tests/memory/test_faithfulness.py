@@ -71,10 +71,10 @@ def test_turn_kind_from_the_dataset_or_from_the_gold_operation():
 
 def test_tally_splits_the_invented_rate_by_turn_kind():
     tally = FaithfulnessTally()
-    tally.add("small_talk", ["Diego is a musician."], ["Diego is a musician."], read="Lucia: Makes sense.")
-    tally.add("small_talk", [], [])
-    tally.add("small_talk", ["Lucia is tired."], [])
-    tally.add("change", ["Priya lives in Porto."], [])
+    tally.add("small_talk", 1, ["Diego is a musician."], read="Lucia: Makes sense.")
+    tally.add("small_talk", 0, [])
+    tally.add("small_talk", 1, [])
+    tally.add("change", 1, [])
     out = tally.summary()
     assert out["writes"] == 4
     assert out["invented_rate"] == 0.25
