@@ -299,3 +299,25 @@ def test_train_changes_are_sometimes_worded_as_plain_statements_and_stay_updates
     # The held-out split is unchanged: its changes are worded as changes.
     assert test_updates and not any(_worded_as_first(t) for t in test_updates)
     assert all(_worded_as_change(t) for t in test_updates)
+
+
+def test_wide_small_talk_keeps_the_facts_and_draws_small_talk_from_the_training_pool():
+    from memrl.adapters.small_talk import SMALL_TALK
+    from memrl.adapters.synthetic import _CHITCHAT
+
+    opts = {"num_episodes": 30, "phrasing": "varied"}
+    plain = run_adapter("synthetic", None, split="train", options=opts)[0]
+    wide = run_adapter("synthetic", None, split="train", options={**opts, "small_talk": "wide"})[0]
+    facts = [[(t.turn_id, t.text, dict(t.metadata)) for t in ep.history if t.metadata.get("memory_person")]
+             for ep in plain]  # fmt: skip
+    assert facts == [
+        [(t.turn_id, t.text, dict(t.metadata)) for t in ep.history if t.metadata.get("memory_person")]
+        for ep in wide
+    ]
+    talk = [t.text for ep in wide for t in ep.history if not t.metadata.get("memory_person")]
+    assert all(t.metadata["memory_op"] == "NOOP" for ep in wide for t in ep.history if t.text in talk)
+    templates = {line.split("{")[0] for line in _CHITCHAT + SMALL_TALK}
+    assert all(any(line.startswith(t) for t in templates) for line in talk)
+    assert len(set(talk) & set(SMALL_TALK)) > 40  # most small talk now comes from the wide pool
+    with pytest.raises(ValueError, match=r"small_talk must be one of \['synthetic', 'wide'\]"):
+        run_adapter("synthetic", None, split="train", options={"num_episodes": 1, "small_talk": "chat"})
