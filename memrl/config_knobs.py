@@ -197,6 +197,7 @@ EXPERIMENT: dict[str, str] = {
     "memory.update_floor": "cosine under which an UPDATE is kept as an ADD",
     "memory.add_ceiling": "cosine at which an ADD supersedes a shown fact",
     "memory.superseded_weight": "score factor of superseded facts",
+    "memory.superseded_in_prompt": "separate | attached: superseded facts beside, or folded into, the current one",
     "memory.dense_weight": "fusion weight of dense retrieval",
     "memory.bm25_weight": "fusion weight of BM25",
     "memory.candidate_pool": "candidates per retriever before fusion",
