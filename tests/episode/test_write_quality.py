@@ -163,3 +163,29 @@ def test_an_evaluation_of_policy_written_memory_reports_its_writes(tmp_path):
     # Without memory in the prompt no memory is built, so that arm has no writes to report.
     assert "memory_writes" not in report["ablations"]["no_memory"]
     assert "memory writes (memory): 54" in render_eval(report)
+
+
+def test_an_evaluation_on_the_held_out_chats_splits_questions_and_writes_by_kind(tmp_path):
+    """``memrl eval`` on the chats by name (configs/chats_eval_writer.yaml, one chat): scores per question kind,
+    and the writes' faithfulness per turn kind. The scripted writer copies the turns it ADDs: nothing invented."""
+    from memrl.config import load_config
+    from memrl.episode.evaluate import evaluate
+    from memrl.testing.scripted import ScriptedPolicy
+    from tests.episode.test_memory_writes import script
+
+    cfg = load_config(
+        "configs/chats_eval_writer.yaml",
+        [
+            f"output_dir={tmp_path}",
+            "data.options={num_chats: 1}",
+            "memory.write_max_tokens=64",
+            "memory.write_cache=false",
+        ],  # fmt: skip
+    )
+    report = evaluate(cfg, policy=ScriptedPolicy(ByT5Tokenizer(), script), progress=False)
+    memory = report["ablations"]["memory"]
+    assert report["dataset"] == "chats"
+    assert memory["group_sizes"] == {"before": 3, "never_changed": 3, "now": 3}  # scored per question kind
+    faith = memory["memory_writes"]["faithfulness"]
+    assert faith["writes"] == 48 and set(faith["by_turn_kind"]) == {"small_talk", "first", "change"}
+    assert faith["invented_rate"] == 0.0
