@@ -293,20 +293,17 @@ class PathNode:
 class MemoryWrite:
     """One policy-written memory step as its credit and its trainer read it (:mod:`memrl.episode.credit`).
 
-    ``index`` is the write's position among the episode's writes; the step is reply ``alternative`` of the
+    ``index``: the write's position among the episode's writes; the step is reply ``alternative`` of the
     ``alternatives`` replies sampled from one store state (1 unless snapshot / local credit sampled the write).
     ``applied``: this reply changed the episode's own store (reply 0; the others went to store copies).
     ``turns_read``: history turns the episode's writes had read up to and including this one; ``facts_before`` /
-    ``facts_after``: current facts around the write (``facts_after`` is ``None`` for a reply not applied).
+    ``facts_after``: current facts around the write (``facts_after``: ``None`` for a reply not applied).
     ``format_errors``: reply lines that were not valid operations. ``op_score``: F1 of the reply's operations
     against the dataset's (:func:`memrl.memory.gold.ops_score`; ``None`` where the dataset does not know them),
     ``gold_ops`` those operations as the writer would write them. ``snapshot_reward``: the outcome of answering
-    on the store copy this reply was applied to (snapshot credit; ``None`` otherwise). ``turn_kinds``: the kind
-    of each turn read (``small_talk`` / ``first`` / ``change`` / ``repeat`` / ``unknown``,
-    :func:`memrl.memory.faithfulness.turn_kind`); ``facts_written``: the reply's ADD and UPDATE facts, of which
-    ``unsupported_facts`` are invented by the rule of :mod:`memrl.memory.faithfulness` (a name or value the
-    turns read do not contain).
-    """
+    on the store copy this reply was applied to (snapshot credit; else ``None``). ``turn_kinds``: of each turn
+    read; ``facts_written``: the reply's ADD / UPDATE facts, ``unsupported_facts`` those invented
+    (:mod:`memrl.memory.faithfulness`)."""
 
     index: int
     alternative: int = 0
@@ -333,19 +330,12 @@ class MemoryWrite:
             fail(self, "applied", f"expected bool, got {type(self.applied).__name__}")
         if self.facts_after is not None:
             require_count(self, "facts_after", self.facts_after)
-        as_tuple(self, "format_errors", self.format_errors, str)
+        for name in ("format_errors", "turn_kinds", "unsupported_facts"):
+            as_tuple(self, name, getattr(self, name), str)
         optional_number(self, "op_score", self.op_score, 0.0, 1.0)
         if self.gold_ops is not None:
             require_str(self, "gold_ops", self.gold_ops, non_empty=False)
         optional_number(self, "snapshot_reward", self.snapshot_reward)
-        as_tuple(self, "turn_kinds", self.turn_kinds, str)
-        as_tuple(self, "unsupported_facts", self.unsupported_facts, str)
-        if len(self.unsupported_facts) > self.facts_written:
-            fail(
-                self,
-                "unsupported_facts",
-                f"{len(self.unsupported_facts)} of facts_written={self.facts_written}",
-            )
 
     @property
     def op_right(self) -> bool | None:

@@ -49,7 +49,6 @@ from memrl.types import BatchInput, TurnRole, TurnSpec
 
 QUESTION_KINDS = ("now", "before", "never_changed")
 TURN_KINDS = ("small_talk", "first", "change")
-_BY_NAME = {a.name: a for a in ATTRS}
 _MEMORY_KEYS = {"op": "memory_op", "fact": "memory_fact", "person": "memory_person", "attr": "memory_attr",
                 "value": "memory_value", "stale": "memory_stale"}  # fmt: skip
 
