@@ -415,7 +415,7 @@ class MemorySystem:
             ranked = time_rescore(ranked, records, query, self.cfg, None if asked_at is None else asked_at[i])
             if self.cfg.superseded_in_prompt == "attached":
                 ranked, shown = attach_history(ranked, records, query)
-                ordered = [shown[r.fact_id] for r in ordered]
+                ordered = [shown[r.fact_id] for r in ordered if r.fact_id in shown]
             else:
                 ranked = supersede_rescore(ranked, records, query, self.cfg.superseded_weight)
                 ordered = [as_history(r) for r in ordered]

@@ -462,14 +462,19 @@ def attach_history(
     ``"Earlier (until 11 May 2024): Ann lives in Lyon. Now: Ann lives in Porto."``: the old value comes first,
     where a small answer model reads an answer from, and marked as earlier, so it reaches the prompt with the
     fact that retrieval finds best. A superseded fact whose successor is gone keeps its own "no longer true"
-    text (:func:`as_history`). Returns the ranking and the records with those texts."""
+    text (:func:`as_history`). Returns the ranking and the records to show, with those texts: the superseded
+    facts folded into a successor are left out, so no passage of adjacent facts brings a stale value back."""
     best: dict[int, float] = {}
     for fid, score in ranked:
         target = _current(records, fid) if records[fid].superseded else fid
         target = fid if target is None else target
         best[target] = max(best.get(target, float("-inf")), score)
     out = sorted(best.items(), key=lambda kv: -kv[1])
-    shown = {fid: as_history(rec) for fid, rec in records.items()}
+    shown = {
+        fid: as_history(rec)
+        for fid, rec in records.items()
+        if not rec.superseded or _current(records, fid) is None
+    }
     if asks_about_past(query):
         for fid, _ in out:
             chain = _earlier(records, fid)
