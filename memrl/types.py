@@ -292,16 +292,17 @@ class PathNode:
 class MemoryWrite:
     """One policy-written memory step as its credit and its trainer read it (:mod:`memrl.episode.credit`).
 
-    ``index`` is the write's position among the episode's writes; the step is reply ``alternative`` of the
+    ``index``: the write's position among the episode's writes; the step is reply ``alternative`` of the
     ``alternatives`` replies sampled from one store state (1 unless snapshot / local credit sampled the write).
     ``applied``: this reply changed the episode's own store (reply 0; the others went to store copies).
     ``turns_read``: history turns the episode's writes had read up to and including this one; ``facts_before`` /
-    ``facts_after``: current facts around the write (``facts_after`` is ``None`` for a reply not applied).
+    ``facts_after``: current facts around the write (``facts_after``: ``None`` for a reply not applied).
     ``format_errors``: reply lines that were not valid operations. ``op_score``: F1 of the reply's operations
     against the dataset's (:func:`memrl.memory.gold.ops_score`; ``None`` where the dataset does not know them),
     ``gold_ops`` those operations as the writer would write them. ``snapshot_reward``: the outcome of answering
-    on the store copy this reply was applied to (snapshot credit; ``None`` otherwise).
-    """
+    on the store copy this reply was applied to (snapshot credit; else ``None``). ``turn_kinds``: of each turn
+    read; ``facts_written``: the reply's ADD / UPDATE facts, ``unsupported_facts`` those invented
+    (:mod:`memrl.memory.faithfulness`)."""
 
     index: int
     alternative: int = 0
@@ -314,9 +315,12 @@ class MemoryWrite:
     op_score: float | None = None
     gold_ops: str | None = None
     snapshot_reward: float | None = None
+    turn_kinds: tuple[str, ...] = ()
+    facts_written: int = 0
+    unsupported_facts: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("index", "alternative", "turns_read", "facts_before"):
+        for name in ("index", "alternative", "turns_read", "facts_before", "facts_written"):
             require_count(self, name, getattr(self, name))
         require_count(self, "alternatives", self.alternatives, low=1)
         if self.alternative >= self.alternatives:
@@ -325,7 +329,8 @@ class MemoryWrite:
             fail(self, "applied", f"expected bool, got {type(self.applied).__name__}")
         if self.facts_after is not None:
             require_count(self, "facts_after", self.facts_after)
-        as_tuple(self, "format_errors", self.format_errors, str)
+        for name in ("format_errors", "turn_kinds", "unsupported_facts"):
+            as_tuple(self, name, getattr(self, name), str)
         optional_number(self, "op_score", self.op_score, 0.0, 1.0)
         if self.gold_ops is not None:
             require_str(self, "gold_ops", self.gold_ops, non_empty=False)

@@ -18,7 +18,10 @@ the latest value). Other persons' attributes change too (distractors), so the wo
 the answer away. Splits: ``train`` and ``test`` draw names and categorical values from disjoint pools, so the
 test set is held out (numbers share one range: the task is to recall them, not to know them); ``all`` is
 train followed by test. Episode ``i`` of a split depends only on ``(seed, split, i)``, never on
-``num_episodes``, so growing the dataset keeps its prefix. Sentences are short and fixed so a ~1M-parameter
+``num_episodes``, so growing the dataset keeps its prefix. Option ``small_talk``: ``synthetic`` (default, the
+task's 18 chit-chat lines) or ``wide`` (those and the ~130 of :mod:`memrl.adapters.small_talk`), for training a
+writer that leaves small talk alone; more turns per session with fewer distractors
+(``turns_per_session``, ``distractor_fraction``) give it more such NOOP demonstrations. Sentences are short and fixed so a ~1M-parameter
 byte-level model can learn to copy answers out of facts.
 
 Example::
@@ -35,6 +38,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from memrl.adapters.small_talk import SMALL_TALK
 from memrl.adapters.synthetic_phrasing import PHRASINGS, varied_text
 from memrl.data.adapters import ADAPTERS, SkipReport
 from memrl.types import BatchInput, TurnRole, TurnSpec
@@ -90,6 +94,10 @@ _CHITCHAT = (
     "I saw {other} at the market.",
     "{other} says hello to you.",
 )
+# Option ``small_talk``: the pool the turns that state nothing are drawn from. ``wide`` adds the hand-written
+# training pool of memrl.adapters.small_talk (~130 lines of real chat register) to the task's own 18 lines, so a
+# writer learns NOOP for small talk rather than for these 18 sentences.
+SMALL_TALK_POOLS = {"synthetic": _CHITCHAT, "wide": _CHITCHAT + SMALL_TALK}
 
 
 @dataclass(frozen=True)
@@ -227,8 +235,10 @@ class _EpisodeBuilder:
     def __init__(
         self, rng: random.Random, split: str, num_sessions: int, turns_per_session: int, n_persons: int,
         speakers_are_persons: bool = False, arithmetic_range: tuple[int, int] | None = None,
+        small_talk: Sequence[str] = _CHITCHAT,
     ):  # fmt: skip
         self.rng = rng
+        self.small_talk = small_talk
         self.pools = _pools(split)
         self.arithmetic_range = arithmetic_range
         self.ranges = dict(_NUMERIC_RANGES, savings=arithmetic_range) if arithmetic_range else _NUMERIC_RANGES
@@ -296,7 +306,7 @@ class _EpisodeBuilder:
             self.state(person, attr)
         others = [n for n in self.pools["names"] if n not in self.persons + self.speakers]
         for pos in self.plan.free():
-            line = self.rng.choice(_CHITCHAT).format(other=self.rng.choice(others))
+            line = self.rng.choice(self.small_talk).format(other=self.rng.choice(others))
             self.plan.slots[pos] = line
 
 
@@ -427,13 +437,24 @@ def _render(
 def make_episode(
     seed: int, split: str, index: int, *, num_sessions: int = 3, turns_per_session: int = 6,
     n_persons: int = 3, distractor_fraction: float = 0.5, question_types: Sequence[str] = QUESTION_TYPES,
-    phrasing: str = "fixed", arithmetic_range: tuple[int, int] | None = None,
+    phrasing: str = "fixed", arithmetic_range: tuple[int, int] | None = None, small_talk: str = "synthetic",
 ) -> BatchInput:  # fmt: skip
     """Episode ``index`` of ``split``; a pure function of its arguments."""
+    if small_talk not in SMALL_TALK_POOLS:
+        raise ValueError(
+            f"synthetic adapter: small_talk must be one of {sorted(SMALL_TALK_POOLS)}, got {small_talk!r}"
+        )
     rng = random.Random(f"memrl-synthetic:{seed}:{split}:{index}")
     qtype = question_types[index % len(question_types)]  # cycling keeps the type mix exact
     b = _EpisodeBuilder(
-        rng, split, num_sessions, turns_per_session, n_persons, phrasing == "varied", arithmetic_range
+        rng,
+        split,
+        num_sessions,
+        turns_per_session,
+        n_persons,
+        phrasing == "varied",
+        arithmetic_range,
+        SMALL_TALK_POOLS[small_talk],
     )
     question, answer, evidence, gold_python, attrs = b.question(qtype)
     b.add_distractors(distractor_fraction)
@@ -507,7 +528,7 @@ def synthetic(
     seed: int = 0, num_sessions: int = 3, turns_per_session: int = 6, n_persons: int = 3,
     distractor_fraction: float = 0.5, question_types: Sequence[str] = QUESTION_TYPES,
     max_turn_chars: int | None = None, phrasing: str = "fixed",
-    arithmetic_range: Sequence[int] | str | None = None,
+    arithmetic_range: Sequence[int] | str | None = None, small_talk: str = "synthetic",
 ) -> list[BatchInput]:  # fmt: skip
     """``num_episodes`` generated episodes of ``split`` (``all`` = that many train then that many test).
 
@@ -533,7 +554,7 @@ def synthetic(
         make_episode(
             seed, s, i, num_sessions=num_sessions, turns_per_session=turns_per_session, n_persons=n_persons,
             distractor_fraction=distractor_fraction, question_types=tuple(question_types), phrasing=phrasing,
-            arithmetic_range=value_range,
+            arithmetic_range=value_range, small_talk=small_talk,
         )
         for s in splits
         for i in range(num_episodes)

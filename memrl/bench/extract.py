@@ -21,6 +21,15 @@ target accuracy, malformed replies (the extractor turns them into NOOPs) by reas
 changed (person, attribute) — the active facts hold the latest value and no longer the stale one — also for the
 update questions alone, wall seconds and (llm) prompt / completion tokens per turn, and a few raw replies.
 
+Every report also has ``faithfulness`` (:mod:`memrl.memory.faithfulness`): per write, whether each fact it wrote
+is supported by the turns it read (a name or value a turn does not contain makes it invented), as an invented
+rate split by the kind of turn read (``small_talk`` / ``first`` / ``change`` / ``repeat``).
+
+``--dataset chats`` runs on the held-out free-form chats (:mod:`memrl.adapters.chats`, generated from ``--seed``;
+``--episodes`` counts chats, all 24 by default) instead of the synthetic task: natural small talk around personal
+facts that change between sessions, each turn tagged with its kind and gold operation, so the same scores (and
+the invented-fact rate on small talk) are read on conversations no writer trained on.
+
 Options: ``--episodes N`` (test split, 4 by default), ``--extractor rule|llm|policy|gold|both`` (both, the default:
 rule and llm side by side in one JSON; gold writes the dataset's own operations, the scoring's ceiling),
 ``--seed``, ``--config FILE`` (a run's config: its memory section, phrasing and write chunk, e.g. the writer's
@@ -48,6 +57,8 @@ from memrl.types import BatchInput
 logger = logging.getLogger(__name__)
 
 EXTRACTOR_CHOICES = ("rule", "llm", "policy", "gold", "both")
+DATASETS = ("synthetic", "chats")
+CHATS = 24  # held-out chats scored by default (memrl.adapters.chats)
 
 # ---------------------------------------------------------------------------------------------------------
 # Running an extractor over the episodes
@@ -141,7 +152,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     """The options; ``overrides`` comes back as MemoryConfig keyword arguments over the bench's defaults."""
     p = argparse.ArgumentParser(prog="memrl bench extract", description=__doc__.split("\n\n")[0])
     p.add_argument(
-        "--episodes", type=int, default=4, help="synthetic test-split episodes (18 history turns each)"
+        "--episodes",
+        type=int,
+        help=f"synthetic test-split episodes (18 history turns each; default 4), or chats ({CHATS} by default)",
+    )
+    p.add_argument(
+        "--dataset",
+        choices=DATASETS,
+        default="synthetic",
+        help="the synthetic task, or the held-out free-form chats (memrl.adapters.chats)",
     )
     p.add_argument("--extractor", choices=EXTRACTOR_CHOICES, default="both")
     p.add_argument("--seed", type=int, default=0, help="the synthetic adapter's data seed")
@@ -175,6 +194,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.overrides = {**base, "llm_max_tokens": LLM_MAX_TOKENS, **memory}
     if "extractor" in args.overrides:
         p.error("name the extractor with --extractor rule|llm|both, not extractor=...")
+    if args.episodes is None:
+        args.episodes = CHATS if args.dataset == "chats" else 4
     if args.episodes < 1:
         p.error(f"--episodes must be >= 1, got {args.episodes}")
     return args
@@ -196,21 +217,29 @@ def _config_defaults(p: argparse.ArgumentParser, args: argparse.Namespace) -> di
     return {k: v for k, v in dataclasses.asdict(cfg.memory).items() if k != "extractor"}
 
 
+def _episodes(args: argparse.Namespace) -> list[BatchInput]:
+    """The episodes to write: synthetic test episodes, or one per held-out chat (its history; the chat's
+    questions share it)."""
+    from memrl.data.adapters import run_adapter
+
+    if args.dataset == "chats":
+        per_question, _ = run_adapter(
+            "chats", None, split="test", options={"num_chats": args.episodes, "seed": args.seed}
+        )
+        return list({ep.metadata["sample_id"]: ep for ep in per_question}.values())
+    options = {"num_episodes": args.episodes, "seed": args.seed, "phrasing": args.phrasing}
+    return run_adapter("synthetic", None, split="test", options=options)[0]
+
+
 @BENCHES.register("extract")
 def bench_extract(argv: list[str]) -> dict:
     args = parse_args(argv)
     overrides, policy_overrides = args.overrides, args.policy_overrides
-    from memrl.data.adapters import run_adapter
-
-    episodes, _ = run_adapter(
-        "synthetic",
-        None,
-        split="test",
-        options={"num_episodes": args.episodes, "seed": args.seed, "phrasing": args.phrasing},
-    )
+    episodes = _episodes(args)
     names = ("rule", "llm") if args.extractor == "both" else (args.extractor,)
     embedder = build_embedder(MemoryConfig(**overrides))
     result: dict = {
+        "dataset": args.dataset,
         "episodes": len(episodes),
         "history_turns": sum(len(ep.history) for ep in episodes),
         "seed": args.seed,

@@ -5,11 +5,15 @@
     memrl data check synthetic - --option num_episodes=200 --split test
     memrl data show synthetic --index 3
     memrl data haystack --oracle longmemeval_oracle.json --sessions 50 --out longmemeval_s_like.json
+    memrl data make-chats chats.json --chats 24 --seed 0   # held-out chats (memrl.adapters.chats), LoCoMo format
 
 ``fetch`` downloads a dataset's official files (:mod:`memrl.data.sources`: checksummed, resumable) and prints
 ``[{"name", "path", "sha256", "bytes", "status", "checksum"}]``. ``check`` prints ``{"episodes": N, "skipped": M, "errors": [...]}``; each error names file, record, field and
 what was expected. ``haystack`` builds LongMemEval ``_S``-like haystacks from the oracle file
-(:mod:`memrl.data.haystack`) and prints ``{"out", "questions", "sessions_min", "sessions_max", "bytes"}``. Exit code: 0 ok, 1 the dataset is invalid (strict mode) or unreadable, 2 bad usage
+(:mod:`memrl.data.haystack`) and prints ``{"out", "questions", "sessions_min", "sessions_max", "bytes"}``.
+``make-chats`` writes the held-out free-form chats (:mod:`memrl.adapters.chats`; evaluation only) and prints
+``{"out", "chats", "questions", "turns"}``; the ``chats`` adapter reads the file, or generates the same chats
+without one. Exit code: 0 ok, 1 the dataset is invalid (strict mode) or unreadable, 2 bad usage
 (unknown adapter, unknown option).
 """
 
@@ -92,6 +96,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--questions", type=int, default=None, help="N questions spread evenly over the file (default: all)"
     )
     hay.set_defaults(func=run_haystack)
+    chats = data_sub.add_parser(
+        "make-chats", help="write the held-out free-form chats (LoCoMo format; for evaluation only)"
+    )
+    chats.add_argument("out", help="output file (JSON array, LoCoMo's format)")
+    chats.add_argument("--chats", type=int, default=24, help="number of chats (default 24)")
+    chats.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
+    chats.set_defaults(func=run_make_chats)
     p.set_defaults(func=lambda args: (p.print_help(), EXIT_USAGE)[1])
 
 
@@ -211,4 +222,22 @@ def run_haystack(args: argparse.Namespace) -> int:
         print(f"memrl data haystack: {exc}", file=sys.stderr)
         return EXIT_INVALID
     print(json.dumps(summary, indent=2))
+    return 0
+
+
+def run_make_chats(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from memrl.adapters.chats import make_chats
+
+    try:
+        records = make_chats(args.chats, args.seed)
+    except ValueError as exc:
+        print(f"memrl data make-chats: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    out = Path(args.out)
+    out.write_text(json.dumps(records, indent=1) + "\n", encoding="utf-8")
+    turns = sum(len(v) for r in records for k, v in r["conversation"].items() if isinstance(v, list))
+    print(json.dumps({"out": str(out), "chats": len(records), "questions": sum(len(r["qa"]) for r in records),
+                      "turns": turns}))  # fmt: skip
     return 0

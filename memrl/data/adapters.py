@@ -310,7 +310,12 @@ def build_episode(view: RecordView, field: str, **kwargs: Any) -> BatchInput:
 
 # The built-in adapters live in memrl.adapters (one module each); they import this module's contract, and the
 # registry imports them on first lookup.
-BUILTIN_ADAPTER_MODULES = ("memrl.adapters.synthetic", "memrl.adapters.locomo", "memrl.adapters.longmemeval")
+BUILTIN_ADAPTER_MODULES = (
+    "memrl.adapters.synthetic",
+    "memrl.adapters.locomo",
+    "memrl.adapters.longmemeval",
+    "memrl.adapters.chats",
+)
 
 
 def _populate() -> None:

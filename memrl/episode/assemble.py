@@ -70,6 +70,7 @@ def history_steps(st: EpisodeState, tokenizer: Any) -> list[StepTrajectory]:
 def memory_steps(st: EpisodeState) -> list[StepTrajectory]:
     """One trainable step per policy write (``memory.extractor: policy``), one per alternative at snapshot
     writes: prompt = what the writer read, response = its operations (mask 1), rollout log-probs."""
+    from memrl.memory.faithfulness import turn_kind, unsupported_facts
     from memrl.memory.gold import gold_text, ops_score
     from memrl.memory.writer import turn_line
 
@@ -79,7 +80,9 @@ def memory_steps(st: EpisodeState) -> list[StepTrajectory]:
         rewards = st.snapshot_rewards.get(i, [])
         gold = gold_text(res.turns, res.neighbours)
         k = len(res.samples)
+        kinds = tuple(turn_kind(t) for t in res.turns)
         for j, sample in enumerate(res.samples):
+            facts = [d.text for d in sample.ops.decisions if d.op in (MemoryOpType.ADD, MemoryOpType.UPDATE)]
             write = MemoryWrite(
                 index=i,
                 alternative=j,
@@ -92,6 +95,9 @@ def memory_steps(st: EpisodeState) -> list[StepTrajectory]:
                 op_score=ops_score(res.turns, res.neighbours, sample.ops.decisions),
                 gold_ops=gold,
                 snapshot_reward=rewards[j] if j < len(rewards) else None,
+                turn_kinds=kinds,
+                facts_written=len(facts),
+                unsupported_facts=unsupported_facts(facts, res.turns),
             )
             extra = {  # what the writer read and decided, for inspectors (memrl inspect)
                 "read_turns": [turn_line(t) for t in res.turns],

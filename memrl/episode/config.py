@@ -42,7 +42,9 @@ class MemoryCreditConfig:
 
     ``name``: ``broadcast`` | ``used`` | ``snapshot`` | ``local``. The per-step terms: ``format_weight`` (every line
     a valid operation), ``op_weight`` (times the F1 of the operations against the dataset's gold ones, where it
-    has them; 0 = outcome only), ``size_weight`` (current facts per history turn read). ``snapshot_k``
+    has them; 0 = outcome only), ``size_weight`` (current facts per history turn read), ``unsupported_weight``
+    (subtracted from a write that wrote a fact the turns it read do not support,
+    :mod:`memrl.memory.faithfulness`; 0 = off). ``snapshot_k``
     alternatives are sampled at up to ``snapshot_writes`` writes per episode (those that read an evidence turn
     first) for ``snapshot``, at every write for ``local``. ``snapshot_score``: what each snapshot alternative's
     outcome is, ``answer`` (the reward of one greedy answer) or ``gold_logprob`` (how likely the answer policy finds
@@ -57,6 +59,7 @@ class MemoryCreditConfig:
     format_weight: float = 0.2
     op_weight: float = 0.5
     size_weight: float = 0.0
+    unsupported_weight: float = 0.0
     snapshot_k: int = 4
     snapshot_writes: int = 2
     snapshot_score: str = "answer"
@@ -77,10 +80,18 @@ class MemoryCreditConfig:
             raise ValueError(
                 f"episode.memory_credit.snapshot_k must be >= 2 (a group), got {self.snapshot_k}"
             )
-        if self.name == "local" and not (self.format_weight or self.op_weight or self.size_weight):
+        if self.name == "local" and not (
+            self.format_weight or self.op_weight or self.size_weight or self.unsupported_weight
+        ):
             raise ValueError(
                 "episode.memory_credit.name=local scores each write by its per-step terms alone, and "
-                "format_weight, op_weight and size_weight are all 0: every write would score 0"
+                "format_weight, op_weight, size_weight and unsupported_weight are all 0: every write would "
+                "score 0"
+            )
+        if self.unsupported_weight < 0:
+            raise ValueError(
+                "episode.memory_credit.unsupported_weight is a penalty, subtracted: give it >= 0, got "
+                f"{self.unsupported_weight}"
             )
         if self.snapshot_writes < 1:
             raise ValueError(

@@ -22,11 +22,13 @@ How the terms combine (:func:`step_rewards`), for a step that has an outcome sha
     reward = o + format_weight · [every line was a valid operation]
                + op_weight · op_score (its operations against the dataset's, where the dataset knows them)
                - size_weight · (current facts after the write / history turns read so far)
+               - unsupported_weight · [a written fact is invented: a name or value the turns read lack]
 
 ``op_score`` (:func:`memrl.memory.gold.ops_score`) is the F1 of the write's operations against the gold ones, so a
 six-line write with one borrowed value still earns most of the term: paid only for a fully right write, the term
 reached 0–17 % of sampled session writes and gave RL little to climb. The op term is absent where the dataset does not say (LoCoMo, LongMemEval: outcome only); ``op_weight = 0``
-drops it everywhere (the outcome-only arm). Group ids: ``<group>/memory`` for ``broadcast`` / ``used`` (every
+drops it everywhere (the outcome-only arm). The unsupported term (:mod:`memrl.memory.faithfulness`) needs no gold:
+it charges a write that states what it did not read ("Diego is a musician." from "Makes sense."), on any dataset. Group ids: ``<group>/memory`` for ``broadcast`` / ``used`` (every
 memory step of a prompt's episodes is compared with the others), ``<group>/memory/<write>`` per ``snapshot`` or
 ``local`` write.
 """
@@ -180,6 +182,8 @@ def step_rewards(inp: CreditInput, cfg: MemoryCreditConfig) -> list[float | None
             reward += cfg.op_weight * write.op_score
         if cfg.size_weight:
             reward -= cfg.size_weight * (write.facts_after or 0) / max(1, write.turns_read)
+        if cfg.unsupported_weight and write.unsupported_facts:
+            reward -= cfg.unsupported_weight
         out.append(reward)
     return out
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 _INDEXES = ("flat", "hnsw", "ivf")
+SUPERSEDED_IN_PROMPT = ("separate", "attached")
 UPDATE_TARGETS = ("written", "nearest")  # memrl.memory.update_guard
 EMBEDDER_DTYPES = ("float32", "bfloat16", "float16", "auto")
 
@@ -66,6 +67,11 @@ class MemoryConfig:
     # Retrieval of a fact an UPDATE superseded: its score is multiplied by this unless the query asks about the
     # past ("before", "used to", ...), so the current value wins and the old one stays findable as history.
     superseded_weight: float = 0.5
+    # How superseded facts reach the answer's prompt (memrl.memory.retrieval): "separate" facts of their own,
+    # ranked as above; "attached" to their current successor, which stands for the whole chain in retrieval and,
+    # for a question about the past ("before moving?"), shows "Earlier (until DATE): old. Now: new." (a question
+    # about now never sees the stale value). For "before" questions over a writer's memory (memrl.adapters.chats).
+    superseded_in_prompt: str = "separate"
     # --- short-term compression ---
     compressor: str = "extractive"
     summary_token_budget: int = 256
@@ -120,6 +126,10 @@ class MemoryConfig:
             )
         if self.update_target not in UPDATE_TARGETS:
             raise ValueError(f"memory.update_target={self.update_target!r}: expected one of {UPDATE_TARGETS}")
+        if self.superseded_in_prompt not in SUPERSEDED_IN_PROMPT:
+            raise ValueError(
+                f"memory.superseded_in_prompt={self.superseded_in_prompt!r}: expected one of {SUPERSEDED_IN_PROMPT}"
+            )
         for name in ("update_floor", "add_ceiling"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"memory.{name}={getattr(self, name)}: must be a cosine in [0, 1] (0: off)")

@@ -35,7 +35,14 @@ from memrl.memory.embedder import Embedder, build_embedder, window_chunks
 from memrl.memory.extract import ExtractionRequest, FactDecision, RuleExtractor, TextGenerator
 from memrl.memory.extractors import EXTRACTORS
 from memrl.memory.policy_writes import WriteResult, write_batch
-from memrl.memory.retrieval import RETRIEVERS, Query, as_history, supersede_rescore, time_rescore
+from memrl.memory.retrieval import (
+    RETRIEVERS,
+    Query,
+    as_history,
+    attach_history,
+    supersede_rescore,
+    time_rescore,
+)
 from memrl.memory.store import FACT_STORES, FactRecord, FactStore, FactStoreError, NewFact
 from memrl.types import MemoryOp, MemoryOpType, TurnRole, TurnSpec
 
@@ -406,8 +413,12 @@ class MemorySystem:
             ordered = self.store.records(mgr.episode_id)
             records = {r.fact_id: r for r in ordered}
             ranked = time_rescore(ranked, records, query, self.cfg, None if asked_at is None else asked_at[i])
-            ranked = supersede_rescore(ranked, records, query, self.cfg.superseded_weight)
-            ordered = [as_history(r) for r in ordered]
+            if self.cfg.superseded_in_prompt == "attached":
+                ranked, shown = attach_history(ranked, records, query)
+                ordered = [shown[r.fact_id] for r in ordered if r.fact_id in shown]
+            else:
+                ranked = supersede_rescore(ranked, records, query, self.cfg.superseded_weight)
+                ordered = [as_history(r) for r in ordered]
             speakers = question_speakers(query, ordered, None if asked_by is None else asked_by[i])
             fit = None if room is None else room[i]
             hits = self._context(mgr, ranked, ordered, k, speakers, fit, count_tokens)

@@ -410,6 +410,11 @@ class FaissFactStore(FactStore):
             )
             self._next_order += 1
             dst.put(fid, src.vectors[rec.fact_id])  # the index is built from these on the first search
+        for rec in dst.records.values():
+            # A superseded fact names its successor by id: the copy's, or the chain breaks and the stale value
+            # reads as current history in every copied namespace (each question of a shared history).
+            if rec.extra.get("superseded_by") in ids:
+                rec.extra["superseded_by"] = ids[rec.extra["superseded_by"]]
         dst.revision = self._tick()
         return ids
 

@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from memrl.adapters.synthetic import parse_statement
 from memrl.memory.extract import MALFORMED_REASON
+from memrl.memory.faithfulness import FaithfulnessTally, turn_kind, unsupported_facts
 from memrl.memory.gold import holds as gold_holds
 from memrl.memory.manager import MemorySystem
 from memrl.memory.writer import FORMAT_REASON
@@ -134,6 +135,7 @@ class ExtractScores:
     end_state: Counter = field(default_factory=Counter)
     examples: list[dict] = field(default_factory=list)
     errors: list[dict] = field(default_factory=list)
+    faith: FaithfulnessTally = field(default_factory=FaithfulnessTally)
 
     def add_turn(
         self,
@@ -143,9 +145,18 @@ class ExtractScores:
         before: dict[int, str],
         reply: str = "",
         shown: Sequence[str] = (),
+        read: Sequence[TurnSpec] = (),
     ) -> None:
-        """Score one turn's ops; ``before``: the episode's active facts (id → text) when the turn was decided."""
+        """Score one turn's ops; ``before``: the episode's active facts (id → text) when the turn was decided;
+        ``read``: the turns its write read (default the turn alone), which its facts must be true to
+        (:mod:`memrl.memory.faithfulness`)."""
         got = turn_op(ops)
+        facts = [o.text for o in ops if o.op in (ADD, UPDATE)]
+        read = tuple(read) or (turn,)
+        invented = unsupported_facts(facts, read)
+        self.faith.add(
+            turn_kind(turn), len(facts), invented, " / ".join(f"{t.speaker}: {t.text}" for t in read)
+        )
         self.confusion[truth.op][got] += 1
         self.delete_ops += sum(o.op is DELETE for o in ops)
         self.multi_op_turns += len([o for o in ops if o.op is not NOOP]) > 1
@@ -247,6 +258,7 @@ class ExtractScores:
                 "update_questions": end["question_keys"],
                 "update_questions_correct": _ratio(end["question_correct"], end["question_keys"]),
             },
+            "faithfulness": self.faith.summary(),
             "examples": self.examples,
             "errors": self.errors,
         }
@@ -313,6 +325,7 @@ def score_writes(
                 per_turn = [attribute(w.turns, w.ops) for w in writes]
                 replies = [w.samples[0].text for w in writes]
                 shown = [[f"{k}. {f.text}" for k, f in enumerate(w.neighbours)] for w in writes]
+                turns_read = [w.turns for w in writes]
                 writes_done += len(writes)
                 bad_writes += sum(bool(w.samples[0].ops.errors) for w in writes)
             else:
@@ -320,8 +333,11 @@ def score_writes(
                 per_turn = [[ops] for ops in results]
                 replies = recorder.last if recorder is not None and recorder.last else [""] * len(live)
                 shown = [[] for _ in live]
+                turns_read = [(episodes[j].history[i],) for j in live]
             seconds += time.perf_counter() - t0
-            for j, turn_ops, facts, reply, read in zip(live, per_turn, before, replies, shown, strict=True):
+            for j, turn_ops, facts, reply, read, turns in zip(
+                live, per_turn, before, replies, shown, turns_read, strict=True
+            ):
                 for k, ops in enumerate(turn_ops):
                     scores.add_turn(
                         episodes[j].history[i + k],
@@ -330,6 +346,7 @@ def score_writes(
                         facts,
                         reply if k == 0 else "",
                         read,
+                        turns,
                     )
         for ep, mgr, truth in zip(episodes, mgrs, truths, strict=True):
             current = [f.text for f in mgr.facts() if not f.superseded]

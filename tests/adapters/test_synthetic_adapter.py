@@ -337,3 +337,25 @@ def test_arithmetic_range_gives_large_savings_sums_and_differences_whose_program
 def test_a_bad_arithmetic_range_is_rejected_with_an_example(value):
     with pytest.raises(ValueError, match=r"arithmetic_range must be \[lo, hi\].*\[1000, 9999\]"):
         _gen(arithmetic_range=value)
+
+
+def test_wide_small_talk_keeps_the_facts_and_draws_small_talk_from_the_training_pool():
+    from memrl.adapters.small_talk import SMALL_TALK
+    from memrl.adapters.synthetic import _CHITCHAT
+
+    opts = {"num_episodes": 30, "phrasing": "varied"}
+    plain = run_adapter("synthetic", None, split="train", options=opts)[0]
+    wide = run_adapter("synthetic", None, split="train", options={**opts, "small_talk": "wide"})[0]
+    facts = [[(t.turn_id, t.text, dict(t.metadata)) for t in ep.history if t.metadata.get("memory_person")]
+             for ep in plain]  # fmt: skip
+    assert facts == [
+        [(t.turn_id, t.text, dict(t.metadata)) for t in ep.history if t.metadata.get("memory_person")]
+        for ep in wide
+    ]
+    talk = [t.text for ep in wide for t in ep.history if not t.metadata.get("memory_person")]
+    assert all(t.metadata["memory_op"] == "NOOP" for ep in wide for t in ep.history if t.text in talk)
+    templates = {line.split("{")[0] for line in _CHITCHAT + SMALL_TALK}
+    assert all(any(line.startswith(t) for t in templates) for line in talk)
+    assert len(set(talk) & set(SMALL_TALK)) > 40  # most small talk now comes from the wide pool
+    with pytest.raises(ValueError, match=r"small_talk must be one of \['synthetic', 'wide'\]"):
+        run_adapter("synthetic", None, split="train", options={"num_episodes": 1, "small_talk": "chat"})

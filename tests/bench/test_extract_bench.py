@@ -212,3 +212,48 @@ def test_wrong_decisions_are_kept_with_the_fact_they_replaced(embedder):
     )
     kept = [e for e in result["errors"] if e["decided"] == "UPDATE of the wrong fact"]
     assert wrong_target > 0 and len(kept) == min(5, wrong_target)
+
+
+def test_a_writer_that_invents_on_small_talk_is_caught_on_the_held_out_chats(embedder):
+    """The policy path on two held-out chats, with a scripted writer that is right on every fact but writes
+    "Diego is a musician." for every small-talk turn (what the synthetic recipe's writer did): the decisions
+    show the false ADDs, and the invented rate is 1 on small talk, 0 on first statements and changes."""
+    from memrl.data.adapters import run_adapter
+    from memrl.memory.gold import gold_text
+    from memrl.memory.llm import policy_text_generator
+    from memrl.memory.store import FactRecord
+    from memrl.testing.models import byte_tokenizer
+    from memrl.testing.scripted import ScriptedPolicy
+
+    per_question, _ = run_adapter("chats", None, split="test", options={"num_chats": 2})
+    chats = list({ep.metadata["sample_id"]: ep for ep in per_question}.values())
+    by_line = {f"[{t.timestamp}] {t.speaker}: {t.text}": t for ep in chats for t in ep.history}
+
+    def writer(ctx):
+        user = ctx.text.rsplit("Memory:", 1)[-1]
+        shown = [FactRecord(int(i), "ep", text) for i, text in _SHOWN.findall(user.split("New:")[0])]
+        turns = [by_line[line] for line in user.split("New:")[1].split("Operations:")[0].strip().splitlines()]
+        if turns[0].metadata["turn_kind"] == "small_talk":
+            return "ADD Diego is a musician."
+        return gold_text(turns, shown)
+
+    cfg = MemoryConfig(extractor="policy", write_neighbours=4, write_max_tokens=400)
+    got = run_extractor(
+        chats,
+        cfg,
+        embedder=embedder,
+        generate_text=policy_text_generator(ScriptedPolicy(byte_tokenizer(), writer)),
+    )
+    faith = got["faithfulness"]["by_turn_kind"]
+    assert faith["small_talk"]["invented_rate"] == 1.0 and faith["small_talk"]["writes"] == 2 * 48 - 2 * 11
+    assert faith["first"]["invented_rate"] == 0.0 and faith["change"]["invented_rate"] == 0.0
+    assert got["recall"]["NOOP"] == 0.0 and got["chitchat_add_rate"] == 1.0
+    assert got["faithfulness"]["examples"][0]["invented"] == ["Diego is a musician."]
+
+
+def test_bench_runs_on_the_held_out_chats_by_name():
+    result = BENCHES.get("extract")(["--dataset", "chats", "--episodes", "2", "--extractor", "gold"])
+    assert result["dataset"] == "chats" and result["episodes"] == 2 and result["history_turns"] == 96
+    gold = result["gold"]
+    assert gold["accuracy"] == 1.0 and gold["faithfulness"]["invented_rate"] == 0.0
+    assert set(gold["faithfulness"]["by_turn_kind"]) == {"change", "first", "small_talk"}

@@ -57,6 +57,21 @@ def test_local_credit_scores_every_reply_by_its_step_terms_alone():
         MemoryCreditConfig(name="local", format_weight=0.0, op_weight=0.0)
 
 
+def test_unsupported_term_charges_a_write_that_invents_a_fact():
+    steps = (
+        _write("w0", alternatives=2, facts_written=1, unsupported_facts=["Diego is a musician."]),
+        _write("w0.1", alternative=1, alternatives=2, applied=False, facts_written=0),  # the NOOP reply
+        _write("w1", facts_written=1),  # "Priya lives in Porto." from "I live in Porto now!"
+    )
+    cfg = MemoryCreditConfig(name="local", format_weight=0.2, op_weight=0.0, unsupported_weight=0.5)
+    got = step_rewards(CreditInput(steps, outcome=0.0, used_fact_ids=frozenset()), cfg)
+    assert got == pytest.approx([0.2 - 0.5, 0.2, 0.2])
+    # The term alone is a valid local credit; as a penalty it cannot be negative.
+    assert MemoryCreditConfig(name="local", format_weight=0.0, op_weight=0.0, unsupported_weight=1.0)
+    with pytest.raises(ValueError, match="unsupported_weight is a penalty"):
+        MemoryCreditConfig(unsupported_weight=-0.1)
+
+
 def test_snapshot_score_must_be_one_the_scorer_knows():
     assert MemoryCreditConfig(snapshot_score="gold_logprob").snapshot_score == "gold_logprob"
     with pytest.raises(ValueError, match=r"snapshot_score must be one of \['answer', 'gold_logprob'\]"):

@@ -231,7 +231,7 @@ def test_snapshot_writes_the_trunk_greedily_and_samples_only_the_groups(policy):
 def test_local_credit_groups_k_alternatives_at_every_write_scored_by_the_step_terms(policy):
     cfg = _cfg("episode.memory_credit.name=local", "episode.memory_credit.snapshot_k=3",
                "episode.memory_credit.format_weight=0.2", "episode.memory_credit.op_weight=0.5",
-               "rollout.temperature=1.0")  # fmt: skip
+               "episode.memory_credit.unsupported_weight=0.5", "rollout.temperature=1.0")  # fmt: skip
     inputs, _ = load_dataset(cfg.data)
     runner = build_runner(cfg, policy=policy)
     trajs = runner.run_batch(inputs[:2])
@@ -243,8 +243,14 @@ def test_local_credit_groups_k_alternatives_at_every_write_scored_by_the_step_te
             groups.setdefault(step.meta.credit_group, []).append((step, credit))
             write = step.meta.write
             # No answering: the reward is the per-step terms alone.
-            expected = 0.2 * (not write.format_errors) + 0.5 * write.op_score
+            expected = (
+                0.2 * (not write.format_errors) + 0.5 * write.op_score - 0.5 * bool(write.unsupported_facts)
+            )
             assert credit == pytest.approx(expected)
+            written = [
+                line for line in step.meta.response_text.splitlines() if line.startswith(("ADD", "UPDATE"))
+            ]
+            assert write.facts_written == len(written) and len(write.turn_kinds) == 6
         assert len(groups) == 3
         for members in groups.values():
             assert [s.meta.write.applied for s, _ in members] == [True, False, False]

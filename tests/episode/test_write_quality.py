@@ -73,7 +73,42 @@ def test_only_applied_writes_with_known_gold_count():
     ]
     q = write_quality(rows)
     assert q["writes"] == 1 and q["recall"] == {"ADD": 1.0}
-    assert write_quality(rows[2:]) is None and write_quality([]) is None
+    # Without gold operations only the faithfulness of the applied writes is known; no policy write at all: None.
+    assert set(write_quality(rows[2:])) == {"faithfulness"}
+    assert write_quality(rows[3:]) is None and write_quality([]) is None
+
+
+def _write_row(kinds: list[str], written: int, unsupported: list[str], gold: str | None = None) -> dict:
+    write = {"index": 0, "turn_kinds": kinds, "facts_written": written, "unsupported_facts": unsupported,
+             "gold_ops": gold}  # fmt: skip
+    extra = {"read_turns": ["Lucia: Makes sense."]}
+    return {"turn_role": "history", "role": "memory", "write": json.dumps(write), "extra": json.dumps(extra),
+            "memory_ops": "[]"}  # fmt: skip
+
+
+def test_faithfulness_splits_invented_facts_by_the_kind_of_turn_read():
+    rows = [
+        _write_row(["small_talk"], 1, ["Diego is a musician."]),
+        _write_row(["small_talk"], 0, []),
+        _write_row(["change"], 1, [], gold="UPDATE 0 Priya lives in Porto."),
+        _write_row(["small_talk", "first"], 2, []),  # a chunk write counts under its most demanding turn
+    ]
+    q = write_quality(rows)
+    f = q["faithfulness"]
+    assert f["writes"] == 4 and f["invented_rate"] == 0.25 and q["writes"] == 1  # one write has gold
+    assert f["by_turn_kind"]["small_talk"] == {
+        "writes": 2, "write_rate": 0.5, "invented_rate": 0.5, "facts": 1, "unsupported_fact_share": 1.0,
+    }  # fmt: skip
+    assert f["by_turn_kind"]["first"]["facts"] == 2 and f["by_turn_kind"]["change"]["invented_rate"] == 0.0
+    assert f["examples"] == [
+        {"kind": "small_talk", "read": "Lucia: Makes sense.", "invented": ["Diego is a musician."]}
+    ]
+    line = render_write_quality("memory", q)
+    assert line.endswith("invented facts by turn kind: change 0.000 (write 1.000), first 0.000 (write 1.000), "
+                         "small_talk 0.500 (write 0.500)")  # fmt: skip
+    assert render_write_quality("memory", write_quality(rows[:2])).startswith(
+        "memory writes (memory): 2; invented"
+    )
 
 
 def test_render_names_the_arm_and_every_decision():
@@ -118,9 +153,39 @@ def test_an_evaluation_of_policy_written_memory_reports_its_writes(tmp_path):
         == sum(sum(c.values()) for c in q["confusion"].values())
     )
     assert q["gold"]["UPDATE"] > 0 and q["recall"]["UPDATE"] == 0.0 and "UPDATE" not in q["written"]
+    # The script copies the turns it ADDs ("The weather is nice today." too): nothing is invented.
+    faith = q["faithfulness"]
+    assert faith["writes"] == 3 * 18 and faith["invented_rate"] == 0.0
+    assert faith["by_turn_kind"]["small_talk"]["write_rate"] > 0
     assert q["confusion"]["UPDATE"] == {"ADD": q["gold"]["UPDATE"]}
     assert q["recall"]["ADD"] > 0.5 and q["recall"]["NOOP"] > 0.5
     assert "memory_writes" in json.loads((tmp_path / "eval.json").read_text())["ablations"]["memory"]
     # Without memory in the prompt no memory is built, so that arm has no writes to report.
     assert "memory_writes" not in report["ablations"]["no_memory"]
     assert "memory writes (memory): 54" in render_eval(report)
+
+
+def test_an_evaluation_on_the_held_out_chats_splits_questions_and_writes_by_kind(tmp_path):
+    """``memrl eval`` on the chats by name (configs/chats_eval_writer.yaml, one chat): scores per question kind,
+    and the writes' faithfulness per turn kind. The scripted writer copies the turns it ADDs: nothing invented."""
+    from memrl.config import load_config
+    from memrl.episode.evaluate import evaluate
+    from memrl.testing.scripted import ScriptedPolicy
+    from tests.episode.test_memory_writes import script
+
+    cfg = load_config(
+        "configs/chats_eval_writer.yaml",
+        [
+            f"output_dir={tmp_path}",
+            "data.options={num_chats: 1}",
+            "memory.write_max_tokens=64",
+            "memory.write_cache=false",
+        ],  # fmt: skip
+    )
+    report = evaluate(cfg, policy=ScriptedPolicy(ByT5Tokenizer(), script), progress=False)
+    memory = report["ablations"]["memory"]
+    assert report["dataset"] == "chats"
+    assert memory["group_sizes"] == {"before": 3, "never_changed": 3, "now": 3}  # scored per question kind
+    faith = memory["memory_writes"]["faithfulness"]
+    assert faith["writes"] == 48 and set(faith["by_turn_kind"]) == {"small_talk", "first", "change"}
+    assert faith["invented_rate"] == 0.0

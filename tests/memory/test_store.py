@@ -119,6 +119,18 @@ def test_copy_namespace_gives_the_same_facts_under_new_ids(store_name, index, ve
 
 
 @pytest.mark.parametrize("store_name,index", KINDS)
+def test_a_copy_keeps_each_superseded_fact_pointing_at_its_own_successor(store_name, index, vecs):
+    store = make(store_name, index)
+    ids = fill(store, vecs, "leader")
+    old, new = ids[0], ids[1]
+    store.update("leader", old, store.get("leader", old).text, vecs[:1], "D2:1",
+                 extra={"superseded_by": new, "valid_until": "D2:1"})  # fmt: skip
+    copied = store.copy_namespace("leader", "copy")
+    assert store.get("copy", copied[old]).extra["superseded_by"] == copied[new]
+    assert store.get("leader", old).extra["superseded_by"] == new  # the source is left as it was
+
+
+@pytest.mark.parametrize("store_name,index", KINDS)
 def test_namespaces_are_isolated(store_name, index, vecs):
     store = make(store_name, index)
     a = fill(store, vecs, "episode-a")
