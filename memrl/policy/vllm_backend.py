@@ -84,12 +84,12 @@ class VLLMPolicy:
         lora_id = next(self._lora_ids)
         self._lora = LoRARequest(f"memrl-{lora_id}", lora_id, str(path))
 
-    def _sampling(self, req: GenerationRequest):
+    def _sampling(self, req: GenerationRequest, n: int | None = None):
         from vllm import SamplingParams as VSampling
 
         p = req.params
         return VSampling(
-            n=p.n,
+            n=p.n if n is None else n,
             temperature=p.temperature,
             top_p=p.top_p,
             max_tokens=min(p.max_tokens, self.max_model_len - len(req.prompt_ids)),
@@ -117,12 +117,25 @@ class VLLMPolicy:
             for r in requests
         ]
         if fits:
-            prompts = [TokensPrompt(prompt_token_ids=list(requests[i].prompt_ids)) for i in fits]
-            params = [self._sampling(requests[i]) for i in fits]
+            # vLLM refuses n > 1 under greedy decoding ("n must be 1 when using greedy sampling"): such a request
+            # goes as n requests of one row each, as the HF backend decodes its n rows (the prefix cache shares
+            # their prompt).
+            rows = [(i, k) for i in fits for k in range(self._copies(requests[i]))]
+            prompts = [TokensPrompt(prompt_token_ids=list(requests[i].prompt_ids)) for i, _ in rows]
+            params = [
+                self._sampling(requests[i], n=1 if self._copies(requests[i]) > 1 else None) for i, _ in rows
+            ]
             outs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self._lora)
-            for i, ro in zip(fits, outs, strict=True):
-                results[i] = [self._convert(requests[i], c, ro.num_cached_tokens or 0) for c in ro.outputs]
+            for i in fits:
+                results[i] = []
+            for (i, _), ro in zip(rows, outs, strict=True):
+                results[i] += [self._convert(requests[i], c, ro.num_cached_tokens or 0) for c in ro.outputs]
         return results
+
+    @staticmethod
+    def _copies(req: GenerationRequest) -> int:
+        """Requests ``req`` goes as: its ``n`` under greedy decoding with ``n > 1``, else one."""
+        return req.params.n if req.params.temperature == 0 and req.params.n > 1 else 1
 
     def _convert(self, req: GenerationRequest, comp, cached: int) -> GenerationOutput:
         ids = tuple(int(t) for t in comp.token_ids)
