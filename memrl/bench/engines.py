@@ -199,7 +199,7 @@ def run_arm(engine: str, python: str, spec: dict, threads: int, timeout_s: float
         except subprocess.TimeoutExpired:
             return {"error": f"{engine} arm ran past --arm-timeout-s {timeout_s:.0f} s"}
         if proc.returncode or not out_path.is_file():
-            tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
+            tail = "\n".join(proc.stderr.strip().splitlines()[-30:])
             return {"error": f"{engine} arm exited with {proc.returncode}: {tail}"}
         return json.loads(out_path.read_text(encoding="utf-8"))
 
