@@ -171,6 +171,8 @@ class ThreadFollower:
             torch.set_num_threads(threads)
             self.changes += 1
             logger.info("torch threads: %d -> %d before %s (%s)", current, threads, phase, why)
+        else:
+            logger.debug("torch threads: %d kept before %s (%s)", current, phase, why)
         return threads
 
 

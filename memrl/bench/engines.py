@@ -33,6 +33,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -177,6 +178,14 @@ def vllm_cpu_bind(threads: int) -> str:
     return ",".join(str(c) for c in cores[: max(1, threads)])
 
 
+def arm_failure(stderr: str, tail: int = 12) -> str:
+    """What a failed arm said: its error lines (vLLM's engine core reports its root cause long before the
+    client's ``EngineDeadError``) and the last ``tail`` lines."""
+    lines = stderr.strip().splitlines()
+    errors = [ln for ln in lines[:-tail] if re.search(r"(Error|Exception)\b.*:", ln) and "Warning" not in ln]
+    return "\n".join([*errors[:8], *(["..."] if errors else []), *lines[-tail:]])
+
+
 def run_arm(engine: str, python: str, spec: dict, threads: int, timeout_s: float) -> dict:
     """``spec`` through ``engine`` in a child process; its result, or ``{"error": ...}``."""
     import memrl
@@ -199,8 +208,7 @@ def run_arm(engine: str, python: str, spec: dict, threads: int, timeout_s: float
         except subprocess.TimeoutExpired:
             return {"error": f"{engine} arm ran past --arm-timeout-s {timeout_s:.0f} s"}
         if proc.returncode or not out_path.is_file():
-            tail = "\n".join(proc.stderr.strip().splitlines()[-30:])
-            return {"error": f"{engine} arm exited with {proc.returncode}: {tail}"}
+            return {"error": f"{engine} arm exited with {proc.returncode}: {arm_failure(proc.stderr)}"}
         return json.loads(out_path.read_text(encoding="utf-8"))
 
 

@@ -62,3 +62,16 @@ def test_a_missing_vllm_environment_is_reported_and_the_hf_arm_still_runs(tiny_m
     assert hf["generated_tokens"] > 0 and hf["wall_s"] > 0 and hf["peak_rss_mb"] > 100
     assert out["engines"]["hf"]["available"] and out["engines"]["hf"]["transformers"]
     assert out["vllm_faster"] == [] and "vllm" not in out["workloads"]["writes_8/greedy"]
+
+
+def test_a_failed_arm_reports_the_root_cause_before_the_clients_last_words():
+    from memrl.bench.engines import arm_failure
+
+    stderr = "\n".join(
+        ["INFO start", "(EngineCore) ValueError: the root cause", *[f"  frame {i}" for i in range(20)],
+         "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue."]
+    )  # fmt: skip
+    said = arm_failure(stderr, tail=3)
+    assert said.splitlines()[0] == "(EngineCore) ValueError: the root cause"
+    assert said.splitlines()[-1].startswith("vllm.v1.engine.exceptions.EngineDeadError")
+    assert "INFO start" not in said and "frame 5" not in said
