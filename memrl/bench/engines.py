@@ -75,6 +75,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--vllm-kv-cache-gb", type=float, default=2.0)
     p.add_argument("--threads", type=int, default=0, help="torch threads of both arms (0: from the load)")
     p.add_argument("--arm-timeout-s", type=float, default=1800.0, help="an arm still running then is stopped")
+    p.add_argument("--log-dir", default=None, help="keep each arm's stderr there (the engines' own logs)")
     return p.parse_args(argv)
 
 
@@ -168,16 +169,6 @@ def check_engine(engine: str, python: str) -> str | None:
     return None
 
 
-def vllm_cpu_bind(threads: int) -> str:
-    """``VLLM_CPU_OMP_THREADS_BIND`` for ``threads`` OpenMP threads: the first ``threads`` allowed cores."""
-    cores = (
-        sorted(os.sched_getaffinity(0))
-        if hasattr(os, "sched_getaffinity")
-        else list(range(os.cpu_count() or 1))
-    )
-    return ",".join(str(c) for c in cores[: max(1, threads)])
-
-
 def arm_failure(stderr: str, tail: int = 12) -> str:
     """What a failed arm said: its error lines (vLLM's engine core reports its root cause long before the
     client's ``EngineDeadError``) and the last ``tail`` lines."""
@@ -186,7 +177,9 @@ def arm_failure(stderr: str, tail: int = 12) -> str:
     return "\n".join([*errors[:8], *(["..."] if errors else []), *lines[-tail:]])
 
 
-def run_arm(engine: str, python: str, spec: dict, threads: int, timeout_s: float) -> dict:
+def run_arm(
+    engine: str, python: str, spec: dict, threads: int, timeout_s: float, log_dir: str | None = None
+) -> dict:
     """``spec`` through ``engine`` in a child process; its result, or ``{"error": ...}``."""
     import memrl
 
@@ -200,15 +193,20 @@ def run_arm(engine: str, python: str, spec: dict, threads: int, timeout_s: float
         # vLLM's sockets, compile caches and temp files go to this directory, removed after the arm.
         env.update(VLLM_RPC_BASE_PATH=tmp, VLLM_CACHE_ROOT=f"{tmp}/vllm-cache",
                    TORCHINDUCTOR_CACHE_DIR=f"{tmp}/inductor", TMPDIR=tmp)  # fmt: skip
-        # vLLM's CPU engine binds its own OpenMP threads (ignoring torch.set_num_threads): the same count as HF.
-        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", vllm_cpu_bind(threads))
         cmd = [python, "-m", "memrl.bench.engines_arm", str(spec_path), str(out_path)]
         try:
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:
             return {"error": f"{engine} arm ran past --arm-timeout-s {timeout_s:.0f} s"}
+        if log_dir is not None:
+            Path(log_dir).mkdir(parents=True, exist_ok=True)
+            first = spec["workloads"][0]["name"].split("/")[0]
+            (Path(log_dir) / f"{engine}-{first}.log").write_text(proc.stdout + proc.stderr, encoding="utf-8")
         if proc.returncode or not out_path.is_file():
-            return {"error": f"{engine} arm exited with {proc.returncode}: {arm_failure(proc.stderr)}"}
+            said = arm_failure(
+                proc.stdout + proc.stderr
+            )  # vLLM logs to stdout, Python's tracebacks to stderr
+            return {"error": f"{engine} arm exited with {proc.returncode}: {said}"}
         return json.loads(out_path.read_text(encoding="utf-8"))
 
 
@@ -268,7 +266,7 @@ def bench_engines(argv: list[str]) -> dict:
     for spec in gen_specs + train_specs:  # each engine's generation workloads, then each one's training step
         for engine in list(arms):
             logger.info("bench engines: %s, %d workloads", engine, len(spec["workloads"]))
-            res = run_arm(engine, pythons[engine], spec, threads, args.arm_timeout_s)
+            res = run_arm(engine, pythons[engine], spec, threads, args.arm_timeout_s, args.log_dir)
             if "error" in res:
                 out["engines"][engine].setdefault("errors", []).append(res["error"])
                 logger.error("bench engines: %s", res["error"])
@@ -276,8 +274,10 @@ def bench_engines(argv: list[str]) -> dict:
             arms[engine]["workloads"].update(res["workloads"])
             info = out["engines"][engine]
             info.update(res["engine_info"])
-            if engine == "vllm":
-                info["omp_threads_bind"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", vllm_cpu_bind(threads))
+            if (
+                engine == "vllm"
+            ):  # vLLM's CPU engine binds its own OpenMP threads (torch.set_num_threads is ignored)
+                info["omp_threads_bind"] = os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto")
             if "startup_s" in res:
                 info["startup_s"] = round(res["startup_s"], 1)
     names = [w["name"] for s in gen_specs + train_specs for w in s["workloads"]]

