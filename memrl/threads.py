@@ -11,6 +11,13 @@ thread. So every ``memrl`` command that runs a model picks its count once, at st
    spent busy over a quarter of a second (``/proc/stat``), not the 1-minute load average, which lags: a job that
    ended seconds ago still counts as one busy core for a minute, so the next job in a queue would run on half the
    cores for its whole life. Where ``/proc/stat`` is missing, the load average is the fallback.
+
+A long command (``memrl train``, ``memrl eval``) does not keep its first choice for its whole life: a train started
+while another job was finishing would run on one thread long after that job ended. Between phases (each
+evaluation batch, the warm start's passes, each training step) it calls :func:`follow_threads`, which chooses
+again from the cores *other* processes kept busy since the last check (this process's own CPU time is taken out:
+its threads are not a reason to shrink) and logs the change when the count moves. The override variables still
+win: with ``$MEMRL_THREADS`` or ``$OMP_NUM_THREADS`` set the count never moves.
 """
 
 from __future__ import annotations
@@ -92,11 +99,94 @@ def auto_threads() -> int:
     return choose_threads()[0]
 
 
-def apply_threads() -> int:
-    """Set torch's intra-op threads by :func:`choose_threads` and log the choice; returns the count."""
+def apply_threads(follow: bool = False) -> int:
+    """Set torch's intra-op threads by :func:`choose_threads` and log the choice; returns the count. ``follow``:
+    later :func:`follow_threads` calls choose again (until :func:`stop_following`)."""
     import torch
 
+    global _FOLLOWER
     threads, why = choose_threads()
     torch.set_num_threads(threads)
     logger.info("torch threads: %d (%s)", threads, why)
+    _FOLLOWER = ThreadFollower() if follow else None
     return threads
+
+
+def _self_cpu_s() -> float:
+    """CPU seconds this process (all its threads) has used."""
+    t = os.times()
+    return t.user + t.system
+
+
+class OthersLoad:
+    """The cores other processes kept busy between two calls: the machine's busy CPU time (``/proc/stat``) less
+    this process's own (:func:`os.times`), over the wall time between the calls. ``None`` where it cannot tell:
+    no ``/proc/stat``, or less than ``min_interval_s`` since the last reading (too short to average)."""
+
+    def __init__(self, cores: int | None = None, min_interval_s: float = 1.0) -> None:
+        self.cores = (os.cpu_count() or 1) if cores is None else cores
+        self.min_interval_s = min_interval_s
+        self.jiffy_s = 1.0 / os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 0.01
+        self._last = self._read()
+
+    def _read(self) -> tuple[float, float, float] | None:
+        times = _cpu_times()
+        return None if times is None else (*times, _self_cpu_s())
+
+    def __call__(self) -> float | None:
+        now = self._read()
+        last = self._last
+        if now is None or last is None:
+            self._last = now
+            return None
+        busy, total, own = (a - b for a, b in zip(now, last, strict=True))
+        elapsed_s = total * self.jiffy_s / self.cores  # the jiffies of every CPU: wall time x cores
+        if elapsed_s < self.min_interval_s:
+            return None  # keep the reading: the next call averages over the longer interval
+        self._last = now
+        others = busy * self.jiffy_s - own
+        return max(0.0, others / elapsed_s)
+
+
+class ThreadFollower:
+    """Chooses torch's threads again at each :meth:`check`, from ``load()`` (others' busy cores since the last
+    check, :class:`OthersLoad`; ``None`` = no reading, keep the count); logs each change with its phase."""
+
+    def __init__(self, load=None, env: Mapping[str, str] | None = None, cores: int | None = None) -> None:
+        self.cores = available_cores() if cores is None else cores
+        self.load = OthersLoad() if load is None else load
+        self.env = env
+        self.changes = 0
+
+    def check(self, phase: str) -> int:
+        """The thread count for ``phase`` (set in torch and logged where it changed)."""
+        import torch
+
+        current = torch.get_num_threads()
+        load = self.load()
+        if load is None:
+            return current
+        threads, why = choose_threads(env=self.env, load=load, cores=self.cores)
+        if threads != current:
+            torch.set_num_threads(threads)
+            self.changes += 1
+            logger.info("torch threads: %d -> %d before %s (%s)", current, threads, phase, why)
+        else:
+            logger.debug("torch threads: %d kept before %s (%s)", current, phase, why)
+        return threads
+
+
+_FOLLOWER: ThreadFollower | None = None
+
+
+def follow_threads(phase: str) -> int | None:
+    """Between phases of a long command: choose the thread count again (see the module docstring); a no-op
+    (``None``) unless the command asked for it (``apply_threads(follow=True)``), so library callers and tests
+    keep the threads they set."""
+    return None if _FOLLOWER is None else _FOLLOWER.check(phase)
+
+
+def stop_following() -> None:
+    """End :func:`follow_threads`' re-checks (the command is done)."""
+    global _FOLLOWER
+    _FOLLOWER = None

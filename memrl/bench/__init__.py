@@ -15,7 +15,7 @@ from memrl.registry import Registry
 
 BenchFn = Callable[[list[str]], dict]
 
-BENCH_MODULES = ("batch", "memory", "policy", "lora", "sandbox", "rollout", "episodes", "extract")
+BENCH_MODULES = ("batch", "memory", "policy", "lora", "sandbox", "rollout", "episodes", "extract", "engines")
 
 
 def _populate() -> None:

@@ -14,6 +14,8 @@ import sys
 COMMANDS = ("run", "train", "report", "eval", "config", "data", "bench", "inspect", "serve", "sandbox")
 # Commands that run a model: they set torch's thread count from the machine's load first (memrl.threads).
 MODEL_COMMANDS = frozenset({"run", "train", "eval", "bench", "serve"})
+# Long commands: they choose the thread count again between phases as other jobs start and end (memrl.threads).
+FOLLOW_COMMANDS = frozenset({"run", "train", "eval"})
 # Libraries whose INFO lines read like failures or noise on every run: faiss reports each CPU-specific build it
 # could not load ("Could not load library with AVX512 support due to: ModuleNotFoundError"), httpx every request.
 # They log at WARNING and above unless -v.
@@ -67,12 +69,20 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     if args.command in MODEL_COMMANDS:
-        from memrl.threads import apply_threads
+        from memrl.threads import apply_threads, stop_following
 
         try:
-            apply_threads()
+            apply_threads(follow=args.command in FOLLOW_COMMANDS)
         except ValueError as exc:  # a malformed MEMRL_THREADS
             parser.error(str(exc))
+        try:
+            return _run_command(args)
+        finally:
+            stop_following()
+    return _run_command(args)
+
+
+def _run_command(args: argparse.Namespace) -> int:
     from memrl.data.adapters import AdapterError
     from memrl.disk import DiskFullError, is_disk_full
     from memrl.policy.errors import PolicyError

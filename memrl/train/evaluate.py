@@ -26,6 +26,7 @@ from memrl.formats import extract_answer
 from memrl.rewards.base import RewardInput, make_reward
 from memrl.rewards.benchmarks import LONGMEMEVAL_ABSTENTION, abstains
 from memrl.rollout.metrics import episodes_tool_use, tool_use_metrics
+from memrl.threads import follow_threads
 from memrl.types import EpisodeStatus
 
 
@@ -96,6 +97,7 @@ def evaluate(
     )
     with bar:
         for i in range(0, len(inputs), size):
+            follow_threads(f"evaluation batch {i // size + 1}")
             episodes.extend(res.eval_runner.run_batch(inputs[i : i + size]))
             bar.set_postfix(em=f"{np.mean([_score(e) for e in episodes]):.3f}", refresh=False)
             bar.update(len(inputs[i : i + size]))

@@ -47,6 +47,7 @@ from memrl.data.datasource import write_json_atomic
 from memrl.paths import cache_dir
 from memrl.policy.models import describe_policy
 from memrl.rollout.metrics import episodes_tool_use, tool_use_metrics
+from memrl.threads import follow_threads
 from memrl.train.checkpoint import (
     TrainState,
     clean_stale,
@@ -297,9 +298,11 @@ def _train(cfg: Config, resources: TrainResources | None, progress: bool) -> dic
             counters["eval_wall_s"] = counters.get("eval_wall_s", 0.0) + time.perf_counter() - t0
             log.log(0, {**start, **{f"counters/{k}": v for k, v in counters.items()}})
         if cfg.train.warm_start.episodes and "warm_start_s" not in counters and not cfg.train.train_only:
+            follow_threads("the warm start")
             _warm_start(res, counters, log, ckpt_root, progress)
         step = _train_steps(res, state.step, counters, log, ckpt_root, evaluating, progress)
         if ends and (step != state.step or "em_final" not in counters):  # not again on a finished run
+            follow_threads("the final evaluation")
             t0 = time.perf_counter()
             desc = "final eval" if progress else None
             final = _eval(res, step, res.final_eval_inputs, desc=desc, save_dir=run_dir / FINAL_EVAL_DIR)
@@ -362,6 +365,7 @@ def _train_steps(
             if not _budget_left(cfg.train, counters):
                 step -= 1
                 break
+            follow_threads(f"training step {step}")
             seed_everything(step_seed(cfg.seed, step), res)
             metrics = run_step(res, step, counters).metrics
             if evaluating and cfg.train.eval_every and step % cfg.train.eval_every == 0:

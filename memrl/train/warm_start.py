@@ -36,6 +36,7 @@ from tqdm import tqdm
 from memrl.memory.gold import gold_text
 from memrl.memory.manager import MemorySystem
 from memrl.memory.writer import chunk_end
+from memrl.threads import follow_threads
 from memrl.train.lora import adapter_for, adapter_state, trainable_parameters, use_adapter
 from memrl.train.losses import LOSS_AGGREGATIONS
 from memrl.train.microbatch import SeqRecord, collate_common, forward_logits, model_device, token_logprobs
@@ -163,6 +164,7 @@ def _sft_pass(
         total=-(-len(order) // wc.batch_size), desc=desc, unit="step", file=sys.stderr, disable=not progress
     ) as bar:
         for i in range(0, len(order), wc.batch_size):
+            follow_threads(f"warm-start SFT step {i // wc.batch_size + 1}")
             losses.append(
                 sft_step(
                     res.model, res.updater.optimizer, order[i : i + wc.batch_size],

@@ -25,6 +25,8 @@ DOCUMENTED = {
     "episodes": {"model": "smollm2-135m", "episodes": 16, "n": 2, "max_tokens": 48, "tools": "python"},
     "memory": {"dataset": "locomo", "categories": "1,2,3,4"},
     "extract": {"episodes": 4, "extractor": "both", "overrides": {"llm_max_tokens": 64}},
+    "engines": {"model": "smollm2-135m", "engines": "hf,vllm", "write_neighbours": 4, "write_max_tokens": 8,
+                "episodes": 16, "leaves": 8, "answer_max_tokens": 96},
 }  # fmt: skip
 
 

@@ -66,6 +66,22 @@ def test_vllm_greedy_matches_hf(pair):
         assert [list(t) for t in g.top_logprobs] == [list(t) for t in w.top_logprobs]
 
 
+def test_greedy_with_several_samples_runs_each_as_its_own_row(pair):
+    """vLLM refuses n > 1 at temperature 0; the backend sends n single rows (a greedy chain of 8 leaves)."""
+    hf, vl = pair
+    prompt = enc(hf, "Where does Ann live?")
+    params = SamplingParams(temperature=0.0, max_tokens=8, n=3)
+    [want] = hf.generate([GenerationRequest(prompt, params)])
+    [got, single] = vl.generate(
+        [
+            GenerationRequest(prompt, params),
+            GenerationRequest(prompt, SamplingParams(temperature=0.0, max_tokens=8)),
+        ]
+    )
+    assert len(got) == 3 and len(single) == 1
+    assert [g.token_ids for g in got] == [w.token_ids for w in want] == [single[0].token_ids] * 3
+
+
 def test_vllm_stops_prefix_cache_and_scoring(pair):
     hf, vl = pair
     prompt = enc(hf, "Bob bought a red bike. " * 8)
