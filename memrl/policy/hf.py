@@ -501,11 +501,64 @@ class HFPolicy:
         agree everywhere (up to floating-point ties): one forward checks a reply that decoding would take a call
         per token to write (:mod:`memrl.memory.write_cache` checks another writer's cached reply so); where they
         first differ, the greedy token there continues the greedy reply."""
+        if self.ragged_prefill and self.prefix_cache.budget_tokens > 0:
+            return [self._check_row(list(map(int, p)), list(map(int, r))) for p, r in sequences]
         step = self.cfg.score_batch_size
         out: list[tuple[list[float], list[int], list[float]]] = []
         for start in range(0, len(sequences), step):
             out.extend(self._score_chunk(sequences[start : start + step], 1.0))
         return out
+
+    def _check_row(self, prompt: list[int], resp: list[int]) -> tuple[list[float], list[int], list[float]]:
+        """:meth:`greedy_logprobs` of one (prompt, response) as decoding computes it (CPU): from the prompt's
+        longest cached prefix (a writer's instructions, ~1/3 of its prompt), in one unpadded forward over the rest
+        and the response but its last token (whose logits predict nothing checked). Where the response first
+        departs from the argmax, the states of the prompt and the response before that token are left in the prefix
+        cache: decoding that continues from the argmax token there computes that one token, not the prompt again."""
+        if not prompt:
+            raise PolicyError("logprobs: sequence has an empty prompt (need >= 1 token to condition on)")
+        if len(prompt) + len(resp) > self.max_model_len:
+            raise PolicyError(
+                f"logprobs: sequence has {len(prompt) + len(resp)} tokens > max_model_len={self.max_model_len}"
+            )
+        if not resp:
+            return [], [], []
+        seq = prompt + resp[:-1]  # fed; position len(prompt) - 1 + j predicts resp[j]
+        match = self.prefix_cache.match(prompt[:-1])
+        cached = match.length if match is not None else 0
+        if cached:
+            cache = prefix_filled_cache(self._num_layers(), len(seq), [(match.states(), cached)], cached)
+        else:
+            cache = preallocated_cache(self._num_layers(), len(seq))
+        ids = torch.tensor([seq[cached:]], device=self.device)
+        pos = torch.arange(cached, len(seq), device=self.device)[None]
+        t0 = time.perf_counter()
+        with self._own_forward():
+            logits = self.model(
+                input_ids=ids,
+                position_ids=pos,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=len(resp),
+            ).logits[0]  # [len(resp), V]
+        stats = self.forward_stats
+        stats["check_calls"] += 1
+        stats["check_tokens"] += ids.shape[1]
+        stats["check_seconds"] += time.perf_counter() - t0
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        best = logp.max(-1)
+        greedy = best.indices.tolist()
+        j = next((k for k, (a, b) in enumerate(zip(resp, greedy, strict=True)) if a != b), len(resp))
+        if j < len(resp):
+            states = [(layer.keys[0], layer.values[0]) for layer in cache.layers]
+
+            def take(start: int, end: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+                return [k[:, start:end].clone() for k, _ in states], [
+                    v[:, start:end].clone() for _, v in states
+                ]
+
+            self.prefix_cache.insert(seq[: len(prompt) + j], take)
+        return logp[torch.arange(len(resp)), torch.tensor(resp)].tolist(), greedy, best.values.tolist()
 
     def _score_chunk(self, chunk, temperature: float) -> list[tuple[list[float], list[int], list[float]]]:
         pairs = [(list(map(int, p)), list(map(int, r))) for p, r in chunk]
