@@ -485,12 +485,25 @@ class HFPolicy:
         """log p(response_i | prompt, response_<i) under ``logits / temperature`` for each pair."""
         if temperature <= 0:
             raise PolicyError(f"logprobs: temperature must be > 0, got {temperature}")
+        if self._score_from_cache:
+            # Each prompt's states stay in the prefix cache: the forks of one memory write, scored on the same
+            # question, build prompts that differ only from the forked fact on (snapshot credit).
+            return [
+                self._score_row(list(map(int, p)), list(map(int, r)), temperature, keep_prompt=True)[0]
+                for p, r in sequences
+            ]
         step = self.cfg.score_batch_size
         return [
             lps
             for start in range(0, len(sequences), step)
             for lps, _, _ in self._score_chunk(sequences[start : start + step], temperature)
         ]
+
+    @property
+    def _score_from_cache(self) -> bool:
+        """Scoring runs one unpadded row at a time from the prefix cache (CPU, as prefill does: RAGGED_MIN_TOKENS);
+        an accelerator scores a padded batch of whole sequences."""
+        return self.ragged_prefill and self.prefix_cache.budget_tokens > 0
 
     @torch.inference_mode()
     def greedy_logprobs(
@@ -501,20 +514,23 @@ class HFPolicy:
         agree everywhere (up to floating-point ties): one forward checks a reply that decoding would take a call
         per token to write (:mod:`memrl.memory.write_cache` checks another writer's cached reply so); where they
         first differ, the greedy token there continues the greedy reply."""
-        if self.ragged_prefill and self.prefix_cache.budget_tokens > 0:
-            return [self._check_row(list(map(int, p)), list(map(int, r))) for p, r in sequences]
+        if self._score_from_cache:
+            return [self._score_row(list(map(int, p)), list(map(int, r)), 1.0) for p, r in sequences]
         step = self.cfg.score_batch_size
         out: list[tuple[list[float], list[int], list[float]]] = []
         for start in range(0, len(sequences), step):
             out.extend(self._score_chunk(sequences[start : start + step], 1.0))
         return out
 
-    def _check_row(self, prompt: list[int], resp: list[int]) -> tuple[list[float], list[int], list[float]]:
+    def _score_row(
+        self, prompt: list[int], resp: list[int], temperature: float, keep_prompt: bool = False
+    ) -> tuple[list[float], list[int], list[float]]:
         """:meth:`greedy_logprobs` of one (prompt, response) as decoding computes it (CPU): from the prompt's
         longest cached prefix (a writer's instructions, ~1/3 of its prompt), in one unpadded forward over the rest
-        and the response but its last token (whose logits predict nothing checked). Where the response first
+        and the response but its last token (whose logits predict nothing scored). Where the response first
         departs from the argmax, the states of the prompt and the response before that token are left in the prefix
-        cache: decoding that continues from the argmax token there computes that one token, not the prompt again."""
+        cache: decoding that continues from the argmax token there computes that one token, not the prompt again.
+        ``keep_prompt``: the prompt's states are left there too (the next prompt may share more than its start)."""
         if not prompt:
             raise PolicyError("logprobs: sequence has an empty prompt (need >= 1 token to condition on)")
         if len(prompt) + len(resp) > self.max_model_len:
@@ -545,11 +561,14 @@ class HFPolicy:
         stats["check_calls"] += 1
         stats["check_tokens"] += ids.shape[1]
         stats["check_seconds"] += time.perf_counter() - t0
-        logp = torch.log_softmax(logits.float(), dim=-1)
+        logp = torch.log_softmax(logits.float() / temperature, dim=-1)
         best = logp.max(-1)
         greedy = best.indices.tolist()
         j = next((k for k, (a, b) in enumerate(zip(resp, greedy, strict=True)) if a != b), len(resp))
+        keep = len(prompt) if keep_prompt else 0
         if j < len(resp):
+            keep = max(keep, len(prompt) + j)
+        if keep:
             states = [(layer.keys[0], layer.values[0]) for layer in cache.layers]
 
             def take(start: int, end: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -557,7 +576,7 @@ class HFPolicy:
                     v[:, start:end].clone() for _, v in states
                 ]
 
-            self.prefix_cache.insert(seq[: len(prompt) + j], take)
+            self.prefix_cache.insert(seq[:keep], take)
         return logp[torch.arange(len(resp)), torch.tensor(resp)].tolist(), greedy, best.values.tolist()
 
     def _score_chunk(self, chunk, temperature: float) -> list[tuple[list[float], list[int], list[float]]]:

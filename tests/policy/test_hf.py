@@ -11,6 +11,7 @@ from memrl.policy import BACKENDS, make_policy
 from memrl.policy.base import GenerationRequest, SamplingParams
 from memrl.policy.config import PolicyConfig
 from memrl.policy.hf import RAGGED_MIN_TOKENS, HFPolicy
+from memrl.policy.radix_cache import common_prefix_len
 from memrl.registry import RegistryError
 from memrl.testing import random_tiny_llama
 from memrl.types import FinishReason
@@ -83,6 +84,28 @@ def test_training_time_logprobs_match_forward(peaked_policy):
             ref = forward_logsoftmax(peaked_policy.model, prompt, resp)
             want = ref[torch.arange(len(resp)), torch.tensor(resp)]
             assert torch.allclose(torch.tensor(got), want, atol=1e-4)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_scoring_prompts_that_share_a_long_prefix_computes_it_once(temperature):
+    """The forks of one memory write build answer prompts that differ from the forked fact on: the second is
+    scored from the first's states, with the log-probs of a whole forward."""
+    model, tok = random_tiny_llama(seed=3, initializer_range=0.3)
+    policy = HFPolicy.from_model(model, tok, PolicyConfig(model="random-peaked", seed=0))
+    context = enc(policy, "Memory: Ann lives in Rome. Mia is a nurse. Tom bought a red bike. " * 2)
+    gold = enc(policy, " Rome")
+    pairs = [
+        (context + enc(policy, f" {fact} Q: where does Ann live?"), gold) for fact in ("Ann moved.", "NOOP")
+    ]
+    tokens = policy.forward_stats["check_tokens"]
+    scores = policy.logprobs(pairs, temperature=temperature)
+    common = common_prefix_len(*(p for p, _ in pairs))
+    assert common >= len(context)
+    fed = policy.forward_stats["check_tokens"] - tokens  # each prompt and its reply but the last token
+    assert fed == sum(len(p) + len(r) - 1 for p, r in pairs) - common  # the second fed from its own tail on
+    for (prompt, resp), got in zip(pairs, scores, strict=True):
+        ref = forward_logsoftmax(model, prompt, resp, temperature)
+        assert torch.allclose(torch.tensor(got), ref[torch.arange(len(resp)), torch.tensor(resp)], atol=1e-4)
 
 
 def test_greedy_logprobs_says_which_replies_greedy_decoding_writes(peaked_policy):
