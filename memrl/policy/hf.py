@@ -32,6 +32,7 @@ from memrl.policy.batching import DecodeBatch, DecodeRow
 from memrl.policy.config import PolicyConfig
 from memrl.policy.errors import PolicyError
 from memrl.policy.hf_load import attach_adapter, load_model_and_tokenizer
+from memrl.policy.hf_score import score_padded, score_row
 from memrl.policy.hf_stream import HFStream
 from memrl.policy.kv_cache import (
     SharedPrefixCache,
@@ -489,14 +490,14 @@ class HFPolicy:
             # Each prompt's states stay in the prefix cache: the forks of one memory write, scored on the same
             # question, build prompts that differ only from the forked fact on (snapshot credit).
             return [
-                self._score_row(list(map(int, p)), list(map(int, r)), temperature, keep_prompt=True)[0]
+                score_row(self, list(map(int, p)), list(map(int, r)), temperature, keep_prompt=True)[0]
                 for p, r in sequences
             ]
         step = self.cfg.score_batch_size
         return [
             lps
             for start in range(0, len(sequences), step)
-            for lps, _, _ in self._score_chunk(sequences[start : start + step], temperature)
+            for lps, _, _ in score_padded(self, sequences[start : start + step], temperature)
         ]
 
     @property
@@ -515,107 +516,11 @@ class HFPolicy:
         per token to write (:mod:`memrl.memory.write_cache` checks another writer's cached reply so); where they
         first differ, the greedy token there continues the greedy reply."""
         if self._score_from_cache:
-            return [self._score_row(list(map(int, p)), list(map(int, r)), 1.0) for p, r in sequences]
+            return [score_row(self, list(map(int, p)), list(map(int, r)), 1.0) for p, r in sequences]
         step = self.cfg.score_batch_size
         out: list[tuple[list[float], list[int], list[float]]] = []
         for start in range(0, len(sequences), step):
-            out.extend(self._score_chunk(sequences[start : start + step], 1.0))
-        return out
-
-    def _score_row(
-        self, prompt: list[int], resp: list[int], temperature: float, keep_prompt: bool = False
-    ) -> tuple[list[float], list[int], list[float]]:
-        """:meth:`greedy_logprobs` of one (prompt, response) as decoding computes it (CPU): from the prompt's
-        longest cached prefix (a writer's instructions, ~1/3 of its prompt), in one unpadded forward over the rest
-        and the response but its last token (whose logits predict nothing scored). Where the response first
-        departs from the argmax, the states of the prompt and the response before that token are left in the prefix
-        cache: decoding that continues from the argmax token there computes that one token, not the prompt again.
-        ``keep_prompt``: the prompt's states are left there too (the next prompt may share more than its start)."""
-        if not prompt:
-            raise PolicyError("logprobs: sequence has an empty prompt (need >= 1 token to condition on)")
-        if len(prompt) + len(resp) > self.max_model_len:
-            raise PolicyError(
-                f"logprobs: sequence has {len(prompt) + len(resp)} tokens > max_model_len={self.max_model_len}"
-            )
-        if not resp:
-            return [], [], []
-        seq = prompt + resp[:-1]  # fed; position len(prompt) - 1 + j predicts resp[j]
-        match = self.prefix_cache.match(prompt[:-1])
-        cached = match.length if match is not None else 0
-        if cached:
-            cache = prefix_filled_cache(self._num_layers(), len(seq), [(match.states(), cached)], cached)
-        else:
-            cache = preallocated_cache(self._num_layers(), len(seq))
-        ids = torch.tensor([seq[cached:]], device=self.device)
-        pos = torch.arange(cached, len(seq), device=self.device)[None]
-        t0 = time.perf_counter()
-        with self._own_forward():
-            logits = self.model(
-                input_ids=ids,
-                position_ids=pos,
-                past_key_values=cache,
-                use_cache=True,
-                logits_to_keep=len(resp),
-            ).logits[0]  # [len(resp), V]
-        stats = self.forward_stats
-        stats["check_calls"] += 1
-        stats["check_tokens"] += ids.shape[1]
-        stats["check_seconds"] += time.perf_counter() - t0
-        logp = torch.log_softmax(logits.float() / temperature, dim=-1)
-        best = logp.max(-1)
-        greedy = best.indices.tolist()
-        j = next((k for k, (a, b) in enumerate(zip(resp, greedy, strict=True)) if a != b), len(resp))
-        keep = len(prompt) if keep_prompt else 0
-        if j < len(resp):
-            keep = max(keep, len(prompt) + j)
-        if keep:
-            states = [(layer.keys[0], layer.values[0]) for layer in cache.layers]
-
-            def take(start: int, end: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-                return [k[:, start:end].clone() for k, _ in states], [
-                    v[:, start:end].clone() for _, v in states
-                ]
-
-            self.prefix_cache.insert(seq[:keep], take)
-        return logp[torch.arange(len(resp)), torch.tensor(resp)].tolist(), greedy, best.values.tolist()
-
-    def _score_chunk(self, chunk, temperature: float) -> list[tuple[list[float], list[int], list[float]]]:
-        pairs = [(list(map(int, p)), list(map(int, r))) for p, r in chunk]
-        for i, (p, r) in enumerate(pairs):
-            if not p:
-                raise PolicyError(
-                    f"logprobs: sequence {i} has an empty prompt (need >= 1 token to condition on)"
-                )
-            if len(p) + len(r) > self.max_model_len:
-                raise PolicyError(
-                    f"logprobs: sequence {i} has {len(p) + len(r)} tokens > max_model_len={self.max_model_len}"
-                )
-        L = max(len(p) + len(r) for p, r in pairs)
-        keep = max(len(r) for _, r in pairs) + 1
-        ids = torch.full((len(pairs), L), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(pairs), L), dtype=torch.long)
-        for i, (p, r) in enumerate(pairs):  # left-padded: every response ends at the right edge
-            seq = p + r
-            ids[i, L - len(seq) :] = torch.tensor(seq)
-            mask[i, L - len(seq) :] = 1
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        with self._own_forward():
-            logits = self.model(
-                input_ids=ids.to(self.device),
-                attention_mask=mask.to(self.device),
-                position_ids=pos.to(self.device),
-                logits_to_keep=keep,
-            ).logits  # [B, keep, V]: positions L-keep .. L-1
-        logp = torch.log_softmax(logits.float() / temperature, dim=-1)
-        out = []
-        for i, (_, r) in enumerate(pairs):
-            if not r:
-                out.append(([], [], []))
-                continue
-            # Token r[j] sits at L-len(r)+j and is predicted by position L-len(r)+j-1 = column keep-len(r)-1+j.
-            cols = torch.arange(keep - len(r) - 1, keep - 1)
-            best = logp[i, cols].max(-1)
-            out.append((logp[i, cols, torch.tensor(r)].tolist(), best.indices.tolist(), best.values.tolist()))
+            out.extend(score_padded(self, sequences[start : start + step], 1.0))
         return out
 
 
