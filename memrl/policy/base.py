@@ -87,7 +87,7 @@ def _unfold(model: Any) -> None:
     adapters: PEFT would unmerge it by subtraction, with a warning, and not exactly in bfloat16."""
     fold = getattr(model, "memrl_lora_fold", None)
     if fold is not None:
-        fold.restore()
+        fold.unfold()
 
 
 @runtime_checkable

@@ -33,6 +33,7 @@ from memrl.policy.config import PolicyConfig
 from memrl.policy.cuda_graphs import GraphDecoder
 from memrl.policy.errors import PolicyError
 from memrl.policy.hf_load import attach_adapter, load_model_and_tokenizer
+from memrl.policy.hf_score import score_padded, score_row
 from memrl.policy.hf_stream import HFStream
 from memrl.policy.kv_cache import (
     SharedPrefixCache,
@@ -504,12 +505,25 @@ class HFPolicy:
         """log p(response_i | prompt, response_<i) under ``logits / temperature`` for each pair."""
         if temperature <= 0:
             raise PolicyError(f"logprobs: temperature must be > 0, got {temperature}")
+        if self._score_from_cache:
+            # Each prompt's states stay in the prefix cache: the forks of one memory write, scored on the same
+            # question, build prompts that differ only from the forked fact on (snapshot credit).
+            return [
+                score_row(self, list(map(int, p)), list(map(int, r)), temperature, keep_prompt=True)[0]
+                for p, r in sequences
+            ]
         step = self.cfg.score_batch_size
         return [
             lps
             for start in range(0, len(sequences), step)
-            for lps, _, _ in self._score_chunk(sequences[start : start + step], temperature)
+            for lps, _, _ in score_padded(self, sequences[start : start + step], temperature)
         ]
+
+    @property
+    def _score_from_cache(self) -> bool:
+        """Scoring runs one unpadded row at a time from the prefix cache (CPU, as prefill does: RAGGED_MIN_TOKENS);
+        an accelerator scores a padded batch of whole sequences."""
+        return self.ragged_prefill and self.prefix_cache.budget_tokens > 0
 
     @torch.inference_mode()
     def greedy_logprobs(
@@ -520,49 +534,12 @@ class HFPolicy:
         agree everywhere (up to floating-point ties): one forward checks a reply that decoding would take a call
         per token to write (:mod:`memrl.memory.write_cache` checks another writer's cached reply so); where they
         first differ, the greedy token there continues the greedy reply."""
+        if self._score_from_cache:
+            return [score_row(self, list(map(int, p)), list(map(int, r)), 1.0) for p, r in sequences]
         step = self.cfg.score_batch_size
         out: list[tuple[list[float], list[int], list[float]]] = []
         for start in range(0, len(sequences), step):
-            out.extend(self._score_chunk(sequences[start : start + step], 1.0))
-        return out
-
-    def _score_chunk(self, chunk, temperature: float) -> list[tuple[list[float], list[int], list[float]]]:
-        pairs = [(list(map(int, p)), list(map(int, r))) for p, r in chunk]
-        for i, (p, r) in enumerate(pairs):
-            if not p:
-                raise PolicyError(
-                    f"logprobs: sequence {i} has an empty prompt (need >= 1 token to condition on)"
-                )
-            if len(p) + len(r) > self.max_model_len:
-                raise PolicyError(
-                    f"logprobs: sequence {i} has {len(p) + len(r)} tokens > max_model_len={self.max_model_len}"
-                )
-        L = max(len(p) + len(r) for p, r in pairs)
-        keep = max(len(r) for _, r in pairs) + 1
-        ids = torch.full((len(pairs), L), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(pairs), L), dtype=torch.long)
-        for i, (p, r) in enumerate(pairs):  # left-padded: every response ends at the right edge
-            seq = p + r
-            ids[i, L - len(seq) :] = torch.tensor(seq)
-            mask[i, L - len(seq) :] = 1
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        with self._own_forward():
-            logits = self.model(
-                input_ids=ids.to(self.device),
-                attention_mask=mask.to(self.device),
-                position_ids=pos.to(self.device),
-                logits_to_keep=keep,
-            ).logits  # [B, keep, V]: positions L-keep .. L-1
-        logp = torch.log_softmax(logits.float() / temperature, dim=-1)
-        out = []
-        for i, (_, r) in enumerate(pairs):
-            if not r:
-                out.append(([], [], []))
-                continue
-            # Token r[j] sits at L-len(r)+j and is predicted by position L-len(r)+j-1 = column keep-len(r)-1+j.
-            cols = torch.arange(keep - len(r) - 1, keep - 1)
-            best = logp[i, cols].max(-1)
-            out.append((logp[i, cols, torch.tensor(r)].tolist(), best.indices.tolist(), best.values.tolist()))
+            out.extend(score_padded(self, sequences[start : start + step], 1.0))
         return out
 
 

@@ -13,6 +13,12 @@ weights. It is undone:
   module, and its loss needs the unmerged LoRA path for gradients, its reference log-probs the bare base;
 * when the weights change (:meth:`restore` from ``HFPolicy.invalidate_cache``, which every weight update calls);
 * when the policy generates with another adapter active (the memory writer's, say), which is then folded instead.
+
+An adapter switch keeps the folded weights it leaves (:meth:`LoraFold.unfold`): the writer's adapter, switched on
+and off around each of thousands of per-turn writes, is folded once per weight version, and each switch after
+that points the layers at its folded weights (no copy, no arithmetic). Each kept adapter costs one more copy of
+the wrapped layers' weights. A kept fold is reused only while its adapter's LoRA tensors are the ones it was
+folded from (their in-place version counters unchanged); a weight update (:meth:`LoraFold.restore`) drops them all.
 """
 
 from __future__ import annotations
@@ -40,6 +46,9 @@ class LoraFold:
         self.layers = lora_layers(model)
         self._stash: list[tuple[torch.Tensor, torch.Tensor | None]] = []
         self.folded: str | None = None  # the adapter folded in now
+        # adapter → (the version of its LoRA tensors, its folded (weight, bias) per layer): folds kept by unfold()
+        self._kept: dict[str, tuple[tuple[int, ...], list[tuple[torch.Tensor, torch.Tensor | None]]]] = {}
+        self.folds = 0  # folds computed (a kept fold that is reused is not one)
         self._inside = 0  # > 0 while the policy's own forward runs
         if self.layers:
             model.register_forward_pre_hook(self._guard)
@@ -57,15 +66,22 @@ class LoraFold:
             self._inside -= 1
 
     def restore(self) -> None:
-        """Copy the stashed base weights back: the model is PEFT's unmerged LoRA model again."""
+        """The base weights back, and every kept fold dropped (the LoRA weights change next): the model is PEFT's
+        unmerged LoRA model again."""
+        self._kept.clear()
+        self.unfold()
+
+    def unfold(self) -> None:
+        """The base weights back, keeping the fold that was in (an adapter switch): the model is PEFT's unmerged
+        LoRA model again."""
         if self.folded is None:
             return
         with torch.inference_mode(False), torch.no_grad():
             for layer, (weight, bias) in zip(self.layers, self._stash, strict=True):
                 base = layer.get_base_layer()
-                base.weight.copy_(weight)
+                base.weight.data = weight
                 if bias is not None:
-                    base.bias.copy_(bias)
+                    base.bias.data = bias
                 layer.merged_adapters.clear()
         self.folded = None
 
@@ -73,15 +89,43 @@ class LoraFold:
         active = _active_adapter(self.model)
         if active == self.folded and self.layers[0].merged:
             return
-        self.restore()
+        self.unfold()
         if active is None or any(layer.disable_adapters for layer in self.layers):
             return  # the bare base runs (adapters disabled): nothing to fold
+        version = self._version(active)
+        kept = self._kept.get(active)
         with torch.inference_mode(False), torch.no_grad():
             if not self._stash:
-                self._stash = [_copy_base(layer) for layer in self.layers]
-            for layer in self.layers:
-                layer.merge()  # PEFT's own fold of the layer's active adapter (LoRA, DoRA, fan-in-fan-out)
+                self._stash = [_base_tensors(layer) for layer in self.layers]
+            if kept is not None and version is not None and kept[0] == version:
+                for layer, (weight, bias) in zip(self.layers, kept[1], strict=True):
+                    base = layer.get_base_layer()
+                    base.weight.data = weight
+                    if bias is not None:
+                        base.bias.data = bias
+                    layer.merged_adapters.append(active)
+            else:
+                for layer, (weight, bias) in zip(self.layers, self._stash, strict=True):
+                    base = layer.get_base_layer()  # a fresh copy of the base weights to fold into
+                    base.weight.data = weight.clone()
+                    if bias is not None:
+                        base.bias.data = bias.clone()
+                    layer.merge()  # PEFT's own fold of the layer's active adapter (LoRA, DoRA, fan-in-fan-out)
+                self._kept[active] = (version, [_base_tensors(layer) for layer in self.layers])
+                self.folds += 1
         self.folded = active
+
+    def _version(self, adapter: str) -> tuple[int, ...] | None:
+        """Changes whenever a LoRA tensor of ``adapter`` is written in place (an optimizer step, a state load);
+        None where a tensor keeps no version (made under inference mode): such a fold is never reused."""
+        marker = f".{adapter}."
+        try:
+            return tuple(
+                v for name, p in self.model.named_parameters() if "lora_" in name and marker in name
+                for v in (p._version, p.data_ptr())
+            )  # fmt: skip
+        except RuntimeError:
+            return None
 
     def _guard(self, module: Any, args: Any) -> None:
         if self._inside == 0 and self.folded is not None:
@@ -93,7 +137,8 @@ def _active_adapter(model: Any) -> str | None:
     return name if isinstance(name, str) else None
 
 
-def _copy_base(layer: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _base_tensors(layer: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The tensors the layer's base weight and bias hold now (not copies: folds go into fresh tensors)."""
     base = layer.get_base_layer()
-    bias = base.bias.detach().clone() if getattr(base, "bias", None) is not None else None
-    return base.weight.detach().clone(), bias
+    bias = base.bias.data if getattr(base, "bias", None) is not None else None
+    return base.weight.data, bias

@@ -8,6 +8,8 @@ import torch
 from memrl.memory.config import MemoryConfig
 from memrl.memory.llm import policy_text_generator
 from memrl.memory.writer import WRITER_ADAPTER, PolicyWriter, WriteRequest
+from memrl.policy.base import GenerationRequest, SamplingParams
+from memrl.policy.radix_cache import common_prefix_len
 from memrl.testing import random_tiny_llama
 from memrl.types import TurnRole, TurnSpec
 
@@ -225,3 +227,38 @@ def test_replies_read_from_the_cache_become_the_drafts_again(lora_policy):
     updated, client = _writer(lora_policy)
     updated.sample(_requests(), [1, 1, 1], 0.0)
     assert updated.draft_hits == 3 and client.prompts == 0
+
+
+def test_smollm2_writes_the_same_replies_from_checked_drafts_as_decoded(smollm2_policy):
+    """SmolLM2-135M on real write prompts: drafts checked from the prefix cache (one taken whole, one wrong from its
+    third token on, one wrong from its first) give the replies plain decoding gives, and the wrong ones are
+    decoded on from the cached states where they depart."""
+    from memrl.policy.config import PolicyConfig
+    from memrl.policy.hf import HFPolicy
+
+    uncached = HFPolicy.from_model(
+        smollm2_policy.model, smollm2_policy.tokenizer, PolicyConfig(model="smollm2", prefix_cache_tokens=0)
+    )
+    plain, _ = _writer(uncached, write_cache=False)
+    _, decoded = plain.sample(_requests(), [1, 1, 1], 0.0)
+    want = [s[0].response_ids for s in decoded]
+    policy = HFPolicy.from_model(
+        smollm2_policy.model, smollm2_policy.tokenizer, PolicyConfig(model="smollm2")
+    )
+    writer, client = _writer(policy)
+    prompts = [writer.prompt_ids(r) for r in _requests()]
+    policy.generate([GenerationRequest(prompts[0][:-1], SamplingParams(temperature=0.0, max_tokens=1))])
+    wrong = [want[0], (*want[1][:2], want[1][2] + 1, *want[1][3:]), (want[2][0] + 1, *want[2][1:])]
+    cache = writer._cache()
+    cache.set_drafts(prompts, [(ids, (0.0,) * len(ids)) for ids in wrong])
+    checked = policy.forward_stats["check_tokens"]
+    _, got = writer.sample(_requests(), [1, 1, 1], 0.0)
+    assert [s[0].response_ids for s in got] == want
+    assert writer.draft_hits == 1 and client.prompts == 2
+    # the checks fed no instruction tokens: each prompt's tail past the shared system message and its draft
+    shared = min(common_prefix_len(prompts[0], p) for p in prompts[1:])
+    assert policy.forward_stats["check_tokens"] - checked <= sum(
+        len(p) - shared + len(w) for p, w in zip(prompts, wrong, strict=True)
+    )
+    # and decoding went on from where each wrong draft departed: the asked prompts end in the greedy heads
+    assert sorted(len(a) for a in client.asked) == [len(prompts[2]) + 1, len(prompts[1]) + 3]

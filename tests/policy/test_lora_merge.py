@@ -123,6 +123,35 @@ def test_switching_to_the_writers_adapter_folds_it_without_peft_warnings():
     assert _same(_base_weights(model), original)
 
 
+def test_switching_adapters_back_and_forth_folds_each_once_per_weight_version():
+    """Per-turn writes switch to the writer's adapter and back thousands of times: each switch reuses the fold
+    it made, until the adapter's weights change."""
+    model, tok = _model(per_role=True)
+    policy = HFPolicy.from_model(model, tok, PolicyConfig(model="x"))
+    original = _base_weights(model)
+    answer = _greedy(policy)
+    with policy.use_adapter("memory"):
+        write = _greedy(policy)
+    for _ in range(3):
+        with policy.use_adapter("memory"):
+            assert _greedy(policy).token_ids == write.token_ids
+        assert _greedy(policy).token_ids == answer.token_ids
+    fold = policy._fold
+    assert fold.folds == 2  # the answer's adapter and the writer's, once each
+    with torch.no_grad():  # an update of the writer's adapter, in place
+        for name, param in model.named_parameters():
+            if "lora_B" in name and ".memory." in name:
+                param.normal_(0, 0.3)
+    for cache in (policy.prefix_cache, *policy._adapter_caches.values()):
+        cache.clear()  # stale states; the fold is left to the version counters (no invalidate_cache)
+    with policy.use_adapter("memory"):
+        changed = _greedy(policy)
+        expected = _manual_greedy(model, tok)
+    assert fold.folds == 3 and list(changed.token_ids) == expected and changed.logprobs != write.logprobs
+    policy.invalidate_cache()
+    assert _same(_base_weights(model), original)
+
+
 def test_decoding_with_adapters_disabled_runs_the_bare_base():
     model, tok = _model()
     original = _base_weights(model)
