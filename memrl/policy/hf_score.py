@@ -9,15 +9,15 @@ prompt, from its longest cached prefix); on an accelerator one padded batch of w
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
 from memrl.policy.errors import PolicyError
 from memrl.policy.kv_cache import preallocated_cache, prefix_filled_cache
 
-if TYPE_CHECKING:
-    from memrl.policy.hf import HFPolicy
+# The HFPolicy these functions score with (not imported: memrl.policy.hf imports this module).
+HFPolicy = Any
 
 # Per (prompt, response): log p of each response token, the argmax token at each of its positions, its log p.
 Scored = tuple[list[float], list[int], list[float]]
