@@ -5,7 +5,7 @@
     memrl data check synthetic - --option num_episodes=200 --split test
     memrl data show synthetic --index 3
     memrl data haystack --oracle longmemeval_oracle.json --sessions 50 --out longmemeval_s_like.json
-    memrl data make-chats chats.json --chats 24 --seed 0   # held-out chats (memrl.adapters.chats), LoCoMo format
+    memrl data make-chats chats.json --chats 24            # held-out chats (memrl.adapters.chats), LoCoMo format
 
 ``fetch`` downloads a dataset's official files (:mod:`memrl.data.sources`: checksummed, resumable) and prints
 ``[{"name", "path", "sha256", "bytes", "status", "checksum"}]``. ``check`` prints ``{"episodes": N, "skipped": M, "errors": [...]}``; each error names file, record, field and

@@ -82,9 +82,12 @@ class _StaticCache(DynamicCache):
 class _Graph:
     """One captured decode step for ``rows`` rows (padded) over ``positions`` cache positions."""
 
-    def __init__(self, policy, rows: int, positions: int, template: PreallocatedLayer, num_layers: int, pool):
+    def __init__(
+        self, decoder: GraphDecoder, rows: int, positions: int, template: PreallocatedLayer, num_layers: int
+    ):
+        policy, pool = decoder.policy, decoder.pool
         device = policy.device
-        self.policy = policy
+        self.policy, self.decoder = policy, decoder
         self.rows, self.positions = rows, positions
         _, heads, _, head_dim = template._k.shape
         value_dim = template._v.shape[-1]
@@ -108,7 +111,7 @@ class _Graph:
         self.logits = self._capture(policy, pool) if pool is not None else None
 
     def _forward(self, policy) -> torch.Tensor:
-        return policy._graphs.forward(policy.model, self.ids, self.mask, self.pos, self.cache)
+        return self.decoder.forward(policy.model, self.ids, self.mask, self.pos, self.cache)
 
     def _capture(self, policy, pool) -> torch.Tensor:
         # Warm-up runs on a side stream (cuBLAS handles, lazy kernel loading) write only the last column, which a
@@ -236,7 +239,7 @@ class GraphDecoder:
                 break
             del self.graphs[old]
         template = batch.cache.layers[0]
-        graph = _Graph(self.policy, rows, positions, template, len(batch.cache.layers), self.pool)
+        graph = _Graph(self, rows, positions, template, len(batch.cache.layers))
         self.graphs[key] = graph
         self.captures += 1
         return key, graph
