@@ -153,6 +153,24 @@ def file_layers(path: str | Path) -> list[tuple[str, dict]]:
     return layers
 
 
+REPLACE_KEY = "replace"
+_MISSING = object()
+
+
+def _reset(merged: Any, keys: Any, cls: type, label: str) -> Any:
+    """``replace: [data.options]`` in a file: those keys go back to their defaults before the file's own keys
+    merge, so a file replaces a mapping its ``defaults`` set instead of adding to it (another adapter's options)."""
+    if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
+        raise ConfigError(f"{label}: '{REPLACE_KEY}' must be a list of dotted keys, e.g. [data.options]; got {keys!r}")
+    fresh = OmegaConf.structured(cls)
+    for key in keys:
+        default = OmegaConf.select(fresh, key, default=_MISSING)
+        if default is _MISSING:
+            raise ConfigError(f"{label}: '{REPLACE_KEY}' names {key!r}, which is not a config key")
+        OmegaConf.update(merged, key, default, merge=False)
+    return merged
+
+
 def resolve_config(
     path: str | Path | None = None, overrides: Sequence[str] = (), cls: type = Config
 ) -> Resolved:
@@ -172,6 +190,10 @@ def resolve_config(
     sources: dict[str, str] = {}
     for source, layer in layers:
         label = "command-line overrides" if source == OVERRIDE_SOURCE else source
+        replace = layer.pop(REPLACE_KEY, []) if source != OVERRIDE_SOURCE else []
+        merged = _reset(merged, replace, cls, label)
+        for key in [k for k in sources for r in replace if k == r or k.startswith(r + ".")]:
+            del sources[key]
         _check_keys(layer, cls, "", label)
         try:
             merged = OmegaConf.merge(merged, layer)

@@ -1,5 +1,8 @@
 """``chats``: held-out free-form two-person chats in LoCoMo's file format, for checking a memory writer on
-conversations it never saw. **Never train on them or choose settings by them**: the adapter has no train split.
+conversations it never saw. **Never train on them or choose settings by them**: split ``test`` is the held-out
+chats; splits ``train`` and ``validation`` are chats of the same shape made from a training pool that shares no
+name, value, wording or small-talk line with them (:mod:`memrl.adapters.chats_train_text`), and a training split
+refuses a held-out chat read from a file.
 
 Each chat is two speakers over ``num_sessions`` dated sessions. Every turn is small talk from a wide hand-written
 pool (:data:`memrl.adapters.chats_text.SMALL_TALK`: "Traffic was terrible today.", "Makes sense.") except the
@@ -31,9 +34,12 @@ from __future__ import annotations
 
 import datetime as dt
 import random
+from dataclasses import dataclass
 from typing import Any
 
-from memrl.adapters.chats_text import ATTRS, NAMES, SMALL_TALK, ChatAttr
+from memrl.adapters import chats_text, chats_train_text
+from memrl.adapters.chats_text import ChatAttr
+from memrl.adapters.small_talk import SMALL_TALK as TRAINING_SMALL_TALK
 from memrl.adapters.locomo import _parse_conversation
 from memrl.data.adapters import (
     ADAPTERS,
@@ -48,6 +54,7 @@ from memrl.data.adapters import (
 from memrl.types import BatchInput, TurnRole, TurnSpec
 
 QUESTION_KINDS = ("now", "before", "never_changed")
+SPLITS = ("train", "validation", "test", "all")
 TURN_KINDS = ("small_talk", "first", "change")
 _MEMORY_KEYS = {"op": "memory_op", "fact": "memory_fact", "person": "memory_person", "attr": "memory_attr",
                 "value": "memory_value", "stale": "memory_stale"}  # fmt: skip
@@ -59,26 +66,44 @@ def _article(word: str) -> str:
 
 def _say(template: str, value: str, old: str = "") -> str:
     return template.format(v=value, V=value[:1].upper() + value[1:], a=_article(value), old=old,
-                           a_old=_article(old or "x"))  # fmt: skip
+                           Old=old[:1].upper() + old[1:], a_old=_article(old or "x"))  # fmt: skip
 
 
 def _fact(attr: ChatAttr, person: str, value: str) -> str:
     return _say(attr.fact.replace("{p}", person), value)
 
 
+@dataclass(frozen=True)
+class ChatPool:
+    """The words a chat is made of: speakers' names, attributes (values, wordings, questions), small talk."""
+
+    names: tuple[str, ...]
+    attrs: tuple[ChatAttr, ...]
+    small_talk: tuple[str, ...]
+
+
+HELD_OUT = ChatPool(chats_text.NAMES, chats_text.ATTRS, chats_text.SMALL_TALK)
+TRAINING = ChatPool(chats_train_text.NAMES, chats_train_text.ATTRS, TRAINING_SMALL_TALK)
+
+
+def _pool(split: str) -> ChatPool:
+    # test / all: the held-out pool; train / validation: the training pool (disjoint words, module doc).
+    return TRAINING if split in ("train", "validation") else HELD_OUT
+
+
 class _ChatBuilder:
     """One chat's plan: the speakers' facts placed in (session, slot) positions of their own turns."""
 
-    def __init__(self, rng: random.Random, num_sessions: int, turns_per_session: int, facts_per_speaker: int,
-                 changes: int) -> None:  # fmt: skip
-        self.rng = rng
+    def __init__(self, rng: random.Random, pool: ChatPool, num_sessions: int, turns_per_session: int,
+                 facts_per_speaker: int, changes: int) -> None:  # fmt: skip
+        self.rng, self.pool = rng, pool
         self.sessions, self.per_session = num_sessions, turns_per_session
-        self.speakers = rng.sample(NAMES, 2)
+        self.speakers = rng.sample(pool.names, 2)
         self.slots: dict[tuple[int, int], dict[str, Any]] = {}
         self.used: set[tuple[str, str]] = set()  # (attribute, value): one value is one person's in a chat
         self.facts: list[dict[str, Any]] = []  # per (person, attr): values in order and their turn positions
         for k, person in enumerate(self.speakers):
-            for attr in rng.sample(ATTRS, facts_per_speaker):
+            for attr in rng.sample(pool.attrs, facts_per_speaker):
                 self.facts.append({"person": person, "side": k, "attr": attr, "values": [], "at": []})
         changeable = [f for f in self.facts if f["attr"].change]
         for f in rng.sample(changeable, min(changes, len(changeable))):
@@ -113,14 +138,15 @@ class _ChatBuilder:
 
     def turns(self, dates: list[str]) -> dict[str, Any]:
         conv: dict[str, Any] = {"speaker_a": self.speakers[0], "speaker_b": self.speakers[1]}
-        talk = self.rng.sample(SMALL_TALK, len(SMALL_TALK))
+        small_talk = self.pool.small_talk
+        talk = self.rng.sample(small_talk, len(small_talk))
         for s in range(self.sessions):
             session = []
             for t in range(self.per_session):
                 speaker = self.speakers[t % 2]
                 item = self.slots.get((s, t))
                 if item is None:
-                    line = talk.pop() if talk else self.rng.choice(SMALL_TALK)
+                    line = talk.pop() if talk else self.rng.choice(small_talk)
                     item = {"text": line.format(other=self.speakers[1 - t % 2]), "kind": "small_talk",
                             "memory": {"op": "NOOP"}}  # fmt: skip
                 session.append({"speaker": speaker, "dia_id": f"D{s + 1}:{t + 1}", **item})
@@ -162,23 +188,30 @@ def _dates(rng: random.Random, n: int) -> list[str]:
     return out
 
 
-def make_chat(seed: int, index: int, *, num_sessions: int = 4, turns_per_session: int = 12,
+def make_chat(seed: int, index: int, *, split: str = "test", num_sessions: int = 4, turns_per_session: int = 12,
               facts_per_speaker: int = 4, changes: int = 3, never_questions: int = 3) -> dict[str, Any]:  # fmt: skip
-    """Chat ``index`` as one LoCoMo record (module doc); a pure function of its arguments."""
+    """Chat ``index`` of ``split`` as one LoCoMo record (module doc); a pure function of its arguments. A
+    training chat (``train`` / ``validation``) is marked with its split."""
+    if split not in SPLITS:
+        raise ValueError(f"chats: split {split!r}; valid: {', '.join(SPLITS)}")
     if num_sessions < 2:
         raise ValueError(
             f"chats: num_sessions must be >= 2 (a change happens in a later session), got {num_sessions}"
         )
-    if not 1 <= facts_per_speaker <= len(ATTRS):
-        raise ValueError(f"chats: facts_per_speaker must be in 1..{len(ATTRS)}, got {facts_per_speaker}")
-    rng = random.Random(f"memrl-chats:{seed}:{index}")
-    b = _ChatBuilder(rng, num_sessions, turns_per_session, facts_per_speaker, changes)
+    pool = _pool(split)
+    if not 1 <= facts_per_speaker <= len(pool.attrs):
+        raise ValueError(f"chats: facts_per_speaker must be in 1..{len(pool.attrs)}, got {facts_per_speaker}")
+    held_out = pool is HELD_OUT
+    # The held-out chats' keys are the ones the published fixture was made with.
+    rng = random.Random(f"memrl-chats:{seed}:{index}" if held_out else f"memrl-chats-{split}:{seed}:{index}")
+    b = _ChatBuilder(rng, pool, num_sessions, turns_per_session, facts_per_speaker, changes)
     conversation = b.turns(_dates(rng, num_sessions))
-    return {
-        "sample_id": f"chat-{seed}-{index}",
+    record = {
+        "sample_id": f"chat-{seed}-{index}" if held_out else f"chat-{split}-{seed}-{index}",
         "conversation": conversation,
         "qa": b.questions(never_questions),
     }
+    return record if held_out else {"split": split, **record}
 
 
 def make_chats(num_chats: int = 24, seed: int = 0, **options: Any) -> list[dict[str, Any]]:
@@ -238,25 +271,40 @@ def _episodes(view: RecordView, record: Any) -> list[BatchInput]:
     return out
 
 
+def _check_split(view: RecordView, record: Any, split: str) -> None:
+    """A training split reads training chats only; ``test`` reads held-out chats only (``all``: either)."""
+    made_for = view.get(record, "split", str) if isinstance(record, dict) and "split" in record else "test"
+    if split == "all" or made_for == split:
+        return
+    if split in ("train", "validation"):
+        raise view.fail("split", f"a {split} chat (memrl data make-chats --split {split})",
+                        "a held-out chat: never train on or choose settings by them")  # fmt: skip
+    raise view.fail("split", "a held-out chat (no split)", repr(made_for))
+
+
 @ADAPTERS.register("chats")
 def chats(path: str | None, *, split: str, lenient: bool, report: SkipReport, num_chats: int = 24, seed: int = 0,
-          max_turn_chars: int = DEFAULT_MAX_TURN_CHARS) -> list[BatchInput]:  # fmt: skip
+          max_turn_chars: int = DEFAULT_MAX_TURN_CHARS, **shape: int) -> list[BatchInput]:  # fmt: skip
     """One episode per question of every chat: read from ``path`` (a file of ``memrl data make-chats``), or
-    generated (``num_chats`` chats of ``seed``) when ``path`` is empty. Splits ``test`` and ``all`` only."""
-    if split not in ("test", "all"):
-        raise ValueError(
-            f"chats: split {split!r}; the chats are held out for evaluation (never trained on, never used to "
-            "choose settings): valid splits are test and all"
-        )
+    generated (``num_chats`` chats of ``seed``, ``shape``: :func:`make_chat`'s sizes) when ``path`` is empty.
+    ``test`` is the held-out chats; ``train`` / ``validation`` are chats of the training pool
+    (:mod:`memrl.adapters.chats_train_text`), which shares no word with them; ``all`` reads any file."""
+    if split not in SPLITS:
+        raise ValueError(f"chats: split {split!r}; valid splits are {', '.join(SPLITS)}")
     if path in (None, "", "-"):
-        source = f"<chats num_chats={num_chats} seed={seed}>"
-        records = list(enumerate(make_chats(int(num_chats), int(seed))))
+        made = "test" if split == "all" else split
+        source = f"<chats split={made} num_chats={num_chats} seed={seed}>"
+        records = list(enumerate(make_chats(int(num_chats), int(seed), split=made, **shape)))
     else:
+        if shape:
+            raise ValueError(f"chats: {', '.join(sorted(shape))} shape generated chats; {path} is a file")
         source, records = path, iter_json_records(path, lenient=lenient, report=report)
     out: list[BatchInput] = []
     for idx, record in records:
         with record_guard(report, lenient):
-            out.extend(_episodes(RecordView(source, idx, int(max_turn_chars)), record))
+            view = RecordView(source, idx, int(max_turn_chars))
+            _check_split(view, record, split)
+            out.extend(_episodes(view, record))
     if not out:
         raise AdapterError(source, None, None, "at least one chat with questions")
     return out

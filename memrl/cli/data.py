@@ -6,12 +6,14 @@
     memrl data show synthetic --index 3
     memrl data haystack --oracle longmemeval_oracle.json --sessions 50 --out longmemeval_s_like.json
     memrl data make-chats chats.json --chats 24            # held-out chats (memrl.adapters.chats), LoCoMo format
+    memrl data make-chats train.json --split train         # chats of the training pool (no shared word)
 
 ``fetch`` downloads a dataset's official files (:mod:`memrl.data.sources`: checksummed, resumable) and prints
 ``[{"name", "path", "sha256", "bytes", "status", "checksum"}]``. ``check`` prints ``{"episodes": N, "skipped": M, "errors": [...]}``; each error names file, record, field and
 what was expected. ``haystack`` builds LongMemEval ``_S``-like haystacks from the oracle file
 (:mod:`memrl.data.haystack`) and prints ``{"out", "questions", "sessions_min", "sessions_max", "bytes"}``.
-``make-chats`` writes the held-out free-form chats (:mod:`memrl.adapters.chats`; evaluation only) and prints
+``make-chats`` writes the held-out free-form chats (:mod:`memrl.adapters.chats`; evaluation only), or with
+``--split train`` / ``validation`` chats of its disjoint training pool, and prints
 ``{"out", "chats", "questions", "turns"}``; the ``chats`` adapter reads the file, or generates the same chats
 without one. Exit code: 0 ok, 1 the dataset is invalid (strict mode) or unreadable, 2 bad usage
 (unknown adapter, unknown option).
@@ -99,6 +101,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     chats = data_sub.add_parser(
         "make-chats", help="write the held-out free-form chats (LoCoMo format; for evaluation only)"
     )
+    chats.add_argument("--split", default="test", choices=("test", "train", "validation"),
+                       help="test: the held-out chats (default); train / validation: the training pool's")  # fmt: skip
     chats.add_argument("out", help="output file (JSON array, LoCoMo's format)")
     chats.add_argument("--chats", type=int, default=24, help="number of chats (default 24)")
     chats.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
@@ -231,7 +235,7 @@ def run_make_chats(args: argparse.Namespace) -> int:
     from memrl.adapters.chats import make_chats
 
     try:
-        records = make_chats(args.chats, args.seed)
+        records = make_chats(args.chats, args.seed, split=args.split)
     except ValueError as exc:
         print(f"memrl data make-chats: {exc}", file=sys.stderr)
         return EXIT_USAGE
