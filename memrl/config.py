@@ -161,7 +161,9 @@ def _reset(merged: Any, keys: Any, cls: type, label: str) -> Any:
     """``replace: [data.options]`` in a file: those keys go back to their defaults before the file's own keys
     merge, so a file replaces a mapping its ``defaults`` set instead of adding to it (another adapter's options)."""
     if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
-        raise ConfigError(f"{label}: '{REPLACE_KEY}' must be a list of dotted keys, e.g. [data.options]; got {keys!r}")
+        raise ConfigError(
+            f"{label}: '{REPLACE_KEY}' must be a list of dotted keys, e.g. [data.options]; got {keys!r}"
+        )
     fresh = OmegaConf.structured(cls)
     for key in keys:
         default = OmegaConf.select(fresh, key, default=_MISSING)

@@ -87,6 +87,7 @@ def test_an_arm_changes_exactly_the_keys_it_sets(path, tmp_path):
     from memrl.config import file_layers, leaf_keys, resolve_config
 
     own = yaml.safe_load(path.read_text())
+    own.pop("replace", None)
     bases = [str((path.parent / d).resolve()) for d in own.pop("defaults")]
     base_only = tmp_path / "base_only.yaml"
     base_only.write_text(yaml.safe_dump({"defaults": bases}))
@@ -235,3 +236,41 @@ def test_the_tool_recipes_evaluate_on_the_prompt_they_train_on_with_200_held_out
             assert cfg.data == train.data and cfg.train.max_wall_s == 1500 and cfg.episode.tool_example, (
                 arm.name
             )
+
+
+def test_a_file_replaces_a_mapping_its_defaults_set_instead_of_adding_to_it(tmp_path):
+    from memrl.config import resolve_config
+
+    _write(
+        tmp_path / "base.yaml",
+        "data:\n  adapter: synthetic\n  options: {num_episodes: 10, phrasing: varied}\n",
+    )
+    merged = _write(tmp_path / "merged.yaml", "defaults: [base.yaml]\ndata:\n  options: {num_chats: 3}\n")
+    replaced = _write(
+        tmp_path / "replaced.yaml",
+        "defaults: [base.yaml]\nreplace: [data.options]\ndata:\n  options: {num_chats: 3}\n",
+    )
+    assert resolve_config(merged).config.data.options == {
+        "num_episodes": 10,
+        "phrasing": "varied",
+        "num_chats": 3,
+    }
+    resolved = resolve_config(replaced)
+    assert resolved.config.data.options == {"num_chats": 3}
+    assert resolved.sources["data.options"] == str(replaced) or resolved.sources["data.options"].endswith(
+        "replaced.yaml"
+    )
+    # Replaced without keys of its own: back to the default.
+    cleared = _write(tmp_path / "cleared.yaml", "defaults: [base.yaml]\nreplace: [data.options]\n")
+    assert resolve_config(cleared).config.data.options == {}
+    assert resolve_config(cleared).config.data.adapter == "synthetic"
+
+
+def test_replace_names_config_keys_only(tmp_path):
+    from memrl.config import ConfigError, resolve_config
+
+    bad = _write(tmp_path / "bad.yaml", "replace: [data.opts]\n")
+    with pytest.raises(ConfigError, match="bad.yaml.*'replace' names 'data.opts', which is not a config key"):
+        resolve_config(bad)
+    with pytest.raises(ConfigError, match="'replace' must be a list of dotted keys"):
+        resolve_config(_write(tmp_path / "worse.yaml", "replace: data.options\n"))

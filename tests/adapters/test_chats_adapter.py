@@ -12,6 +12,8 @@ from memrl.adapters import CHATS_FIXTURE
 from memrl.adapters import synthetic as syn
 from memrl.adapters.chats import make_chats
 from memrl.adapters.chats_text import ATTRS, NAMES, SMALL_TALK
+from memrl.adapters.chats_train_text import ATTRS as TRAIN_ATTRS
+from memrl.adapters.chats_train_text import NAMES as TRAIN_NAMES
 from memrl.adapters.small_talk import SMALL_TALK as TRAINING_SMALL_TALK
 from memrl.data.adapters import AdapterError, run_adapter
 from memrl.memory.faithfulness import content_words, unsupported_words
@@ -65,9 +67,51 @@ def test_the_file_reads_as_locomo_and_as_chats():
     assert chats == _chats(num_chats=2)[: len(chats)]
 
 
-def test_the_chats_are_never_a_training_split():
-    with pytest.raises(ValueError, match="held out for evaluation.*valid splits are test and all"):
-        run_adapter("chats", None, split="train")
+def test_training_chats_share_no_word_with_the_held_out_ones():
+    train = {a.name: a for a in TRAIN_ATTRS}
+    assert set(train) >= {a.name for a in ATTRS}
+    assert not {n.lower() for n in TRAIN_NAMES} & {n.lower() for n in NAMES}
+    held_values = {v.lower() for a in ATTRS for v in a.values}
+    train_values = {v.lower() for a in TRAIN_ATTRS for v in a.values}
+    assert not held_values & train_values
+    wordings = lambda attrs: {w for a in attrs for w in (*a.first, *a.change)}  # noqa: E731
+    assert not wordings(ATTRS) & wordings(TRAIN_ATTRS)
+    # The training small talk names none of the training values either (it would be a fact, not small talk).
+    for line in TRAINING_SMALL_TALK:
+        assert not set(content_words(line)) & train_values, line
+
+
+def test_training_splits_are_chats_of_the_training_pool_with_gold_operations():
+    train = run_adapter("chats", None, split="train", options={"num_chats": 4, "num_sessions": 3,
+                                                               "turns_per_session": 8, "facts_per_speaker": 3})[0]  # fmt: skip
+    validation = run_adapter("chats", None, split="validation", options={"num_chats": 4})[0]
+    speakers = {s for ep in train + validation for s in ep.metadata["speakers"]}
+    assert speakers <= set(TRAIN_NAMES)
+    assert {ep.final_query for ep in train} != {ep.final_query for ep in validation}
+    histories = _histories(train)
+    assert all(len(h) == 24 for h in histories)
+    ops = Counter(t.metadata["memory_op"] for h in histories for t in h)
+    assert ops["ADD"] == 4 * 6 and ops["UPDATE"] == 4 * 3 and ops["NOOP"] == 4 * 24 - 36
+    for history in histories:
+        for turn in history:
+            if turn.metadata["turn_kind"] != "small_talk":
+                assert unsupported_words(turn.metadata["memory_fact"], [turn]) == (), turn.text
+
+
+def test_a_training_split_refuses_held_out_chats_and_test_refuses_training_chats(tmp_path):
+    held_out, training = tmp_path / "held_out.json", tmp_path / "train.json"
+    held_out.write_text(json.dumps(make_chats(1)))
+    training.write_text(json.dumps(make_chats(1, split="train")))
+    with pytest.raises(AdapterError, match=r"held_out.json.*split.*never train on"):
+        run_adapter("chats", str(held_out), split="train")
+    with pytest.raises(AdapterError, match=r"train.json.*split.*a held-out chat"):
+        run_adapter("chats", str(training), split="test")
+    assert run_adapter("chats", str(training), split="train")[0]
+    assert len(run_adapter("chats", str(held_out), split="all")[0]) == len(
+        run_adapter("chats", str(held_out), split="test")[0]
+    )
+    with pytest.raises(ValueError, match="num_sessions shape generated chats"):
+        run_adapter("chats", str(training), split="train", options={"num_sessions": 3})
 
 
 def test_a_turn_without_a_known_kind_is_a_located_error(tmp_path):
