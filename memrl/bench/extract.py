@@ -162,6 +162,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default="synthetic",
         help="the synthetic task, or the held-out free-form chats (memrl.adapters.chats)",
     )
+    p.add_argument(
+        "--split",
+        choices=("test", "validation"),
+        default="test",
+        help="test: held-out episodes (default); validation: the task's training distribution, for choosing "
+        "settings (the chats' training pool)",
+    )
     p.add_argument("--extractor", choices=EXTRACTOR_CHOICES, default="both")
     p.add_argument("--seed", type=int, default=0, help="the synthetic adapter's data seed")
     p.add_argument(
@@ -224,11 +231,11 @@ def _episodes(args: argparse.Namespace) -> list[BatchInput]:
 
     if args.dataset == "chats":
         per_question, _ = run_adapter(
-            "chats", None, split="test", options={"num_chats": args.episodes, "seed": args.seed}
+            "chats", None, split=args.split, options={"num_chats": args.episodes, "seed": args.seed}
         )
         return list({ep.metadata["sample_id"]: ep for ep in per_question}.values())
     options = {"num_episodes": args.episodes, "seed": args.seed, "phrasing": args.phrasing}
-    return run_adapter("synthetic", None, split="test", options=options)[0]
+    return run_adapter("synthetic", None, split=args.split, options=options)[0]
 
 
 @BENCHES.register("extract")
@@ -240,6 +247,7 @@ def bench_extract(argv: list[str]) -> dict:
     embedder = build_embedder(MemoryConfig(**overrides))
     result: dict = {
         "dataset": args.dataset,
+        "split": args.split,
         "episodes": len(episodes),
         "history_turns": sum(len(ep.history) for ep in episodes),
         "seed": args.seed,
