@@ -12,11 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
-def _v(text: str) -> tuple[str, ...]:
+def words(text: str) -> tuple[str, ...]:
+    """A whitespace-separated list of names or values as a tuple."""
     return tuple(text.split())
 
 
-NAMES = _v(
+NAMES = words(
     "Amelie Bram Cecile Dmitri Farah Gideon Halima Ilse Joaquin Katya Lorenzo Mireille Nadim Odile Pavel Quinn "
     "Rania Soren Thandi Ulrike Valentin Wanjiru Xavier Yara Zeno Beatriz Casimir Delphine Emeka Fiona Gustavo "
     "Henrike Idris Jolene Kwame Linnea Matteo Nalani Orla Piotr"
@@ -41,7 +42,7 @@ class ChatAttr:
 ATTRS = (
     ChatAttr(
         "city",
-        _v("Porto Lyon Gdansk Valencia Krakow Antwerp Bergen Tallinn Seville Graz Leeds Trieste Bilbao Ghent Turku "
+        words("Porto Lyon Gdansk Valencia Krakow Antwerp Bergen Tallinn Seville Graz Leeds Trieste Bilbao Ghent Turku "
            "Utrecht Malmo Bordeaux Kyoto Busan Cork Geneva"),
         (
             "I live in {v}, right by the river.",
@@ -66,7 +67,7 @@ ATTRS = (
     ),
     ChatAttr(
         "job",
-        _v("carpenter pharmacist architect librarian electrician veterinarian translator paramedic geologist "
+        words("carpenter pharmacist architect librarian electrician veterinarian translator paramedic geologist "
            "welder photographer accountant midwife locksmith zookeeper cartographer"),
         (
             "I work as {a} {v}, long hours but I like it.",
@@ -89,7 +90,7 @@ ATTRS = (
     ),
     ChatAttr(
         "sport",
-        _v("fencing rowing climbing badminton karate surfing cycling archery volleyball judo curling squash "
+        words("fencing rowing climbing badminton karate surfing cycling archery volleyball judo curling squash "
            "handball kayaking"),
         (
             "I do {v} twice a week, it clears my head.",
@@ -112,7 +113,7 @@ ATTRS = (
     ),
     ChatAttr(
         "instrument",
-        _v("cello trumpet accordion banjo harp clarinet ukulele oboe saxophone mandolin flute trombone"),
+        words("cello trumpet accordion banjo harp clarinet ukulele oboe saxophone mandolin flute trombone"),
         (
             "I play the {v} in a little band.",
             "I've been practising the {v} every evening.",
@@ -132,7 +133,7 @@ ATTRS = (
     ),
     ChatAttr(
         "language",
-        _v("Swahili Finnish Korean Portuguese Icelandic Turkish Greek Hungarian Tagalog Welsh Polish Vietnamese"),
+        words("Swahili Finnish Korean Portuguese Icelandic Turkish Greek Hungarian Tagalog Welsh Polish Vietnamese"),
         (
             "I'm learning {v}, the grammar is wild.",
             "My {v} lessons are going slowly but surely.",
@@ -152,7 +153,7 @@ ATTRS = (
     ),
     ChatAttr(
         "pet",
-        _v("Pumpkin Clementine Bramble Tinsel Marzipan Figaro Pretzel Juno Basil Crumpet Dumpling Sprocket "
+        words("Pumpkin Clementine Bramble Tinsel Marzipan Figaro Pretzel Juno Basil Crumpet Dumpling Sprocket "
            "Velvet Zephyr Quill"),
         (
             "My dog {v} chewed my slippers again.",

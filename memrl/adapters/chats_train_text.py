@@ -11,14 +11,9 @@ values and wordings share nothing with the held-out pool, and small talk comes f
 
 from __future__ import annotations
 
-from memrl.adapters.chats_text import ChatAttr
+from memrl.adapters.chats_text import ChatAttr, words
 
-
-def _v(text: str) -> tuple[str, ...]:
-    return tuple(text.split())
-
-
-NAMES = _v(
+NAMES = words(
     "Alba Benedikt Colette Dario Elif Florian Greta Hamid Ines Jonas Kiri Leandro Maren Nikos Oona Pablo Rosalind "
     "Stellan Talia Umberto Vesna Wilhelm Ximena Yusuf Zora Anouk Bartek Chiara Desmond Elodie Fergus Hanne Ivo "
     "Jasmijn Kenji Lotte Mateus Noor Oskar Priyanka"
@@ -27,7 +22,7 @@ NAMES = _v(
 ATTRS = (
     ChatAttr(
         "city",
-        _v("Oslo Nantes Riga Vilnius Zagreb Ljubljana Naples Verona Salzburg Bruges Aarhus Tampere Galway Cardiff "
+        words("Oslo Nantes Riga Vilnius Zagreb Ljubljana Naples Verona Salzburg Bruges Aarhus Tampere Galway Cardiff "
            "Dundee Hamburg Leipzig Marseille Toulouse Lisbon Sapporo Osaka Hanoi Adelaide"),
         (
             "I've got a little place in {v} now, near the old market.",
@@ -54,7 +49,7 @@ ATTRS = (
     ),
     ChatAttr(
         "job",
-        _v("plumber baker nurse florist surveyor chemist tailor butcher dentist firefighter journalist optician "
+        words("plumber baker nurse florist surveyor chemist tailor butcher dentist firefighter journalist optician "
            "potter sommelier beekeeper glazier"),
         (
             "I'm {a} {v}, so early starts are normal for me.",
@@ -79,7 +74,7 @@ ATTRS = (
     ),
     ChatAttr(
         "sport",
-        _v("tennis hockey boxing sailing skiing swimming golf rugby cricket netball lacrosse snowboarding diving "
+        words("tennis hockey boxing sailing skiing swimming golf rugby cricket netball lacrosse snowboarding diving "
            "taekwondo"),
         (
             "I play {v} every weekend with friends.",
@@ -104,7 +99,7 @@ ATTRS = (
     ),
     ChatAttr(
         "instrument",
-        _v("violin piano drums guitar bassoon viola tuba harmonica xylophone bagpipes sitar marimba"),
+        words("violin piano drums guitar bassoon viola tuba harmonica xylophone bagpipes sitar marimba"),
         (
             "I play the {v}, badly but happily.",
             "I've had {v} lessons since I was a kid.",
@@ -126,7 +121,7 @@ ATTRS = (
     ),
     ChatAttr(
         "language",
-        _v("Spanish Italian German Japanese Dutch Arabic Russian Hindi Czech Danish Norwegian Mandarin Hebrew "
+        words("Spanish Italian German Japanese Dutch Arabic Russian Hindi Czech Danish Norwegian Mandarin Hebrew "
            "Romanian Thai"),
         (
             "I'm studying {v} with an app every night.",
@@ -149,7 +144,7 @@ ATTRS = (
     ),
     ChatAttr(
         "pet",
-        _v("Biscuit Pepper Noodle Mochi Waffle Ziggy Olive Rocket Peanut Button Truffle Nugget Maple Pickle Wasabi"),
+        words("Biscuit Pepper Noodle Mochi Waffle Ziggy Olive Rocket Peanut Button Truffle Nugget Maple Pickle Wasabi"),
         (
             "My cat {v} knocked a glass off the table.",
             "I have a puppy called {v}, pure chaos.",
@@ -165,7 +160,7 @@ ATTRS = (
     ),
     ChatAttr(
         "hobby",
-        _v("knitting pottery painting baking birdwatching chess woodworking juggling origami calligraphy "
+        words("knitting pottery painting baking birdwatching chess woodworking juggling origami calligraphy "
            "embroidery stargazing"),
         (
             "My hobby is {v}, it keeps me sane.",
