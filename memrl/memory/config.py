@@ -3,8 +3,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 _INDEXES = ("flat", "hnsw", "ivf")
-SUPERSEDED_IN_PROMPT = ("separate", "attached")
-UPDATE_TARGETS = ("written", "nearest")  # memrl.memory.update_guard
+SUPERSEDED_IN_PROMPT = ("separate", "attached", "earlier")
+UPDATE_TARGETS = ("written", "nearest", "frame")  # memrl.memory.update_guard
 EMBEDDER_DTYPES = ("float32", "bfloat16", "float16", "auto")
 
 
@@ -61,6 +61,8 @@ class MemoryConfig:
     # text, not the id written; an UPDATE under update_floor (cosine) to every shown fact is kept as an ADD, so a
     # new fact written as an UPDATE retires nothing; an ADD at or above add_ceiling to a shown fact supersedes it
     # (a change written as a new fact). 0 turns either off. configs/synthetic_memory_eval.yaml sets all three.
+    # "frame" first supersedes a shown fact the write restates with another value ("Ann does judo." over "Ann
+    # does golf."), whatever the cosine; configs/chats_eval_writer.yaml.
     update_target: str = "written"
     update_floor: float = 0.0
     add_ceiling: float = 0.0
@@ -70,7 +72,8 @@ class MemoryConfig:
     # How superseded facts reach the answer's prompt (memrl.memory.retrieval): "separate" facts of their own,
     # ranked as above; "attached" to their current successor, which stands for the whole chain in retrieval and,
     # for a question about the past ("before moving?"), shows "Earlier (until DATE): old. Now: new." (a question
-    # about now never sees the stale value). For "before" questions over a writer's memory (memrl.adapters.chats).
+    # about now never sees the stale value). "earlier": as attached, but the past question's text leaves "Now:"
+    # out. For "before" questions over a writer's memory (memrl.adapters.chats).
     superseded_in_prompt: str = "separate"
     # --- short-term compression ---
     compressor: str = "extractive"

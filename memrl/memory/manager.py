@@ -413,8 +413,9 @@ class MemorySystem:
             ordered = self.store.records(mgr.episode_id)
             records = {r.fact_id: r for r in ordered}
             ranked = time_rescore(ranked, records, query, self.cfg, None if asked_at is None else asked_at[i])
-            if self.cfg.superseded_in_prompt == "attached":
-                ranked, shown = attach_history(ranked, records, query)
+            if self.cfg.superseded_in_prompt in ("attached", "earlier"):
+                earlier_only = self.cfg.superseded_in_prompt == "earlier"
+                ranked, shown = attach_history(ranked, records, query, earlier_only=earlier_only)
                 ordered = [shown[r.fact_id] for r in ordered if r.fact_id in shown]
             else:
                 ranked = supersede_rescore(ranked, records, query, self.cfg.superseded_weight)

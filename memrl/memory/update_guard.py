@@ -17,6 +17,13 @@ to the shown facts, before the write is applied:
 * ``add_ceiling: c`` (> 0) turns an ADD whose text is at least ``c`` to a shown fact into an UPDATE of that fact:
   the writer's other error, a change written as a new fact beside the stale one ("ADD Leo has 7 siblings." with
   "Leo has 2 siblings." shown), differs from the fact it replaces in the value alone.
+* ``update_target: frame`` first reads the words: a write that says what a shown fact says with another value
+  (:func:`same_frame`: "Halima does surfing." against "Halima does badminton.") supersedes that fact, as an
+  UPDATE or an ADD, whatever its cosine; other writes are resolved as under ``nearest``. MiniLM puts a
+  person's two sports, cities or languages at 0.6–0.76: under the floor that keeps a new fact's UPDATE from
+  retiring a true one, and under the ceiling, so a third of the changes stayed ADDs beside the stale value. The
+  rule's known miss: one person's two true values of a relation that holds many ("Ann has a dog called Rex." and
+  "Ann has a dog called Bo.") read as a change; a writer that names the relation per value avoids it.
 
 The writer's own reply is what its step is scored and trained on (:func:`memrl.memory.gold.ops_score`); the
 resolution changes only what reaches the store, and each change is counted in ``memory/update_retargeted``,
@@ -28,6 +35,7 @@ UPDATEs by similarity", "changes written as ADDs").
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -53,12 +61,37 @@ def is_active(target: str, floor: float, ceiling: float = 0.0) -> bool:
     return target != "written" or floor > 0 or ceiling > 0
 
 
+_WORD = re.compile(r"[\w']+")
+# A value is a few words ("badminton", "a fencing enthusiast"); a longer differing span is another statement.
+_MAX_VALUE_WORDS = 3
+
+
+def same_frame(new: str, old: str) -> bool:
+    """Does ``new`` say what ``old`` says with another value: the same words but for one span of at most
+    three, after at least two shared leading words (the person and the relation: "Halima does", "Ann's pet is
+    called")? Case and punctuation aside; an identical text is no change."""
+    a, b = _WORD.findall(new.lower()), _WORD.findall(old.lower())
+    head = 0
+    while head < min(len(a), len(b)) and a[head] == b[head]:
+        head += 1
+    tail = 0
+    while tail < min(len(a), len(b)) - head and a[-1 - tail] == b[-1 - tail]:
+        tail += 1
+    rest_a, rest_b = len(a) - head - tail, len(b) - head - tail
+    return head >= 2 and 0 < rest_a <= _MAX_VALUE_WORDS and 0 < rest_b <= _MAX_VALUE_WORDS
+
+
 def to_resolve(
-    decisions: Sequence[FactDecision], neighbours: Sequence[FactRecord], ceiling: float = 0.0
+    decisions: Sequence[FactDecision],
+    neighbours: Sequence[FactRecord],
+    ceiling: float = 0.0,
+    target: str = "written",
 ) -> list[FactDecision]:
     """The writes of ``decisions`` that resolution reads, in order (none when no fact was shown): the UPDATEs,
-    and the ADDs too under a ceiling. The caller embeds their texts, all writes of a batch in one encode call."""
-    ops = (MemoryOpType.UPDATE, MemoryOpType.ADD) if ceiling > 0 else (MemoryOpType.UPDATE,)
+    and the ADDs too under a ceiling or the frame rule. The caller embeds their texts, all writes of a batch in
+    one encode call."""
+    both = ceiling > 0 or target == "frame"
+    ops = (MemoryOpType.UPDATE, MemoryOpType.ADD) if both else (MemoryOpType.UPDATE,)
     return [d for d in decisions if d.op in ops] if neighbours else []
 
 
@@ -75,7 +108,7 @@ def resolve_updates(
     """``decisions`` with every UPDATE (and, under a ceiling, every ADD) resolved as the module doc says; a changed
     decision says why in ``extra["resolved"]``. ``vectors``: one ``[n_chunks, dim]`` array per decision of
     :func:`to_resolve`; ``neighbour_vectors(fact_id)`` gives a shown fact's vectors."""
-    todo = to_resolve(decisions, neighbours, ceiling)
+    todo = to_resolve(decisions, neighbours, ceiling, target)
     if len(vectors) != len(todo):
         raise ValueError(f"resolve_updates: {len(vectors)} vectors for {len(todo)} writes to resolve")
     if not todo or not is_active(target, floor, ceiling):
@@ -85,8 +118,22 @@ def resolve_updates(
     for d, vec in zip(todo, vectors, strict=True):
         sims = [similarity(vec, s) for s in shown]
         best = int(np.argmax(sims))
-        if d.op is MemoryOpType.ADD:
-            if sims[best] >= ceiling:
+        framed = [i for i, f in enumerate(neighbours) if target == "frame" and same_frame(d.text, f.text)]
+        if framed:
+            i = max(framed, key=lambda i: sims[i])
+            fid = neighbours[i].fact_id
+            if d.op is MemoryOpType.ADD or fid != d.fact_id:
+                was = (
+                    f"{_ADD_AS_UPDATE} of fact {fid}"
+                    if d.op is MemoryOpType.ADD
+                    else f"UPDATE of fact {d.fact_id}"
+                )
+                why = f"{was}: its text restates fact {fid} with another value"
+                resolved[id(d)] = dataclasses.replace(
+                    d, op=MemoryOpType.UPDATE, fact_id=fid, supersede=True, extra={**d.extra, "resolved": why}
+                )
+        elif d.op is MemoryOpType.ADD:
+            if ceiling > 0 and sims[best] >= ceiling:
                 fid = neighbours[best].fact_id
                 why = f"{_ADD_AS_UPDATE} of fact {fid}: its text is {sims[best]:.2f} to it"
                 resolved[id(d)] = dataclasses.replace(
@@ -98,7 +145,7 @@ def resolve_updates(
                 MemoryOpType.ADD, text=d.text, speaker=d.speaker, embed_text=d.embed_text,
                 extra={**d.extra, "resolved": why},
             )  # fmt: skip
-        elif target == "nearest" and neighbours[best].fact_id != d.fact_id:
+        elif target != "written" and neighbours[best].fact_id != d.fact_id:
             why = f"UPDATE of fact {d.fact_id} moved to fact {neighbours[best].fact_id}, nearest its text"
             resolved[id(d)] = dataclasses.replace(
                 d, fact_id=neighbours[best].fact_id, extra={**d.extra, "resolved": why}
@@ -133,7 +180,7 @@ def resolve_batch(
     if not is_active(target, floor, ceiling):
         return [list(alts) for alts in samples], counts
     todo = [
-        to_resolve(alt.ops.decisions, nb, ceiling)
+        to_resolve(alt.ops.decisions, nb, ceiling, target)
         for nb, alts in zip(shown, samples, strict=True)
         for alt in alts
     ]

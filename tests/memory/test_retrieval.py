@@ -236,6 +236,15 @@ def test_attached_history_gives_now_the_current_value_and_before_the_earlier_one
         "Earlier (until 2023-05-01): Ann lives in Oslo. Earlier (until 2023-05-01): Ann lives in Paris. "
         "Now: Ann lives in Rome."
     )
+    # superseded_in_prompt: earlier: the past question sees the earlier values alone; a question about now is
+    # answered as under attached.
+    _, shown = attach_history(ranked, records, "Where did Ann live before moving?", earlier_only=True)
+    assert shown[2].text == (
+        "Earlier (until 2023-05-01): Ann lives in Oslo. Earlier (until 2023-05-01): Ann lives in Paris."
+    )
+    assert attach_history(ranked, records, "Where does Ann live now?", earlier_only=True)[1][2].text == (
+        "Ann lives in Rome."
+    )
     # A superseded fact whose successor is gone stands for itself, marked as no longer true.
     del records[4]
     alone, shown = attach_history([(3, 0.5)], records, "Where does Bob live?")

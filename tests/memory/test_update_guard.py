@@ -12,7 +12,7 @@ from memrl.memory.extract import FactDecision
 from memrl.memory.llm import policy_text_generator
 from memrl.memory.manager import MemorySystem
 from memrl.memory.store import FactRecord
-from memrl.memory.update_guard import resolve_updates, similarity
+from memrl.memory.update_guard import resolve_updates, same_frame, similarity
 from memrl.testing.models import byte_tokenizer
 from memrl.testing.scripted import ScriptedPolicy
 from memrl.types import MemoryOpType, TurnRole, TurnSpec
@@ -137,7 +137,7 @@ def test_similarity_takes_the_best_pair_of_chunks():
 @pytest.mark.parametrize(
     ("cfg", "message"),
     [
-        ({"update_target": "closest"}, "expected one of ('written', 'nearest')"),
+        ({"update_target": "closest"}, "expected one of ('written', 'nearest', 'frame')"),
         ({"update_floor": 1.5}, "[0, 1]"),
         ({"add_ceiling": -0.1}, "memory.add_ceiling=-0.1: must be a cosine in [0, 1]"),
     ],
@@ -145,3 +145,49 @@ def test_similarity_takes_the_best_pair_of_chunks():
 def test_bad_settings_name_what_is_expected(cfg, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         MemoryConfig(**cfg)
+
+
+def test_same_frame_is_one_relation_of_one_person_with_another_value():
+    assert same_frame("Halima does surfing.", "Halima does badminton.")
+    assert same_frame("Priya works as a nurse.", "priya works as an art teacher")
+    assert same_frame("Ann's pet is called Rex.", "Ann's pet is called Bo.")
+    assert not same_frame("Halima does surfing.", "Halima does surfing.")  # a repeat, not a change
+    assert not same_frame("Bob does surfing.", "Halima does surfing.")  # another person
+    assert not same_frame("Zeno plays the ukulele.", "Zeno is learning Greek.")  # another relation
+    assert not same_frame(
+        "Ann lives in Rome and works as a baker.", "Ann lives in Paris."
+    )  # more than a value
+
+
+def test_frame_target_supersedes_the_fact_restated_with_another_value_below_floor_and_ceiling(minilm):
+    """MiniLM puts "Ann does judo." at 0.6 from "Ann does golf."; under a floor of 0.9 the UPDATE would be kept
+    as an ADD, and under a ceiling of 0.9 the ADD would stand beside the stale fact."""
+    golf, judo = (minilm.encode([t])[0] for t in ("Ann does golf.", "Ann does judo."))
+    assert similarity(golf, judo) < 0.9
+    shown = (FactRecord(0, "ep", "Ann lives in Paris."), FactRecord(1, "ep", "Ann does golf."))
+    vectors = {r.fact_id: minilm.encode([r.text])[0] for r in shown}
+    cases = [
+        (FactDecision(ADD, text="Ann does judo."), "nearest", [ADD]),
+        (FactDecision(ADD, text="Ann does judo."), "frame", [UPDATE]),
+        (FactDecision(UPDATE, text="Ann does judo.", fact_id=0), "nearest", [ADD]),
+        (FactDecision(UPDATE, text="Ann does judo.", fact_id=0), "frame", [UPDATE]),
+    ]
+    for d, target, ops in cases:
+        (out,) = resolve_updates(
+            (d,), shown, [judo], vectors.__getitem__, target=target, floor=0.9, ceiling=0.9
+        )
+        assert [out.op] == ops, (d, target)
+        if target == "frame":
+            assert out.fact_id == 1 and "restates fact 1 with another value" in out.extra["resolved"]
+    # A new relation is no change under the frame rule: resolved by its cosine, as under nearest.
+    new = FactDecision(ADD, text="Ann has a dog named Rex.")
+    (out,) = resolve_updates(
+        (new,),
+        shown,
+        [minilm.encode([new.text])[0]],
+        vectors.__getitem__,
+        target="frame",
+        floor=0.6,
+        ceiling=0.9,
+    )
+    assert out is new
