@@ -463,8 +463,8 @@ def attach_history(
     where a small answer model reads an answer from, and marked as earlier, so it reaches the prompt with the
     fact that retrieval finds best. ``earlier_only`` (``superseded_in_prompt: earlier``) leaves "Now: ..." out
     of that text: a question about the past never asks for the current value of a fact that changed, and
-    without it the same answer adapter went 0.50 -> 0.58 lenient on the chats' validation "before" questions. A superseded fact whose successor is gone keeps its own "no longer true"
-    text (:func:`as_history`). Returns the ranking and the records to show, with those texts: the superseded
+    without it the same answer adapter went 0.50 -> 0.58 lenient on the chats' validation "before" questions.
+    A superseded fact whose successor is gone keeps its own "no longer true" text (:func:`as_history`). Returns the ranking and the records to show, with those texts: the superseded
     facts folded into a successor are left out, so no passage of adjacent facts brings a stale value back."""
     best: dict[int, float] = {}
     for fid, score in ranked:
