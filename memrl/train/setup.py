@@ -68,8 +68,11 @@ class TrainResources:
 
 def eval_config(cfg: Config) -> Config:
     """Evaluation is fixed and strategy-independent: greedy, one chain per held-out question, scored by
-    ``train.eval_reward`` when set (else the episode reward)."""
-    rollout = dataclasses.replace(cfg.rollout, strategy="chain", n=1, temperature=0.0)
+    ``train.eval_reward`` when set (else the episode reward). The tree settings are reset: a chain never reads
+    them, and they would otherwise split the cached start evaluation of one setup across its chain and tree arms."""
+    from memrl.rollout.config import TreeConfig
+
+    rollout = dataclasses.replace(cfg.rollout, strategy="chain", n=1, temperature=0.0, tree=TreeConfig())
     episode = cfg.episode
     if cfg.train.eval_reward is not None:
         episode = dataclasses.replace(episode, reward=cfg.train.eval_reward, reward_options={})

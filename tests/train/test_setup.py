@@ -50,6 +50,23 @@ def test_evaluation_is_greedy_single_chain_whatever_the_training_strategy():
     assert cfg.rollout.strategy == "tree"  # the training config is untouched
 
 
+def test_chain_and_tree_arms_of_one_setup_share_the_start_evaluation():
+    from types import SimpleNamespace
+
+    from memrl.config import load_config
+    from memrl.train.loop import start_eval_key
+
+    def key(*overrides):
+        return start_eval_key(SimpleNamespace(cfg=load_config(None, list(overrides)), final_eval_inputs=[]))
+
+    chain = key()
+    assert (
+        key("rollout.strategy=tree", "rollout.tree.expansion_policy=tool_call", "rollout.tree.beam_size=4")
+        == chain
+    )
+    assert key("rollout.rollback.enable_tool_rollback=true") != chain  # rollback acts in a greedy chain too
+
+
 def test_evaluation_scores_with_eval_reward_when_training_on_a_shaped_one():
     from memrl.config import load_config
     from memrl.rewards import make_reward
