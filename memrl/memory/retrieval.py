@@ -464,8 +464,9 @@ def attach_history(
     fact that retrieval finds best. ``earlier_only`` (``superseded_in_prompt: earlier``) leaves "Now: ..." out
     of that text: a question about the past never asks for the current value of a fact that changed, and
     without it the same answer adapter went 0.50 -> 0.58 lenient on the chats' validation "before" questions.
-    A superseded fact whose successor is gone keeps its own "no longer true" text (:func:`as_history`). Returns the ranking and the records to show, with those texts: the superseded
-    facts folded into a successor are left out, so no passage of adjacent facts brings a stale value back."""
+    A superseded fact whose successor is gone keeps its own "no longer true" text (:func:`as_history`). Returns
+    the ranking and the records to show, with those texts: the superseded facts folded into a successor are left
+    out, so no passage of adjacent facts brings a stale value back."""
     best: dict[int, float] = {}
     for fid, score in ranked:
         target = _current(records, fid) if records[fid].superseded else fid

@@ -21,9 +21,10 @@ to the shown facts, before the write is applied:
   (:func:`same_frame`: "Halima does surfing." against "Halima does badminton.") supersedes that fact, as an
   UPDATE or an ADD, whatever its cosine; other writes are resolved as under ``nearest``. MiniLM puts a
   person's two sports, cities or languages at 0.59–0.76: around the floor that keeps a new fact's UPDATE from
-  retiring a true one, and mostly under the ceiling, so a third of the changes stayed ADDs beside the stale value. The
-  rule's known miss: one person's two true values of a relation that holds many ("Ann has a dog called Rex." and
-  "Ann has a dog called Bo.") read as a change; a writer that names the relation per value avoids it.
+  retiring a true one, and mostly under the ceiling, so a third of the changes stayed ADDs beside the stale
+  value. The rule's known miss: one person's two true values of a relation that holds many ("Ann has a dog
+  called Rex." and "Ann has a dog called Bo.") read as a change; a writer that names the relation per value
+  avoids it.
 
 The writer's own reply is what its step is scored and trained on (:func:`memrl.memory.gold.ops_score`); the
 resolution changes only what reaches the store, and each change is counted in ``memory/update_retargeted``,

@@ -19,6 +19,7 @@ import torch
 from memrl.config import Config
 from memrl.data.config import DataConfig
 from memrl.policy.config import PolicyConfig
+from memrl.rollout.config import TreeConfig
 from memrl.train.config import LoraConfig
 from memrl.train.demonstrations import GoldDemonstrations, ProgramRunner
 from memrl.train.lora import attach_lora, load_adapter_weights, save_adapter
@@ -70,8 +71,6 @@ def eval_config(cfg: Config) -> Config:
     """Evaluation is fixed and strategy-independent: greedy, one chain per held-out question, scored by
     ``train.eval_reward`` when set (else the episode reward). The tree settings are reset: a chain never reads
     them, and they would otherwise split the cached start evaluation of one setup across its chain and tree arms."""
-    from memrl.rollout.config import TreeConfig
-
     rollout = dataclasses.replace(cfg.rollout, strategy="chain", n=1, temperature=0.0, tree=TreeConfig())
     episode = cfg.episode
     if cfg.train.eval_reward is not None:
