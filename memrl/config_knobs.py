@@ -224,6 +224,7 @@ EXPERIMENT: dict[str, str] = {
     "train.ppo_mini_batches": "optimizer steps per pass",
     "train.replay.rft_weight": "weight of rejection-sampling fine-tuning",
     "train.replay.min_reward": "reward an episode needs to be imitated",
+    "train.warm_start.role": "what the warm start imitates: memory writes or answers",
     "train.warm_start.balance_ops": "weigh gold writes by 1/sqrt of their decision's count",
     "train.warm_start.check_episodes": "episodes the warm start's writer is checked on",
     "train.warm_start.min_recall": "recall under which a decision gets a balanced pass",

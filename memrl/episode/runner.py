@@ -159,6 +159,28 @@ class EpisodeRunner:
                 if st.manager is not None:
                     self.memory.release(st.episode_id)
 
+    def target_prompts(self, inputs: Sequence[BatchInput]) -> list[tuple[int, ...] | str]:
+        """The target-turn prompt ids each input's episode would answer, its history ingested exactly as
+        :meth:`run_batch` ingests it, without generating an answer (what an imitation warm start of the answer
+        role trains on); the failure reason instead, for an episode whose ingest or prompt failed."""
+        ids = [inp.episode_id for inp in inputs]
+        if len(set(ids)) < len(ids):
+            raise ValueError(f"duplicate episode_id {max(ids, key=ids.count)!r} in one batch")
+        states = [EpisodeState(inp) for inp in inputs]
+        try:
+            for st in states:
+                st.manager = self.memory.manager(st.episode_id)
+                st.advance(Phase.INGESTING)
+            self._timed("ingest", self._ingest, states)
+            self._timed("prompt", self._prompt, states)
+            return [
+                st.prompt.ids if st.phase is Phase.GENERATING else str(st.failure_reason) for st in states
+            ]
+        finally:
+            for st in states:
+                if st.manager is not None:
+                    self.memory.release(st.episode_id)
+
     def _timed(self, name: str, fn: Callable[[list[EpisodeState]], None], states: list[EpisodeState]) -> None:
         self._timed_call(name, lambda: fn(states))
 

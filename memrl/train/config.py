@@ -76,11 +76,18 @@ class ReplayConfig:
             )
 
 
+WARM_START_ROLES = ("memory", "answer")
+
+
 @dataclass
 class WarmStartConfig:
-    """Imitation warm start of the memory writer (:mod:`memrl.train.warm_start`): before the first RL step, SFT on
-    the gold memory writes of the first ``episodes`` training episodes (0 = off), ``batch_size`` writes per
-    optimizer step, ``epochs`` passes. Needs gold operations in the data (the synthetic task has them).
+    """Imitation warm start (:mod:`memrl.train.warm_start`): before the first RL step, SFT on the gold replies of
+    the first ``episodes`` training episodes (0 = off), ``batch_size`` replies per optimizer step, ``epochs``
+    passes. ``role`` is what it imitates: ``memory``, the gold memory writes (needs gold operations in the data:
+    the synthetic task has them); ``answer``, the gold answer of each target turn, demonstrated as
+    ``train.replay.demonstrations`` demonstrates it (``gold_program``: a python call of the question's gold
+    program, its result and the answer), on the prompt the episode's own ingested memory gives
+    (:mod:`memrl.train.warm_start_answer`). The check and ``balance_ops`` are the writer's.
 
     ``balance_ops``: weight each write by ``1/sqrt`` of how many writes make its decision (ADD, UPDATE, NOOP, …),
     normalised to mean 1. UPDATEs are ~1 write in 8; unweighted, one run in three settled on the majority and
@@ -103,6 +110,7 @@ class WarmStartConfig:
     episodes: int = 0
     batch_size: int = 8
     epochs: int = 1
+    role: str = "memory"
     balance_ops: bool = False
     check_episodes: int = 0
     min_recall: float = 0.0
@@ -125,6 +133,15 @@ class WarmStartConfig:
         if self.loss_agg not in ("seq-mean-token-mean", "token-mean"):
             raise ValueError(
                 f"train.warm_start.loss_agg must be 'seq-mean-token-mean' or 'token-mean', got {self.loss_agg!r}"
+            )
+        if self.role not in WARM_START_ROLES:
+            raise ValueError(
+                f"train.warm_start.role must be one of {', '.join(map(repr, WARM_START_ROLES))}, got {self.role!r}"
+            )
+        if self.role == "answer" and (self.check_episodes or self.balance_ops):
+            raise ValueError(
+                "train.warm_start.check_episodes and balance_ops score and weigh memory writes: set them only with "
+                "role='memory' (the answer role is checked by the run's evaluations)"
             )
         if self.min_recall and not self.check_episodes:
             raise ValueError(

@@ -318,10 +318,11 @@ def _train(cfg: Config, resources: TrainResources | None, progress: bool) -> dic
 def _warm_start(
     res: TrainResources, counters: dict[str, float], log: MetricsLogger, ckpt_root: Path, progress: bool
 ) -> None:
-    """Imitation warm start of the memory writer (``train.warm_start``), logged and checkpointed as step 0. Its
-    time counts in the training budget (``wall_s``), so arms with and without it get the same budget. The
-    adapter it ends with is also kept in ``<output_dir>/warm_start/adapter`` (checkpoint pruning removes step 0):
-    the imitation-only writer, to compare with the one RL makes of it (``memrl bench extract``)."""
+    """Imitation warm start of the memory writer or the answer role (``train.warm_start``), logged and
+    checkpointed as step 0. Its time counts in the training budget (``wall_s``), so arms with and without it get
+    the same budget. The adapter it ends with is also kept in ``<output_dir>/warm_start/adapter`` (checkpoint
+    pruning removes step 0): the imitation-only policy, to compare with the one RL makes of it (``memrl bench
+    extract`` for a writer, ``memrl eval`` for answers)."""
     from memrl.train.lora import save_adapter
     from memrl.train.warm_start import warm_start
 

@@ -16,6 +16,9 @@ first imitates the writes a perfect writer makes on training episodes whose turn
 
 A dataset without gold operations (LoCoMo, LongMemEval) has nothing to imitate: the warm start refuses it, and the
 writer learns from its credit alone (outcome-only).
+
+``train.warm_start.role: answer`` imitates target-turn answers instead (:mod:`memrl.train.warm_start_answer`), with
+the same SFT steps on the answer role's adapter.
 """
 
 from __future__ import annotations
@@ -47,13 +50,15 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Demonstration:
-    """One gold write: the prompt the writer read and the gold reply's ids (eos included)."""
+    """One gold reply: the prompt the policy read and the gold reply's ids (eos included)."""
 
     prompt_ids: tuple[int, ...]
     response_ids: tuple[int, ...]
     episode_id: str
     decision: str = ""  # the gold operations' kinds, e.g. "UPDATE" or "ADD+NOOP" for a chunk
     weight: float = 1.0  # its weight in the SFT loss
+    # 1 on the reply tokens the policy writes, 0 on injected ones (a tool's result); None: every token is written
+    response_mask: tuple[int, ...] | None = None
 
 
 def _teacher(req) -> str:
@@ -108,14 +113,17 @@ def op_weights(demos: Sequence[Demonstration]) -> list[Demonstration]:
 def _records(demos: Sequence[Demonstration], adapter: str) -> list[SeqRecord]:
     out = []
     for i, d in enumerate(demos):
-        zeros, ones = torch.zeros(len(d.prompt_ids)), torch.ones(len(d.response_ids))
+        zeros = torch.zeros(len(d.prompt_ids))
+        mask = torch.ones(len(d.response_ids))
+        if d.response_mask is not None:
+            mask = torch.tensor(d.response_mask, dtype=torch.float32)
         out.append(
             SeqRecord(
                 ids=torch.tensor([*d.prompt_ids, *d.response_ids], dtype=torch.long),
                 prompt_len=len(d.prompt_ids),
-                loss_mask=torch.cat([zeros, ones]),
+                loss_mask=torch.cat([zeros, mask]),
                 old_logp=torch.zeros(len(d.prompt_ids) + len(d.response_ids)),
-                adv=torch.cat([zeros, ones * d.weight]),  # the SFT coefficient rides in the advantage slot
+                adv=torch.cat([zeros, mask * d.weight]),  # the SFT coefficient rides in the advantage slot
                 index=i,
                 adapter=adapter,
             )
@@ -125,15 +133,16 @@ def _records(demos: Sequence[Demonstration], adapter: str) -> list[SeqRecord]:
 
 def sft_step(
     model: torch.nn.Module, optimizer: torch.optim.Optimizer, demos: Sequence[Demonstration],
-    micro_batch_size: int, max_grad_norm: float, loss_agg: str = "seq-mean-token-mean",
+    micro_batch_size: int, max_grad_norm: float, loss_agg: str = "seq-mean-token-mean", role: str = "memory",
 ) -> float:  # fmt: skip
     """One optimizer step of ``-mean over demos of (mean token log p(reply | prompt))`` (``loss_agg``
-    ``token-mean``: ``-mean over every reply token of the step``); returns that loss."""
+    ``token-mean``: ``-mean over every reply token of the step``) on ``role``'s adapter; returns that loss.
+    Injected reply tokens (mask 0) are read, never trained."""
     agg = LOSS_AGGREGATIONS.get(loss_agg)
-    adapter = adapter_for(model, "memory")  # the demonstrations are memory writes
+    adapter = adapter_for(model, role)
     records = _records(demos, adapter)
     per_token = loss_agg == "token-mean"
-    total = float(sum(len(d.response_ids) for d in demos) if per_token else len(records))
+    total = float(sum(float(r.loss_mask.sum()) for r in records) if per_token else len(records))
     loss = 0.0
     model.train()
     device = model_device(model)
@@ -152,7 +161,7 @@ def sft_step(
     return loss
 
 
-def _sft_pass(
+def sft_pass(
     res, demos: Sequence[Demonstration], rng: random.Random, desc: str, progress: bool
 ) -> list[float]:
     """One shuffled pass of SFT steps of ``train.warm_start.batch_size`` writes over ``demos``; their losses."""
@@ -168,7 +177,7 @@ def _sft_pass(
             losses.append(
                 sft_step(
                     res.model, res.updater.optimizer, order[i : i + wc.batch_size],
-                    cfg.train.micro_batch_size, cfg.train.max_grad_norm, wc.loss_agg,
+                    cfg.train.micro_batch_size, cfg.train.max_grad_norm, wc.loss_agg, wc.role,
                 )
             )  # fmt: skip
             bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
@@ -181,6 +190,10 @@ def warm_start(res, progress: bool = False) -> dict[str, float]:
     ``episodes`` training episodes, then ``epochs`` shuffled passes of SFT, then the check (:func:`check_and_rebalance`)
     on the next ``check_episodes``; returns ``warm_start/*`` metrics."""
     cfg, wc = res.cfg, res.cfg.train.warm_start
+    if wc.role == "answer":
+        from memrl.train.warm_start_answer import answer_warm_start
+
+        return answer_warm_start(res, progress)
     t0 = time.perf_counter()
     from memrl.train.setup import load_split
 
@@ -195,7 +208,7 @@ def warm_start(res, progress: bool = False) -> dict[str, float]:
     rng = random.Random(cfg.seed)
     losses: list[float] = []
     for _ in range(wc.epochs):
-        losses += _sft_pass(res, demos, rng, "warm start", progress)
+        losses += sft_pass(res, demos, rng, "warm start", progress)
     tail = losses[-max(1, len(losses) // 10) :]
     metrics = {
         "warm_start/demonstrations": float(len(demos)),
@@ -275,7 +288,7 @@ def check_and_rebalance(
             "train.warm_start.min_recall=%.2f: class-balanced pass %d of %d",
             best[0], len(held), scores["recall"], wc.min_recall, passes, BALANCED_PASSES,
         )  # fmt: skip
-        _sft_pass(res, balanced(demos, rng, wc.batch_size), rng, f"balanced pass {passes}", progress)
+        sft_pass(res, balanced(demos, rng, wc.batch_size), rng, f"balanced pass {passes}", progress)
         scores = check_writer(res, held, progress)
         if lowest_recall(scores) > best[0]:
             best = (lowest_recall(scores), adapter_state(res.model, adapter), scores)

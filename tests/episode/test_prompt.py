@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from transformers import ByT5Tokenizer
 
@@ -117,9 +119,13 @@ def test_tool_example_shows_one_worked_python_call_in_the_response_format():
     shown = PromptBuilder(EpisodeConfig(tool_example=True), tok).build("Q?", _facts(1), "", ["python"]).text
     lines = shown.splitlines()
     call = lines[lines.index("Tools: <python>...</python>") + 3]
-    assert call == "<python>print(1250 + 3400)</python> <result>4650</result><answer>4650</answer>"
+    assert call == "<python>print(12 + 30)</python> <result>42</result><answer>42</answer>"
     assert format_problems(call) == []  # the example is a well-formed response
-    assert str(1250 + 3400) in call
+    # Its operands are said to come from memory, and no 4-digit literal is there to copy into a real call.
+    said = lines[lines.index("Tools: <python>...</python>") + 1]
+    assert "numbers in your memory" in said and "Ann has 12 dollars and Bo has 30 dollars" in said
+    tool_lines = "\n".join(lines[lines.index("Tools: <python>...</python>") :])
+    assert not re.search(r"\d{3}", tool_lines)
     # The answer line's example still comes last, nearest the question.
     assert lines[-1] == "<answer>teacher</answer>"
     for tools in (["search"], []):

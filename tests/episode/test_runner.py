@@ -182,3 +182,21 @@ def test_a_failed_ingest_fails_the_episodes_sharing_its_history_and_no_other(set
     assert [t.status for t in trajs] == [EpisodeStatus.COMPLETED, EpisodeStatus.FAILED, EpisodeStatus.FAILED]
     assert "unreadable turn" in trajs[1].failure_reason
     assert trajs[2].failure_reason.startswith("ingesting:") and bad.episode_id in trajs[2].failure_reason
+
+
+def test_target_prompts_are_the_prompts_a_rollout_answers_and_generate_nothing(setup):
+    """EpisodeRunner.target_prompts ingests as run_batch does and builds the same target prompt, without a
+    generate call; a prompt over the budget comes back as its failure reason; memory is released either way."""
+    cfg, inputs, policy = setup
+    trajs = build_runner(cfg, policy=policy).run_batch(inputs[:3])
+    asked = []
+    mute = ScriptedPolicy(ByT5Tokenizer(), lambda ctx: asked.append(ctx) or "")
+    runner = build_runner(cfg, policy=mute)
+    assert runner.target_prompts(inputs[:3]) == [t.steps[-1].prompt_ids for t in trajs]
+    assert not asked and runner.memory.store.namespaces() == []
+    tight = dataclasses.replace(cfg, episode=dataclasses.replace(cfg.episode, prompt_token_budget=20))
+    got = build_runner(tight, policy=mute).target_prompts(inputs[:2])
+    assert all(isinstance(g, str) and g.startswith("prompting:") for g in got)
+    with pytest.raises(ValueError, match="duplicate episode_id"):
+        runner.target_prompts([inputs[0], inputs[0]])
+    assert runner.memory.store.namespaces() == []

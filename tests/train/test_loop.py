@@ -291,6 +291,39 @@ def test_warm_start_imitates_gold_writes_before_the_first_step_as_step_zero(tmp_
     assert kept.keys() == step0.keys() and all(torch.equal(kept[k], v) for k, v in step0.items())
 
 
+def test_an_answer_warm_start_imitates_gold_programs_on_the_answer_adapter_before_step_one(
+    tmp_path, tiny_model_dir
+):
+    """train.warm_start.role=answer in the real loop: each of the first episodes' target prompts gets its gold
+    answer (a python call of its program where it has one), imitated on the answer adapter as step 0."""
+    from safetensors.torch import load_file
+
+    from memrl.train.loop import train
+    from memrl.train.setup import build_resources
+
+    cfg = _in_process_cfg(
+        tmp_path,
+        tiny_model_dir,
+        "answer_warm",
+        "data.options={num_episodes: 12, num_sessions: 2, turns_per_session: 2, question_types: [arithmetic, lookup]}",
+        "tools.enabled=[python]",
+        "train.replay.demonstrations=gold_program",
+        "train.warm_start={episodes: 4, batch_size: 2, role: answer}",
+        "train.steps=1",
+    )
+    train(cfg, resources=build_resources(cfg))
+    rows = [
+        json.loads(line) for line in (tmp_path / "answer_warm" / "metrics.jsonl").read_text().splitlines()
+    ]
+    warm = next(r for r in rows if "warm_start/demonstrations" in r)
+    assert warm["step"] == 0 and warm["warm_start/demonstrations"] == 4
+    assert warm["warm_start/demos_program"] == 2 and warm["warm_start/demos_answer"] == 2
+    assert warm["warm_start/steps"] == 2 and warm["warm_start/loss_first"] > 0
+    # LoRA's B starts at zero: the SFT steps moved it.
+    kept = load_file(tmp_path / "answer_warm" / "warm_start" / "adapter" / "adapter_model.safetensors")
+    assert any(float(v.abs().sum()) > 0 for k, v in kept.items() if "lora_B" in k)
+
+
 def test_a_warm_start_under_its_check_gets_class_balanced_passes_and_logs_the_check(tmp_path, tiny_model_dir):
     """train.warm_start.check_episodes: the warm-started writer writes the next training episodes greedily and is
     scored against their gold operations; under min_recall (a random model's writes are all malformed NOOPs, so

@@ -157,7 +157,7 @@ def test_a_failed_check_gets_balanced_passes_and_keeps_the_best_checked_weights(
                 "end_state": {"correct": r}, "malformed_rate": 0.0}  # fmt: skip
 
     published = []
-    monkeypatch.setattr(ws, "_sft_pass", fake_pass)
+    monkeypatch.setattr(ws, "sft_pass", fake_pass)
     monkeypatch.setattr(ws, "check_writer", fake_check)
     monkeypatch.setattr("memrl.train.setup.publish_adapter", lambda res, step: published.append(step))
     start = [p.detach().clone() for p in lora]
