@@ -10,6 +10,7 @@ through the tokenizer's chat template with a generation prompt; a tokenizer with
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.resources
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -22,24 +23,39 @@ import jinja2
 PLAIN_CHAT_FORMAT = "<|system|>\n{system}\n<|user|>\n{user}\n<|assistant|>\n"
 
 
+def _bundled() -> list[str]:
+    return sorted(
+        p.name for p in importlib.resources.files("memrl.prompts").iterdir() if p.name.endswith(".j2")
+    )
+
+
+def template_source(name: str) -> str:
+    """The Jinja source of a bundled template by file name (``target_turn.j2``) or of a path to a Jinja file."""
+    path = Path(name)
+    if path.is_file():
+        return path.read_text(encoding="utf-8")
+    resource = importlib.resources.files("memrl.prompts") / name
+    if not resource.is_file():
+        raise FileNotFoundError(
+            f"prompt template {name!r} is neither a file nor a bundled template; bundled: {_bundled()}"
+        )
+    return resource.read_text(encoding="utf-8")
+
+
+def templates_digest(*names: str) -> str:
+    """A hash of every bundled template's source and of the named ones (a path's file): what a cached result
+    computed with these prompts depends on beyond the config, which names a template but not its text."""
+    h = hashlib.sha256()
+    for name in [*_bundled(), *names]:
+        h.update(name.encode("utf-8") + b"\0" + template_source(name).encode("utf-8") + b"\0")
+    return h.hexdigest()[:20]
+
+
 @functools.lru_cache(maxsize=16)
 def load_template(name: str) -> jinja2.Template:
     """A bundled template by file name (``target_turn.j2``) or a path to a Jinja file."""
-    path = Path(name)
-    if path.is_file():
-        source = path.read_text(encoding="utf-8")
-    else:
-        resource = importlib.resources.files("memrl.prompts") / name
-        if not resource.is_file():
-            bundled = sorted(
-                p.name for p in importlib.resources.files("memrl.prompts").iterdir() if p.name.endswith(".j2")
-            )
-            raise FileNotFoundError(
-                f"prompt template {name!r} is neither a file nor a bundled template; bundled: {bundled}"
-            )
-        source = resource.read_text(encoding="utf-8")
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=False, autoescape=False)
-    return env.from_string(source)
+    return env.from_string(template_source(name))
 
 
 def encode_chat(tokenizer: Any, messages: Sequence[Mapping[str, str]]) -> list[int]:

@@ -47,6 +47,7 @@ from memrl.data.datasource import write_json_atomic
 from memrl.paths import cache_dir
 from memrl.policy.models import describe_policy
 from memrl.rollout.metrics import episodes_tool_use, tool_use_metrics
+from memrl.templates import templates_digest
 from memrl.threads import follow_threads
 from memrl.train.checkpoint import (
     TrainState,
@@ -242,6 +243,9 @@ def start_eval_key(res: TrainResources) -> str:
         "memory": dataclasses.asdict(cfg.memory),
         "tools": dataclasses.asdict(cfg.tools),
         "episode": dataclasses.asdict(ecfg.episode),
+        "templates": templates_digest(
+            ecfg.episode.prompt_template
+        ),  # the prompts' text, not only their names
         "rollout": dataclasses.asdict(ecfg.rollout),
         "inputs": episodes_digest(res.final_eval_inputs),
         "side_metrics": SIDE_METRICS,  # an entry cached before a metric was added lacks its score

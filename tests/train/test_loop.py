@@ -356,7 +356,7 @@ def test_a_warm_start_under_its_check_gets_class_balanced_passes_and_logs_the_ch
 
 def test_start_eval_key_follows_content_not_seed(tmp_path):
     """Seeds of one setup share the cached untrained evaluation (it is greedy); a reworded question with the
-    same episode id gets its own."""
+    same episode id, or a reworded prompt template, gets its own."""
     import dataclasses
     from types import SimpleNamespace
 
@@ -376,6 +376,15 @@ def test_start_eval_key_follows_content_not_seed(tmp_path):
     assert key(cfg, plain) != key(
         dataclasses.replace(cfg, memory=dataclasses.replace(cfg.memory, top_k=3)), plain
     )
+    # A template file whose text changes under the same name gets its own key: the config names it, not its text.
+    from memrl.templates import template_source
+
+    custom = tmp_path / "turn.j2"
+    custom.write_text(template_source("target_turn.j2"))
+    named = dataclasses.replace(cfg, episode=dataclasses.replace(cfg.episode, prompt_template=str(custom)))
+    before = key(named, plain)
+    custom.write_text(template_source("target_turn.j2").replace("using your memory", "from your notes"))
+    assert key(named, plain) != before
 
 
 def test_per_role_adapters_write_with_the_writers_adapter_and_imitate_into_it_only(tmp_path, tiny_model_dir):
