@@ -230,6 +230,25 @@ def test_token_mean_sft_counts_every_reply_token_once():
     assert step([short, long], "seq-mean-token-mean") == pytest.approx((l_short + l_long) / 2, rel=1e-4)
 
 
+def test_injected_reply_tokens_are_read_but_never_trained():
+    """A demonstration's mask-0 tokens (a tool's injected result) are never trained: with them at the end of the
+    reply, its loss is the loss of its written tokens alone."""
+    model = attach_lora(tiny_llama(), LoraConfig(r=4, alpha=8))
+    gen = torch.Generator().manual_seed(3)
+    prompt = tuple(torch.randint(3, 300, (10,), generator=gen).tolist())
+    call, injected = (tuple(torch.randint(3, 300, (n,), generator=gen).tolist()) for n in (4, 3))
+    mask = (1,) * 4 + (0,) * 3
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)  # the model never moves
+    for agg in ("token-mean", "seq-mean-token-mean"):
+        masked = sft_step(
+            model, opt, [Demonstration(prompt, call + injected, "a", response_mask=mask)], 4, 1.0, agg
+        )
+        written = sft_step(model, opt, [Demonstration(prompt, call, "a")], 4, 1.0, agg)
+        assert masked == pytest.approx(written, rel=1e-5)  # the injected tokens add nothing to the loss
+        everything = sft_step(model, opt, [Demonstration(prompt, call + injected, "a")], 4, 1.0, agg)
+        assert everything != pytest.approx(masked, rel=1e-3)
+
+
 def test_warm_start_loss_agg_is_checked():
     with pytest.raises(ValueError, match="loss_agg must be"):
         WarmStartConfig(loss_agg="sum")
