@@ -329,8 +329,10 @@ def _warm_start(
     extract`` for a writer, ``memrl eval`` for answers)."""
     from memrl.train.lora import save_adapter
     from memrl.train.warm_start import warm_start
+    from memrl.train.warm_start_answer import answer_warm_start
 
-    metrics = warm_start(res, progress)
+    run = answer_warm_start if res.cfg.train.warm_start.role == "answer" else warm_start
+    metrics = run(res, progress)
     save_adapter(res.model, Path(res.cfg.output_dir) / "warm_start" / "adapter")
     publish_adapter(res, 0)
     counters["warm_start_s"] = metrics["time/warm_start_s"]

@@ -17,8 +17,8 @@ first imitates the writes a perfect writer makes on training episodes whose turn
 A dataset without gold operations (LoCoMo, LongMemEval) has nothing to imitate: the warm start refuses it, and the
 writer learns from its credit alone (outcome-only).
 
-``train.warm_start.role: answer`` imitates target-turn answers instead (:mod:`memrl.train.warm_start_answer`), with
-the same SFT steps on the answer role's adapter.
+``train.warm_start.role: answer`` imitates target-turn answers instead (:mod:`memrl.train.warm_start_answer`, which
+builds on this module's SFT steps, run on the answer role's adapter).
 """
 
 from __future__ import annotations
@@ -190,10 +190,6 @@ def warm_start(res, progress: bool = False) -> dict[str, float]:
     ``episodes`` training episodes, then ``epochs`` shuffled passes of SFT, then the check (:func:`check_and_rebalance`)
     on the next ``check_episodes``; returns ``warm_start/*`` metrics."""
     cfg, wc = res.cfg, res.cfg.train.warm_start
-    if wc.role == "answer":
-        from memrl.train.warm_start_answer import answer_warm_start
-
-        return answer_warm_start(res, progress)
     t0 = time.perf_counter()
     from memrl.train.setup import load_split
 
