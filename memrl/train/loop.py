@@ -243,9 +243,8 @@ def start_eval_key(res: TrainResources) -> str:
         "memory": dataclasses.asdict(cfg.memory),
         "tools": dataclasses.asdict(cfg.tools),
         "episode": dataclasses.asdict(ecfg.episode),
-        "templates": templates_digest(
-            ecfg.episode.prompt_template
-        ),  # the prompts' text, not only their names
+        # the prompts' text, not only their names
+        "templates": templates_digest(ecfg.episode.prompt_template),
         "rollout": dataclasses.asdict(ecfg.rollout),
         "inputs": episodes_digest(res.final_eval_inputs),
         "side_metrics": SIDE_METRICS,  # an entry cached before a metric was added lacks its score
