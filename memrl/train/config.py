@@ -162,7 +162,7 @@ class TrainConfig:
     for the imitation-only ablation) or a
     dotted path. ``loss_agg`` is a name in :data:`memrl.train.losses.LOSS_AGGREGATIONS`
     (``token-mean``, ``seq-mean-token-sum``, ``seq-mean-token-mean``). ``kl_coef`` > 0 adds a KL penalty to the
-    reference policy (same model with the adapter disabled). ``duplicates`` decides how leaves flagged
+    reference policy (``kl_reference``: the same model with the adapter disabled, or the warm start's adapter). ``duplicates`` decides how leaves flagged
     ``StepMeta.is_duplicate`` count: ``drop`` (weight 0, not in group statistics; default) or ``keep``
     (ordinary samples, as verl would see them). Which groups train is ``data.group_filter``'s decision (the
     buffer refills dropped groups); ``rollout/mixed_groups`` reports the share of groups whose rewards differ.
@@ -181,6 +181,9 @@ class TrainConfig:
     clip_ratio_high: float = 0.28
     loss_agg: str = "token-mean"
     kl_coef: float = 0.0
+    # The KL's reference: "base" (the model without adapter) or "warm_start" (the adapter the warm start ended
+    # with, RUN/warm_start/adapter): RL then stays near what imitation taught.
+    kl_reference: str = "base"
     entropy_coef: float = 0.0
     duplicates: str = "drop"
     tree_local_weight: float = 0.0
@@ -237,6 +240,13 @@ class TrainConfig:
             )
         if self.kl_coef < 0:
             raise ValueError(f"train.kl_coef must be >= 0, got {self.kl_coef}")
+        if self.kl_reference not in ("base", "warm_start"):
+            raise ValueError(f"train.kl_reference must be 'base' or 'warm_start', got {self.kl_reference!r}")
+        if self.kl_reference == "warm_start" and not (self.kl_coef > 0 and self.warm_start.episodes):
+            raise ValueError(
+                "train.kl_reference: warm_start needs train.kl_coef > 0 and a warm start (train.warm_start.episodes"
+                f" > 0); got kl_coef={self.kl_coef}, warm_start.episodes={self.warm_start.episodes}"
+            )
         if self.tree_local_weight < 0:
             raise ValueError(f"train.tree_local_weight must be >= 0 (0 = off), got {self.tree_local_weight}")
         if self.duplicates not in ("drop", "keep"):

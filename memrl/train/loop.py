@@ -303,6 +303,8 @@ def _train(cfg: Config, resources: TrainResources | None, progress: bool) -> dic
         if cfg.train.warm_start.episodes and "warm_start_s" not in counters and not cfg.train.train_only:
             follow_threads("the warm start")
             _warm_start(res, counters, log, ckpt_root, progress)
+        if cfg.train.kl_reference == "warm_start":  # read back from disk: a resumed run anchors the same way
+            res.updater.anchor_reference(_warm_start_adapter(cfg))
         step = _train_steps(res, state.step, counters, log, ckpt_root, evaluating, progress)
         if ends and (step != state.step or "em_final" not in counters):  # not again on a finished run
             follow_threads("the final evaluation")
@@ -332,12 +334,16 @@ def _warm_start(
 
     run = answer_warm_start if res.cfg.train.warm_start.role == "answer" else warm_start
     metrics = run(res, progress)
-    save_adapter(res.model, Path(res.cfg.output_dir) / "warm_start" / "adapter")
+    save_adapter(res.model, _warm_start_adapter(res.cfg))
     publish_adapter(res, 0)
     counters["warm_start_s"] = metrics["time/warm_start_s"]
     counters["wall_s"] = counters.get("wall_s", 0.0) + metrics["time/warm_start_s"]
     log.log(0, {**metrics, **{f"counters/{k}": v for k, v in counters.items()}})
     _checkpoint(res, ckpt_root, 0, counters)
+
+
+def _warm_start_adapter(cfg: Config) -> Path:
+    return Path(cfg.output_dir) / "warm_start" / "adapter"
 
 
 def _train_steps(

@@ -12,6 +12,7 @@ active around a forward; with one adapter it does nothing, so callers name the r
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 
@@ -108,3 +109,44 @@ def adapter_state(model: PeftModel, adapter: str = DEFAULT_ADAPTER) -> dict[str,
     ``set_peft_model_state_dict``)."""
     state = get_peft_model_state_dict(model, adapter_name=adapter)
     return {k: v.detach().clone() for k, v in state.items()}
+
+
+def lora_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A detached copy of every adapter's LoRA tensors, keyed by parameter name (both roles' adapters where the
+    model has two): what :func:`lora_swapped` puts back in place."""
+    return {name: p.detach().clone() for name, p in model.named_parameters() if ".lora_" in name}
+
+
+@contextlib.contextmanager
+def lora_swapped(model: torch.nn.Module, tensors: dict[str, torch.Tensor]):
+    """The LoRA tensors ``tensors`` (from :func:`lora_tensors`) in place inside the block, the model's own after.
+
+    The copy is in place, so it must not run while a forward's graph still holds these parameters (their version
+    changes): run it before the policy's forward, as the reference pass of a KL does."""
+    params = dict(model.named_parameters())
+    missing = sorted(set(tensors) - set(params))
+    if missing:
+        raise KeyError(f"lora_swapped: the model has no parameter {missing[0]} ({len(missing)} missing)")
+    own = {name: params[name].detach().clone() for name in tensors}
+    with torch.no_grad():
+        for name, value in tensors.items():
+            params[name].copy_(value)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for name, value in own.items():
+                params[name].copy_(value)
+
+
+def saved_lora_tensors(model: PeftModel, path: str | Path) -> dict[str, torch.Tensor]:
+    """The LoRA tensors of the adapter directory ``path`` (written by :func:`save_adapter` for this model's
+    adapters), keyed as :func:`lora_tensors`; the model keeps its own weights."""
+    own = lora_tensors(model)
+    load_adapter_weights(model, path)
+    saved = lora_tensors(model)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name in own:
+                p.copy_(own[name])
+    return saved

@@ -25,7 +25,7 @@ import torch
 
 from memrl.train.advantages import compute_advantages, sample_weights, signal_weights
 from memrl.train.config import TrainConfig
-from memrl.train.lora import trainable_parameters, use_adapter
+from memrl.train.lora import lora_swapped, saved_lora_tensors, trainable_parameters, use_adapter
 from memrl.train.losses import LOSS_AGGREGATIONS, clipped_policy_loss, kl_to_reference, masked_mean
 from memrl.train.microbatch import (
     MicroBatch,
@@ -60,6 +60,14 @@ class PolicyUpdater:
         self.optimizer = torch.optim.AdamW(
             self.params, lr=cfg.lr, betas=tuple(cfg.betas), weight_decay=cfg.weight_decay
         )
+        # The KL's reference adapter weights (train.kl_reference: warm_start); None = the adapter switched off.
+        self._reference: dict[str, torch.Tensor] | None = None
+
+    def anchor_reference(self, adapter_dir) -> None:
+        """Make the adapter saved in ``adapter_dir`` (the warm start's) the KL's reference policy, instead of the
+        model without adapter: RL then pays for moving away from what imitation taught, not for having learned
+        it (a base model that never calls a tool is no useful reference for a policy that must)."""
+        self._reference = saved_lora_tensors(self.model, adapter_dir)
 
     # ------------------------------------------------------------------ public
     def update(self, batch: PackedBatch, replay=None) -> dict[str, float]:
@@ -186,6 +194,11 @@ class PolicyUpdater:
     def _micro_step(self, mb: MicroBatch, normaliser: float, on_policy: bool) -> dict[str, float]:
         cfg = self.cfg
         t0 = time.perf_counter()
+        ref = None
+        if cfg.kl_coef > 0:  # before the policy's forward: a swapped-in reference must not touch its graph
+            with self._timed("ref_logprob"):
+                ref = self._reference_logp(mb)
+            t0 = time.perf_counter()  # the policy's clock excludes the reference pass
         logits = self._logits(mb)
         logp = token_logprobs(logits, mb.input_ids)
         # One update per batch is on-policy (old = current); several recompute old_logp first: either way the
@@ -201,11 +214,7 @@ class PolicyUpdater:
         if entropy is not None:
             tok_loss = tok_loss - cfg.entropy_coef * entropy
         kl = None
-        if cfg.kl_coef > 0:
-            t_ref = time.perf_counter()
-            ref = self._reference_logp(mb)
-            self._times["ref_logprob"] += time.perf_counter() - t_ref
-            t0 += time.perf_counter() - t_ref  # the policy's clock excludes the reference pass
+        if ref is not None:
             kl = kl_to_reference(logp, ref)
             tok_loss = tok_loss + cfg.kl_coef * kl
         loss = (tok_loss * self.agg.weights(mb.loss_mask, mb.seq_index)).sum() / normaliser
@@ -229,12 +238,14 @@ class PolicyUpdater:
 
     @torch.no_grad()
     def _reference_logp(self, mb: MicroBatch) -> torch.Tensor:
-        """Reference policy = the same module with the LoRA adapter switched off (no second model copy)."""
-        ctx = (
-            self.model.disable_adapter()
-            if hasattr(self.model, "disable_adapter")
-            else contextlib.nullcontext()
-        )
+        """Reference policy = the same module with the LoRA adapter switched off (no second model copy), or with
+        the anchored adapter's weights swapped in (:meth:`anchor_reference`)."""
+        if self._reference is not None:
+            ctx = lora_swapped(self.model, self._reference)
+        elif hasattr(self.model, "disable_adapter"):
+            ctx = self.model.disable_adapter()
+        else:
+            ctx = contextlib.nullcontext()
         with ctx:
             return token_logprobs(self._logits(mb), mb.input_ids)
 

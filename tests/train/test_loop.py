@@ -309,12 +309,17 @@ def test_an_answer_warm_start_imitates_gold_programs_on_the_answer_adapter_befor
         "tools.enabled=[python]",
         "train.replay.demonstrations=gold_program",
         "train.warm_start={episodes: 4, batch_size: 2, role: answer}",
+        "train.kl_coef=0.1",
+        "train.kl_reference=warm_start",
         "train.steps=1",
     )
     train(cfg, resources=build_resources(cfg))
     rows = [
         json.loads(line) for line in (tmp_path / "answer_warm" / "metrics.jsonl").read_text().splitlines()
     ]
+    # The KL's reference is the warm-started adapter: step 1's single on-policy update starts on it.
+    first = next(r for r in rows if r["step"] == 1 and "train/kl_ref" in r)
+    assert first["train/kl_ref"] < 1e-6
     warm = next(r for r in rows if "warm_start/demonstrations" in r)
     assert warm["step"] == 0 and warm["warm_start/demonstrations"] == 4
     assert warm["warm_start/demos_program"] == 2 and warm["warm_start/demos_answer"] == 2

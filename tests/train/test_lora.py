@@ -11,7 +11,10 @@ from memrl.train.lora import (
     adapter_state,
     attach_lora,
     load_adapter_weights,
+    lora_swapped,
+    lora_tensors,
     save_adapter,
+    saved_lora_tensors,
     trainable_parameters,
     use_adapter,
 )
@@ -63,3 +66,40 @@ def test_resuming_a_per_role_run_from_a_shared_adapter_names_the_missing_writer(
 def test_role_adapters_setting_lists_the_valid_choices():
     with pytest.raises(ValueError, match="shared.*per_role"):
         TrainConfig(role_adapters="two")
+
+
+def test_lora_swapped_puts_other_weights_in_for_the_block_and_the_model_s_back_after():
+    model = attach_lora(tiny_llama(), LoraConfig(r=4, alpha=8))
+    own = lora_tensors(model)
+    other = {k: torch.randn_like(v) for k, v in own.items()}
+    ids = torch.tensor([[1, 5, 9, 3]])
+    with torch.no_grad():
+        before = model(input_ids=ids).logits
+        with lora_swapped(model, other):
+            assert all(torch.equal(p, other[k]) for k, p in model.named_parameters() if k in other)
+            swapped = model(input_ids=ids).logits
+        after = model(input_ids=ids).logits
+    assert not torch.allclose(before, swapped) and torch.equal(before, after)
+    with (
+        pytest.raises(KeyError, match="has no parameter"),
+        lora_swapped(model, {"nope.lora_A.weight": torch.zeros(1)}),
+    ):
+        pass
+
+
+def test_saved_lora_tensors_reads_a_directory_and_leaves_the_model_as_it_was(tmp_path):
+    model = attach_lora(tiny_llama(), LoraConfig(r=4, alpha=8))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.add_(0.5)
+    save_adapter(model, tmp_path / "a")
+    saved = lora_tensors(model)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.mul_(3.0)
+    now = lora_tensors(model)
+    read = saved_lora_tensors(model, tmp_path / "a")
+    assert read.keys() == saved.keys() and all(torch.equal(read[k], saved[k]) for k in saved)
+    assert all(torch.equal(v, now[k]) for k, v in lora_tensors(model).items())

@@ -9,8 +9,8 @@ import torch
 
 from memrl.data.batch import TrajectoryBatchBuilder
 from memrl.data.config import BatchConfig
-from memrl.train.config import LoraConfig, TrainConfig
-from memrl.train.lora import adapter_state, attach_lora
+from memrl.train.config import LoraConfig, TrainConfig, WarmStartConfig
+from memrl.train.lora import adapter_state, attach_lora, save_adapter
 from memrl.train.microbatch import collate, token_logprobs, unpack
 from memrl.train.updater import PolicyUpdater
 from memrl.types import MemoryWrite, StepMeta, StepRole, TurnRole
@@ -182,6 +182,50 @@ def test_kl_reference_is_adapter_disabled_and_zero_at_start():
     # The step profile: every phase that ran is timed; the first update had one on-policy pass (no old log-probs).
     assert all(first[f"time/{k}_s"] > 0 for k in ("policy_forward_backward", "ref_logprob", "optimizer"))
     assert "time/old_logprob_s" not in first and second["time/old_logprob_s"] > 0
+
+
+def _anchored_cfg(**kw):
+    return _cfg(kl_coef=0.1, kl_reference="warm_start", warm_start=WarmStartConfig(episodes=1), **kw)
+
+
+def test_an_anchored_reference_is_the_saved_adapter_and_the_weights_stay_the_policys(tmp_path):
+    """train.kl_reference=warm_start: the KL is taken to the adapter saved in the directory, not to the model
+    without adapter; the reference pass swaps its weights in and the policy's back (same update as the base
+    reference when the saved adapter is the untrained one)."""
+    batch = _build(make_episodes(), "padded")
+    model = attach_lora(tiny_llama(), LoraConfig(r=4, alpha=8))
+    save_adapter(model, tmp_path / "untrained")
+    PolicyUpdater(model, _cfg()).update(batch)  # the policy moves off the untrained adapter
+    save_adapter(model, tmp_path / "trained")
+    twin = copy.deepcopy(model)
+    before = adapter_state(model)
+
+    upd = PolicyUpdater(model, _anchored_cfg())
+    upd.anchor_reference(tmp_path / "trained")
+    assert all(torch.equal(before[k], v) for k, v in adapter_state(model).items())  # reading leaves the policy
+    anchored = upd.update(batch)
+    assert anchored["train/kl_ref"] < 1e-7  # the policy is the anchored adapter
+    assert PolicyUpdater(copy.deepcopy(twin), _cfg(kl_coef=0.1)).update(batch)["train/kl_ref"] > 1e-5
+
+    # Anchored on the untrained adapter = the base reference: same KL, same new weights.
+    base_model, anchored_model = copy.deepcopy(twin), copy.deepcopy(twin)
+    base = PolicyUpdater(base_model, _cfg(kl_coef=0.1)).update(batch)
+    upd = PolicyUpdater(anchored_model, _anchored_cfg())
+    upd.anchor_reference(tmp_path / "untrained")
+    same = upd.update(batch)
+    assert same["train/kl_ref"] == pytest.approx(base["train/kl_ref"], rel=1e-4)
+    a, b = adapter_state(base_model), adapter_state(anchored_model)
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+    assert not all(torch.allclose(a[k], before[k]) for k in a)  # and the update did move the weights
+
+
+def test_an_anchored_reference_needs_a_warm_start_and_a_kl():
+    with pytest.raises(ValueError, match="kl_reference: warm_start needs"):
+        _cfg(kl_coef=0.0, kl_reference="warm_start", warm_start=WarmStartConfig(episodes=1))
+    with pytest.raises(ValueError, match="kl_reference: warm_start needs"):
+        _cfg(kl_coef=0.1, kl_reference="warm_start")
+    with pytest.raises(ValueError, match="'base' or 'warm_start'"):
+        _cfg(kl_reference="initial")
 
 
 def test_duplicate_leaves_get_no_gradient():
