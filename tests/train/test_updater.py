@@ -202,7 +202,9 @@ def test_an_anchored_reference_is_the_saved_adapter_and_the_weights_stay_the_pol
 
     upd = PolicyUpdater(model, _anchored_cfg())
     upd.anchor_reference(tmp_path / "trained")
-    assert all(torch.equal(before[k], v) for k, v in adapter_state(model).items())  # reading leaves the policy
+    assert all(
+        torch.equal(before[k], v) for k, v in adapter_state(model).items()
+    )  # reading leaves the policy
     anchored = upd.update(batch)
     assert anchored["train/kl_ref"] < 1e-7  # the policy is the anchored adapter
     assert PolicyUpdater(copy.deepcopy(twin), _cfg(kl_coef=0.1)).update(batch)["train/kl_ref"] > 1e-5
