@@ -24,6 +24,7 @@ history steps (``turn_role=history``, empty response, ``StepMeta.memory_ops`` = 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
@@ -138,44 +139,40 @@ class EpisodeRunner:
     # ------------------------------------------------------------------------------------------------
     def run_batch(self, inputs: Sequence[BatchInput]) -> list[EpisodeTrajectory]:
         """All inputs advance together; returns trajectories in input order (leaves of one input adjacent)."""
-        states = [EpisodeState(inp) for inp in inputs]
-        seen: set[str] = set()
-        for st in states:
-            if st.episode_id in seen:
-                st.fail(Phase.PENDING, f"duplicate episode_id {st.episode_id!r} in one batch")
-                continue
-            seen.add(st.episode_id)
-            st.manager = self.memory.manager(st.episode_id)
-            st.advance(Phase.INGESTING)
-        try:
+        with self._episodes(inputs) as states:
             self._timed("ingest", self._ingest, states)
             self._timed("prompt", self._prompt, states)
             self._timed("generate", self._generate, states)
             self._timed("update", self._update, states)
             self._timed("score", self._score, states)
             return [traj for st in states for traj in self._finish(st)]
-        finally:
-            for st in states:
-                if st.manager is not None:
-                    self.memory.release(st.episode_id)
 
     def target_prompts(self, inputs: Sequence[BatchInput]) -> list[tuple[int, ...] | str]:
         """The target-turn prompt ids each input's episode would answer, its history ingested exactly as
         :meth:`run_batch` ingests it, without generating an answer (what an imitation warm start of the answer
         role trains on); the failure reason instead, for an episode whose ingest or prompt failed."""
-        ids = [inp.episode_id for inp in inputs]
-        if len(set(ids)) < len(ids):
-            raise ValueError(f"duplicate episode_id {max(ids, key=ids.count)!r} in one batch")
-        states = [EpisodeState(inp) for inp in inputs]
-        try:
-            for st in states:
-                st.manager = self.memory.manager(st.episode_id)
-                st.advance(Phase.INGESTING)
+        with self._episodes(inputs) as states:
             self._timed("ingest", self._ingest, states)
             self._timed("prompt", self._prompt, states)
             return [
                 st.prompt.ids if st.phase is Phase.GENERATING else str(st.failure_reason) for st in states
             ]
+
+    @contextlib.contextmanager
+    def _episodes(self, inputs: Sequence[BatchInput]):
+        """Each input's state with a memory manager of its own, ready to ingest (a repeated episode id fails as
+        a duplicate: two episodes would share one store); every manager released after the block."""
+        states = [EpisodeState(inp) for inp in inputs]
+        seen: set[str] = set()
+        try:
+            for st in states:
+                if st.episode_id in seen:
+                    st.fail(Phase.PENDING, f"duplicate episode_id {st.episode_id!r} in one batch")
+                    continue
+                seen.add(st.episode_id)
+                st.manager = self.memory.manager(st.episode_id)
+                st.advance(Phase.INGESTING)
+            yield states
         finally:
             for st in states:
                 if st.manager is not None:

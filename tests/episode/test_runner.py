@@ -186,7 +186,7 @@ def test_a_failed_ingest_fails_the_episodes_sharing_its_history_and_no_other(set
 
 def test_target_prompts_are_the_prompts_a_rollout_answers_and_generate_nothing(setup):
     """EpisodeRunner.target_prompts ingests as run_batch does and builds the same target prompt, without a
-    generate call; a prompt over the budget comes back as its failure reason; memory is released either way."""
+    generate call; a prompt over the budget or a repeated episode comes back as its failure reason; memory is released either way."""
     cfg, inputs, policy = setup
     trajs = build_runner(cfg, policy=policy).run_batch(inputs[:3])
     asked = []
@@ -197,6 +197,6 @@ def test_target_prompts_are_the_prompts_a_rollout_answers_and_generate_nothing(s
     tight = dataclasses.replace(cfg, episode=dataclasses.replace(cfg.episode, prompt_token_budget=20))
     got = build_runner(tight, policy=mute).target_prompts(inputs[:2])
     assert all(isinstance(g, str) and g.startswith("prompting:") for g in got)
-    with pytest.raises(ValueError, match="duplicate episode_id"):
-        runner.target_prompts([inputs[0], inputs[0]])
+    first, twin = runner.target_prompts([inputs[0], inputs[0]])
+    assert first == trajs[0].steps[-1].prompt_ids and "duplicate episode_id" in twin
     assert runner.memory.store.namespaces() == []
