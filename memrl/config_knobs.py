@@ -230,6 +230,7 @@ EXPERIMENT: dict[str, str] = {
     "train.warm_start.check_episodes": "episodes the warm start's writer is checked on",
     "train.warm_start.min_recall": "recall under which a decision gets a balanced pass",
     "train.warm_start.loss_agg": "loss aggregation of the warm start",
+    "train.warm_start.lr": "learning rate of the warm start (null: train.lr)",
     "train.role_schedule": "joint | alternate training of the roles",
     "train.role_phase_steps": "steps per phase when roles alternate",
 }

@@ -115,8 +115,13 @@ class WarmStartConfig:
     check_episodes: int = 0
     min_recall: float = 0.0
     loss_agg: str = "seq-mean-token-mean"
+    # The SFT steps' learning rate; None = train.lr. An RL phase that moves a warm-started policy in small steps
+    # (train.lr) still gets a warm start as fast as imitation alone.
+    lr: float | None = None
 
     def __post_init__(self) -> None:
+        if self.lr is not None and self.lr <= 0:
+            raise ValueError(f"train.warm_start.lr must be > 0 or null (= train.lr), got {self.lr}")
         if self.episodes < 0:
             raise ValueError(
                 f"train.warm_start.episodes must be >= 0 (0 = no warm start), got {self.episodes}"

@@ -23,6 +23,7 @@ builds on this module's SFT steps, run on the answer role's adapter).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import random
@@ -161,6 +162,20 @@ def sft_step(
     return loss
 
 
+@contextlib.contextmanager
+def learning_rate(optimizer: torch.optim.Optimizer, lr: float | None):
+    """``optimizer`` at ``lr`` inside the block (None: as it is), its own learning rates after."""
+    own = [group["lr"] for group in optimizer.param_groups]
+    if lr is not None:
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+    try:
+        yield
+    finally:
+        for group, value in zip(optimizer.param_groups, own, strict=True):
+            group["lr"] = value
+
+
 def sft_pass(
     res, demos: Sequence[Demonstration], rng: random.Random, desc: str, progress: bool
 ) -> list[float]:
@@ -169,9 +184,16 @@ def sft_pass(
     order = list(demos)
     rng.shuffle(order)
     losses: list[float] = []
-    with tqdm(
-        total=-(-len(order) // wc.batch_size), desc=desc, unit="step", file=sys.stderr, disable=not progress
-    ) as bar:
+    with (
+        learning_rate(res.updater.optimizer, wc.lr),
+        tqdm(
+            total=-(-len(order) // wc.batch_size),
+            desc=desc,
+            unit="step",
+            file=sys.stderr,
+            disable=not progress,
+        ) as bar,
+    ):
         for i in range(0, len(order), wc.batch_size):
             follow_threads(f"warm-start SFT step {i // wc.batch_size + 1}")
             losses.append(

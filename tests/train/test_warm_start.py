@@ -252,3 +252,18 @@ def test_injected_reply_tokens_are_read_but_never_trained():
 def test_warm_start_loss_agg_is_checked():
     with pytest.raises(ValueError, match="loss_agg must be"):
         WarmStartConfig(loss_agg="sum")
+
+
+def test_the_warm_start_runs_at_its_own_learning_rate_and_gives_the_optimizer_back():
+    """train.warm_start.lr: the SFT steps take it; the RL steps after find train.lr again (None: train.lr)."""
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=1e-4)
+    with ws.learning_rate(opt, 1e-3):
+        assert [g["lr"] for g in opt.param_groups] == [1e-3]
+    assert [g["lr"] for g in opt.param_groups] == [1e-4]
+    with ws.learning_rate(opt, None):
+        assert [g["lr"] for g in opt.param_groups] == [1e-4]
+    with pytest.raises(RuntimeError), ws.learning_rate(opt, 5e-3):
+        raise RuntimeError("a failed step")
+    assert [g["lr"] for g in opt.param_groups] == [1e-4]
+    with pytest.raises(ValueError, match="warm_start.lr must be > 0"):
+        WarmStartConfig(episodes=4, lr=0.0)
