@@ -142,11 +142,6 @@ def lora_swapped(model: torch.nn.Module, tensors: dict[str, torch.Tensor]):
 def saved_lora_tensors(model: PeftModel, path: str | Path) -> dict[str, torch.Tensor]:
     """The LoRA tensors of the adapter directory ``path`` (written by :func:`save_adapter` for this model's
     adapters), keyed as :func:`lora_tensors`; the model keeps its own weights."""
-    own = lora_tensors(model)
-    load_adapter_weights(model, path)
-    saved = lora_tensors(model)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name in own:
-                p.copy_(own[name])
-    return saved
+    with lora_swapped(model, lora_tensors(model)):  # the model's own tensors come back after the read
+        load_adapter_weights(model, path)
+        return lora_tensors(model)
