@@ -15,9 +15,10 @@ thread. So every ``memrl`` command that runs a model picks its count once, at st
 A long command (``memrl train``, ``memrl eval``) does not keep its first choice for its whole life: a train started
 while another job was finishing would run on one thread long after that job ended. Between phases (each
 evaluation batch, the warm start's passes, each training step) it calls :func:`follow_threads`, which chooses
-again from the cores *other* processes kept busy since the last check (this process's own CPU time is taken out:
-its threads are not a reason to shrink) and logs the change when the count moves. The override variables still
-win: with ``$MEMRL_THREADS`` or ``$OMP_NUM_THREADS`` set the count never moves.
+again from the cores *other* processes kept busy since the last check (this process's own CPU time is taken out,
+its children's too, such as the sandbox's tool calls: its own work is not a reason to shrink) and logs the change
+when the count moves. The override variables still win: with ``$MEMRL_THREADS`` or ``$OMP_NUM_THREADS`` set the
+count never moves.
 """
 
 from __future__ import annotations
@@ -113,9 +114,42 @@ def apply_threads(follow: bool = False) -> int:
 
 
 def _self_cpu_s() -> float:
-    """CPU seconds this process (all its threads) has used."""
+    """CPU seconds this process and its descendants have used: its own threads, the children it has reaped
+    (:func:`os.times`) and the live descendants (``/proc``). The sandbox runs each tool call in a child process
+    (the warm start runs 128 gold programs in ~10 s); counted as another job's, they would shrink the threads of
+    the very command that started them."""
     t = os.times()
-    return t.user + t.system
+    return t.user + t.system + t.children_user + t.children_system + _live_descendants_cpu_s(os.getpid())
+
+
+def _live_descendants_cpu_s(root: int) -> float:
+    """CPU seconds of ``root``'s live descendants, each with the children it has reaped (``/proc/PID/stat``:
+    utime + stime + cutime + cstime); 0 where ``/proc`` is missing. A descendant that ends between two readings
+    moves from here into its parent's reaped-children time, so the sum stays continuous."""
+    try:
+        pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return 0.0
+    parent: dict[int, int] = {}
+    ticks: dict[int, float] = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+                # after the ")" closing the command name: state ppid ... utime(12) stime cutime cstime
+                fields = fh.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # ended while scanning
+        parent[pid] = int(fields[1])
+        ticks[pid] = sum(float(x) for x in fields[11:15])
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parent.items():
+        children.setdefault(ppid, []).append(pid)
+    total, todo = 0.0, list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        total += ticks[pid]
+        todo.extend(children.get(pid, []))
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 class OthersLoad:

@@ -204,3 +204,33 @@ def test_memrl_train_checks_between_its_phases(tmp_path, tiny_model_dir, monkeyp
         "torch threads: 2 -> 1 before evaluation batch 1 (load 1.00 on 2 cores; set MEMRL_THREADS to choose)",
         "torch threads: 1 -> 2 before training step 1 (load 0.00 on 2 cores; set MEMRL_THREADS to choose)",
     ]
+
+
+def test_own_cpu_counts_the_processes_it_started_while_they_run_and_after_they_end():
+    """A grandchild (as the sandbox's interpreter under its launcher) burns 0.4 s of CPU and waits: its time
+    counts as this process's while it lives, and still after it ends and is reaped (no drop, no double count)."""
+    import subprocess
+    import sys
+
+    burn = (
+        "import sys, time\n"
+        "t = time.process_time()\n"
+        "while time.process_time() - t < 0.4: pass\n"
+        "sys.stdout.write('done'); sys.stdout.flush()\n"
+        "sys.stdin.read()\n"
+    )
+    before = threads._self_cpu_s()
+    child = subprocess.Popen(
+        [sys.executable, "-c", f"import subprocess, sys; subprocess.run([sys.executable, '-c', {burn!r}])"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert child.stdout.read(4) == b"done"
+        live = threads._self_cpu_s() - before
+    finally:
+        child.stdin.close()
+        child.wait(timeout=30)
+    ended = threads._self_cpu_s() - before
+    assert live >= 0.4
+    assert ended >= live - 0.02 and ended < live + 0.5
