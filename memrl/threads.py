@@ -135,7 +135,7 @@ def _live_descendants_cpu_s(root: int) -> float:
     for pid in pids:
         try:
             with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
-                # after the ")" closing the command name: state ppid ... utime(12) stime cutime cstime
+                # after the ")" closing the command name: [0] state, [1] ppid, [11:15] utime stime cutime cstime
                 fields = fh.read().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue  # ended while scanning
@@ -154,8 +154,9 @@ def _live_descendants_cpu_s(root: int) -> float:
 
 class OthersLoad:
     """The cores other processes kept busy between two calls: the machine's busy CPU time (``/proc/stat``) less
-    this process's own (:func:`os.times`), over the wall time between the calls. ``None`` where it cannot tell:
-    no ``/proc/stat``, or less than ``min_interval_s`` since the last reading (too short to average)."""
+    this process's and its descendants' (:func:`_self_cpu_s`), over the wall time between the calls. ``None``
+    where it cannot tell: no ``/proc/stat``, or less than ``min_interval_s`` since the last reading (too short to
+    average)."""
 
     def __init__(self, cores: int | None = None, min_interval_s: float = 1.0) -> None:
         self.cores = (os.cpu_count() or 1) if cores is None else cores
