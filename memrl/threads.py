@@ -123,33 +123,18 @@ def _self_cpu_s() -> float:
 
 
 def _live_descendants_cpu_s(root: int) -> float:
-    """CPU seconds of ``root``'s live descendants, each with the children it has reaped (``/proc/PID/stat``:
-    utime + stime + cutime + cstime); 0 where ``/proc`` is missing. A descendant that ends between two readings
-    moves from here into its parent's reaped-children time, so the sum stays continuous."""
-    try:
-        pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
-    except OSError:
-        return 0.0
-    parent: dict[int, int] = {}
-    ticks: dict[int, float] = {}
-    for pid in pids:
+    """CPU seconds of ``root``'s live descendants, each with the children it has reaped (utime + stime + cutime +
+    cstime); 0 where ``/proc`` is missing. A descendant that ends between two readings moves from here into its
+    parent's reaped-children time, so the sum stays continuous."""
+    from memrl.procfs import descendants, stat_fields
+
+    ticks = 0.0
+    for pid in descendants(root):
         try:
-            with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
-                # after the ")" closing the command name: [0] state, [1] ppid, [11:15] utime stime cutime cstime
-                fields = fh.read().rsplit(")", 1)[1].split()
+            ticks += sum(float(x) for x in stat_fields(pid)[11:15])
         except (OSError, IndexError):
-            continue  # ended while scanning
-        parent[pid] = int(fields[1])
-        ticks[pid] = sum(float(x) for x in fields[11:15])
-    children: dict[int, list[int]] = {}
-    for pid, ppid in parent.items():
-        children.setdefault(ppid, []).append(pid)
-    total, todo = 0.0, list(children.get(root, []))
-    while todo:
-        pid = todo.pop()
-        total += ticks[pid]
-        todo.extend(children.get(pid, []))
-    return total / os.sysconf("SC_CLK_TCK")
+            continue  # ended meanwhile
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 class OthersLoad:

@@ -21,15 +21,14 @@ from pathlib import Path
 
 def tree_rss_mb(pid: int | None = None) -> float:
     """Resident memory of ``pid`` (default: this process) and all its descendants, in MB (``/proc``)."""
-    todo, total = [pid or os.getpid()], 0.0
-    while todo:
-        p = todo.pop()
+    from memrl.procfs import descendants
+
+    root = pid or os.getpid()
+    total = 0.0
+    for p in [root, *descendants(root)]:
         try:
             with open(f"/proc/{p}/status", encoding="ascii") as fh:
                 total += next((int(ln.split()[1]) for ln in fh if ln.startswith("VmRSS:")), 0) / 1024
-            for task in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{task}/children", encoding="ascii") as fh:
-                    todo.extend(int(c) for c in fh.read().split())
         except (OSError, ValueError):
             continue  # the process ended meanwhile
     return total

@@ -22,6 +22,7 @@ from pathlib import Path
 from string import Template
 
 from memrl.formats import RESULT_CLOSE, format_result
+from memrl.procfs import descendants, stat_fields
 from memrl.tools.config import SandboxConfig
 from memrl.tools.sandbox import SandboxResult
 from memrl.tools.text import neutralize
@@ -50,7 +51,7 @@ def count_fds() -> int:
 
 
 def _state(pid: int | str) -> str:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    return stat_fields(int(pid))[0]
 
 
 def processes_in_pidns(inode: int, zombies: bool = False) -> list[int]:
@@ -70,22 +71,14 @@ def processes_in_pidns(inode: int, zombies: bool = False) -> list[int]:
 
 
 def live_children(pid: int | None = None) -> list[int]:
-    """Descendants of ``pid`` (default: this process) that are not zombies, from a /proc scan."""
-    parents: dict[int, list[int]] = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
+    """Descendants of ``pid`` (default: this process) that are not zombies."""
+    out = []
+    for p in descendants(pid):
         try:
-            fields = Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z":
-            parents.setdefault(int(fields[1]), []).append(int(entry.name))
-    out, todo = [], [os.getpid() if pid is None else pid]
-    while todo:
-        kids = parents.get(todo.pop(), [])
-        out.extend(kids)
-        todo.extend(kids)
+            if _state(p) != "Z":
+                out.append(p)
+        except (OSError, IndexError):
+            continue  # ended meanwhile
     return out
 
 
