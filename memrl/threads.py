@@ -27,6 +27,8 @@ import logging
 import os
 from collections.abc import Mapping
 
+from memrl.procfs import descendants, stat_fields
+
 logger = logging.getLogger(__name__)
 
 THREADS_ENV = "MEMRL_THREADS"
@@ -126,8 +128,6 @@ def _live_descendants_cpu_s(root: int) -> float:
     """CPU seconds of ``root``'s live descendants, each with the children it has reaped (utime + stime + cutime +
     cstime); 0 where ``/proc`` is missing. A descendant that ends between two readings moves from here into its
     parent's reaped-children time, so the sum stays continuous."""
-    from memrl.procfs import descendants, stat_fields
-
     ticks = 0.0
     for pid in descendants(root):
         try:

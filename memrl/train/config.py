@@ -169,11 +169,11 @@ class TrainConfig:
     (``token-mean``, ``seq-mean-token-sum``, ``seq-mean-token-mean``). ``kl_coef`` > 0 adds a KL penalty to the
     reference policy (``kl_reference``: the same model with the adapter disabled, or the warm start's adapter).
     ``duplicates`` decides how leaves flagged ``StepMeta.is_duplicate`` count: ``drop`` (weight 0, not in group
-    statistics; default) or ``keep`` (ordinary samples, as verl would see them). Which groups train is ``data.group_filter``'s decision (the
-    buffer refills dropped groups); ``rollout/mixed_groups`` reports the share of groups whose rewards differ.
-    ``tree_local_weight`` > 0 adds
-    tree-local token advantages to tree leaves (node values from the tree's own leaves, see
-    :mod:`memrl.train.tree_advantages`); 0 trains every token of a leaf on its sequence advantage alone.
+    statistics; default) or ``keep`` (ordinary samples, as verl would see them). Which groups train is
+    ``data.group_filter``'s decision (the buffer refills dropped groups); ``rollout/mixed_groups`` reports the
+    share of groups whose rewards differ. ``tree_local_weight`` > 0 adds tree-local token advantages to tree
+    leaves (node values from the tree's own leaves, see :mod:`memrl.train.tree_advantages`); 0 trains every token
+    of a leaf on its sequence advantage alone.
     """
 
     advantage: str = "grpo"
