@@ -1,4 +1,5 @@
-"""``memrl bench engines``: the same workloads through memrl's ``hf`` engine and ``vllm``, greedy and sampled.
+"""``memrl bench engines``: the same workloads through memrl's ``hf`` engine (float32 and ``hf-bf16``, bfloat16) and
+``vllm``, greedy and sampled.
 
 Workloads (token ids built here, once, so both engines read the very same prompts):
 
@@ -21,9 +22,11 @@ under the vLLM environment's (``--vllm-python``, default ``$MEMRL_VLLM_PYTHON`` 
 ``unavailable`` with the reason, and the hf arm still runs.
 
 Per workload and engine: wall seconds, generated tokens, tokens/s (generated / wall), peak RSS of the engine's
-process tree during the workload; ``vllm_over_hf`` = vLLM's tokens/s over HF's (> 1: vLLM faster); for greedy
-workloads ``agree_rows`` of ``rows``: generated rows equal token for token. ``vllm_faster`` lists the workloads
-where vLLM was faster. Engine start-up (model load, vLLM's compile) is reported apart (``startup_s``), never
+process tree during the workload; ``over_hf`` = each other arm's tokens/s over float32 HF's (> 1: faster); for
+greedy workloads ``agree_with_hf`` (of ``rows``): that arm's generated rows equal to float32 HF's token for token
+(bfloat16 rounds differently, so its greedy rows may part). ``faster_than_hf`` lists, per arm, the workloads where
+it was faster. ``hf-bf16`` runs the HF engine with ``policy.dtype=bfloat16``, whatever the CPU: where the CPU lacks
+bf16 instructions it shows what emulation costs. Engine start-up (model load, vLLM's compile) is reported apart (``startup_s``), never
 inside a workload. Both arms get the same torch thread count (``--threads``, default chosen from the load).
 """
 
@@ -43,7 +46,8 @@ from memrl.bench import BENCHES
 
 logger = logging.getLogger(__name__)
 
-ENGINES = ("hf", "vllm")
+ENGINES = ("hf", "hf-bf16", "vllm")
+DTYPES = {"hf": "float32", "hf-bf16": "bfloat16", "vllm": "float32"}  # the arms' policy.dtype
 WORKLOADS = ("writes_8", "writes_32", "answers_chain", "answers_tree", "train_step")
 MODES = ("greedy", "sampled")
 TRAIN_CONFIG = "configs/synthetic_memory.yaml"
@@ -155,7 +159,7 @@ def vllm_python(arg: str | None) -> str:
 
 def check_engine(engine: str, python: str) -> str | None:
     """Why ``engine`` cannot run under ``python`` (None: it can)."""
-    if engine == "hf":
+    if engine != "vllm":
         return None
     if not Path(python).is_file():
         return (
@@ -186,7 +190,9 @@ def run_arm(
     src = str(Path(memrl.__file__).resolve().parents[1])
     with tempfile.TemporaryDirectory(prefix="memrl-bench-engines-") as tmp:
         spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "out.json"
-        spec_path.write_text(json.dumps(dict(spec, engine=engine, threads=threads)), encoding="utf-8")
+        spec_path.write_text(
+            json.dumps(dict(spec, engine=engine, dtype=DTYPES[engine], threads=threads)), encoding="utf-8"
+        )
         env = dict(
             os.environ, PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         )
@@ -211,7 +217,8 @@ def run_arm(
 
 
 def _summary(name: str, arms: dict[str, dict]) -> dict:
-    """One workload's row: per engine, its numbers; the ratio and (greedy) the rows that agree."""
+    """One workload's row: per engine, its numbers; each other arm's ratio over float32 HF and (greedy) its rows
+    that agree with HF's."""
     row: dict = {}
     for engine, res in arms.items():
         r = res["workloads"][name]
@@ -227,13 +234,20 @@ def _summary(name: str, arms: dict[str, dict]) -> dict:
             "peak_rss_mb": round(r["peak_rss_mb"], 1),
             **({"publish_s": round(r["publish_s"], 3)} if "publish_s" in r else {}),
         }
-    if {"hf", "vllm"} <= arms.keys():
-        hf, vl = row["hf"]["tokens_per_s"], row["vllm"]["tokens_per_s"]
-        row["vllm_over_hf"] = round(vl / hf, 3) if hf and vl else None
-        if name.endswith("/greedy"):
-            a, b = arms["hf"]["workloads"][name]["rows"], arms["vllm"]["workloads"][name]["rows"]
-            row["rows"] = max(len(a), len(b))
-            row["agree_rows"] = sum(x == y for x, y in zip(a, b, strict=False))
+    others = [e for e in arms if e != "hf"]
+    if "hf" not in arms or not others:
+        return row
+    hf = row["hf"]["tokens_per_s"]
+    row["over_hf"] = {
+        e: round(row[e]["tokens_per_s"] / hf, 3) if hf and row[e]["tokens_per_s"] else None for e in others
+    }
+    if name.endswith("/greedy"):
+        base = arms["hf"]["workloads"][name]["rows"]
+        row["rows"] = len(base)
+        row["agree_with_hf"] = {
+            e: sum(x == y for x, y in zip(base, arms[e]["workloads"][name]["rows"], strict=False))
+            for e in others
+        }
     return row
 
 
@@ -253,7 +267,7 @@ def bench_engines(argv: list[str]) -> dict:
     stop_ids = [] if tok.eos_token_id is None else [int(tok.eos_token_id)]
     gen_specs, train_specs = build_specs(args, model_dir, tok, stop_ids)
     threads = args.threads or auto_threads()
-    pythons = {"hf": sys.executable, "vllm": vllm_python(args.vllm_python)}
+    pythons = {"hf": sys.executable, "hf-bf16": sys.executable, "vllm": vllm_python(args.vllm_python)}
     out: dict = {"config": {**vars(args), "model_dir": model_dir, "torch_threads": threads}, "engines": {}}
     arms: dict[str, dict] = {}
     for engine in engines:
@@ -282,5 +296,9 @@ def bench_engines(argv: list[str]) -> dict:
                 info["startup_s"] = round(res["startup_s"], 1)
     names = [w["name"] for s in gen_specs + train_specs for w in s["workloads"]]
     out["workloads"] = {n: _summary(n, {e: a for e, a in arms.items() if n in a["workloads"]}) for n in names}
-    out["vllm_faster"] = [n for n, row in out["workloads"].items() if (row.get("vllm_over_hf") or 0) > 1]
+    out["faster_than_hf"] = {
+        e: [n for n, row in out["workloads"].items() if (row.get("over_hf", {}).get(e) or 0) > 1]
+        for e in arms
+        if e != "hf"
+    }
     return out

@@ -62,13 +62,19 @@ def _policy_config(spec: dict, **extra):
     from memrl.policy.config import PolicyConfig
 
     return PolicyConfig(
-        backend=spec["engine"],
+        backend=_backend(spec["engine"]),
+        dtype=spec["dtype"],
         model=spec["model_dir"],
         seed=0,
         max_model_len=spec["max_model_len"],
         vllm_kv_cache_gb=spec["vllm_kv_cache_gb"],
         **extra,
     )
+
+
+def _backend(engine: str) -> str:
+    """The policy backend an arm runs (``hf-bf16`` is the ``hf`` backend in bfloat16)."""
+    return engine.split("-", 1)[0]
 
 
 def _generate(policy, work: dict, stop_ids: list[int]) -> dict:
@@ -145,7 +151,8 @@ def train_step(spec: dict, work: dict) -> dict:
     with tempfile.TemporaryDirectory(prefix="memrl-engines-") as out:
         overrides = [
             f"output_dir={out}",
-            f"policy.backend={spec['engine']}",
+            f"policy.backend={_backend(spec['engine'])}",
+            f"policy.dtype={spec['dtype']}",
             f"policy.model={spec['model_dir']}",
             f"policy.max_model_len={spec['max_model_len']}",
             f"policy.vllm_kv_cache_gb={spec['vllm_kv_cache_gb']}",
@@ -176,7 +183,7 @@ def run_spec(spec: dict) -> dict:
 
     torch.set_num_threads(spec["threads"])
     rss = PeakRss()
-    out: dict = {"engine_info": engine_info(spec["engine"]), "workloads": {}}
+    out: dict = {"engine_info": {**engine_info(spec["engine"]), "dtype": spec["dtype"]}, "workloads": {}}
     policy = None
     generation = [w for w in spec["workloads"] if w["kind"] != "train_step"]
     if generation:

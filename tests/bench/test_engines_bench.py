@@ -23,21 +23,22 @@ def test_write_prompts_are_the_writers_own_over_the_locomo_fixture(tiny_model_di
     assert text.rstrip().endswith("Operations:") or "Operations:" in text.rsplit("New:", 1)[1]
 
 
-def test_summary_reports_the_ratio_and_the_greedy_rows_that_agree():
+def test_summary_reports_each_arms_ratio_over_hf_and_the_greedy_rows_that_agree():
     def arm(wall, rows):
         return {"workloads": {"w/greedy": {"wall_s": wall, "prompt_tokens": 10, "rows": rows, "peak_rss_mb": 1.0,
                                            "generated_tokens": sum(map(len, rows))}}}  # fmt: skip
 
     row = _summary(
-        "w/greedy", {"hf": arm(2.0, [[1, 2], [3, 4], [5]]), "vllm": arm(1.0, [[1, 2], [3, 9], [5]])}
-    )
-    assert row["rows"] == 3 and row["agree_rows"] == 2
-    assert (
-        row["hf"]["tokens_per_s"] == 2.5 and row["vllm"]["tokens_per_s"] == 5.0 and row["vllm_over_hf"] == 2.0
-    )
+        "w/greedy",
+        {"hf": arm(2.0, [[1, 2], [3, 4], [5]]), "vllm": arm(1.0, [[1, 2], [3, 9], [5]]),
+         "hf-bf16": arm(4.0, [[1, 2], [3, 4], [5]])},
+    )  # fmt: skip
+    assert row["rows"] == 3 and row["agree_with_hf"] == {"vllm": 2, "hf-bf16": 3}
+    assert row["hf"]["tokens_per_s"] == 2.5 and row["vllm"]["tokens_per_s"] == 5.0
+    assert row["over_hf"] == {"vllm": 2.0, "hf-bf16": 0.5}
     assert row["hf"]["forwarded_tokens_per_s"] == 7.5
     only = _summary("w/greedy", {"hf": arm(2.0, [[1]])})
-    assert "vllm_over_hf" not in only and "agree_rows" not in only
+    assert "over_hf" not in only and "agree_with_hf" not in only
 
 
 def test_unknown_choices_list_the_valid_ones():
@@ -45,11 +46,11 @@ def test_unknown_choices_list_the_valid_ones():
         _choices("writes_9", ("writes_8", "writes_32"), "--workloads")
 
 
-def test_a_missing_vllm_environment_is_reported_and_the_hf_arm_still_runs(tiny_model_dir, tmp_path):
+def test_a_missing_vllm_environment_is_reported_and_the_hf_arms_still_run(tiny_model_dir, tmp_path):
     missing = tmp_path / "no-venv" / "bin" / "python"
     out = BENCHES.get("engines")(
         ["--model", str(tiny_model_dir), "--workloads", "writes_8", "--modes", "greedy", "--threads", "1",
-         "--vllm-python", str(missing)]
+         "--vllm-python", str(missing), "--engines", "hf,hf-bf16,vllm"]
     )  # fmt: skip
     vllm = out["engines"]["vllm"]
     assert (
@@ -60,7 +61,12 @@ def test_a_missing_vllm_environment_is_reported_and_the_hf_arm_still_runs(tiny_m
     hf = out["workloads"]["writes_8/greedy"]["hf"]
     assert hf["generated_tokens"] > 0 and hf["wall_s"] > 0 and hf["peak_rss_mb"] > 100
     assert out["engines"]["hf"]["available"] and out["engines"]["hf"]["transformers"]
-    assert out["vllm_faster"] == [] and "vllm" not in out["workloads"]["writes_8/greedy"]
+    row = out["workloads"]["writes_8/greedy"]
+    assert "vllm" not in row and "vllm" not in out["faster_than_hf"]
+    # the bf16 arm ran the HF engine in bfloat16, on the same prompts
+    assert out["engines"]["hf"]["dtype"] == "float32" and out["engines"]["hf-bf16"]["dtype"] == "bfloat16"
+    assert row["hf-bf16"]["prompt_tokens"] == hf["prompt_tokens"] and row["hf-bf16"]["generated_tokens"] > 0
+    assert set(row["over_hf"]) == {"hf-bf16"} and 0 <= row["agree_with_hf"]["hf-bf16"] <= row["rows"] == 8
 
 
 def test_a_failed_arm_reports_the_root_cause_before_the_clients_last_words():
