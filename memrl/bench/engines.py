@@ -57,7 +57,9 @@ TRAIN_OVERRIDES = ("train.role_adapters=shared", "memory.write_cache=false", "tr
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="memrl bench engines", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m", help="a model alias or a model directory")
-    p.add_argument("--engines", default=",".join(ENGINES), help=f"comma-separated, of {', '.join(ENGINES)}")
+    p.add_argument(
+        "--engines", default="hf,vllm", help=f"comma-separated, of {', '.join(ENGINES)} (hf-bf16: opt-in)"
+    )
     p.add_argument(
         "--workloads", default=",".join(WORKLOADS), help=f"comma-separated, of {', '.join(WORKLOADS)}"
     )
