@@ -26,8 +26,8 @@ process tree during the workload; ``over_hf`` = each other arm's tokens/s over f
 greedy workloads ``agree_with_hf`` (of ``rows``): that arm's generated rows equal to float32 HF's token for token
 (bfloat16 rounds differently, so its greedy rows may part). ``faster_than_hf`` lists, per arm, the workloads where
 it was faster. ``hf-bf16`` runs the HF engine with ``policy.dtype=bfloat16``, whatever the CPU: where the CPU lacks
-bf16 instructions it shows what emulation costs. Engine start-up (model load, vLLM's compile) is reported apart (``startup_s``), never
-inside a workload. Both arms get the same torch thread count (``--threads``, default chosen from the load).
+bf16 instructions it shows what emulation costs. Engine start-up (model load, vLLM's compile) is reported apart
+(``startup_s``), never inside a workload. Both arms get the same torch thread count (``--threads``, default chosen from the load).
 """
 
 from __future__ import annotations
@@ -46,8 +46,12 @@ from memrl.bench import BENCHES
 
 logger = logging.getLogger(__name__)
 
-ENGINES = ("hf", "hf-bf16", "vllm")
-DTYPES = {"hf": "float32", "hf-bf16": "bfloat16", "vllm": "float32"}  # the arms' policy.dtype
+ARMS = {
+    "hf": ("hf", "float32"),
+    "hf-bf16": ("hf", "bfloat16"),
+    "vllm": ("vllm", "float32"),
+}  # (backend, dtype)
+ENGINES = tuple(ARMS)
 WORKLOADS = ("writes_8", "writes_32", "answers_chain", "answers_tree", "train_step")
 MODES = ("greedy", "sampled")
 TRAIN_CONFIG = "configs/synthetic_memory.yaml"
@@ -161,7 +165,7 @@ def vllm_python(arg: str | None) -> str:
 
 def check_engine(engine: str, python: str) -> str | None:
     """Why ``engine`` cannot run under ``python`` (None: it can)."""
-    if engine != "vllm":
+    if ARMS[engine][0] != "vllm":
         return None
     if not Path(python).is_file():
         return (
@@ -193,7 +197,10 @@ def run_arm(
     with tempfile.TemporaryDirectory(prefix="memrl-bench-engines-") as tmp:
         spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "out.json"
         spec_path.write_text(
-            json.dumps(dict(spec, engine=engine, dtype=DTYPES[engine], threads=threads)), encoding="utf-8"
+            json.dumps(
+                dict(spec, engine=engine, backend=ARMS[engine][0], dtype=ARMS[engine][1], threads=threads)
+            ),
+            encoding="utf-8",
         )
         env = dict(
             os.environ, PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
@@ -269,7 +276,9 @@ def bench_engines(argv: list[str]) -> dict:
     stop_ids = [] if tok.eos_token_id is None else [int(tok.eos_token_id)]
     gen_specs, train_specs = build_specs(args, model_dir, tok, stop_ids)
     threads = args.threads or auto_threads()
-    pythons = {"hf": sys.executable, "hf-bf16": sys.executable, "vllm": vllm_python(args.vllm_python)}
+    pythons = {
+        e: vllm_python(args.vllm_python) if b == "vllm" else sys.executable for e, (b, _) in ARMS.items()
+    }
     out: dict = {"config": {**vars(args), "model_dir": model_dir, "torch_threads": threads}, "engines": {}}
     arms: dict[str, dict] = {}
     for engine in engines:

@@ -62,7 +62,7 @@ def _policy_config(spec: dict, **extra):
     from memrl.policy.config import PolicyConfig
 
     return PolicyConfig(
-        backend=_backend(spec["engine"]),
+        backend=spec["backend"],
         dtype=spec["dtype"],
         model=spec["model_dir"],
         seed=0,
@@ -70,11 +70,6 @@ def _policy_config(spec: dict, **extra):
         vllm_kv_cache_gb=spec["vllm_kv_cache_gb"],
         **extra,
     )
-
-
-def _backend(engine: str) -> str:
-    """The policy backend an arm runs (``hf-bf16`` is the ``hf`` backend in bfloat16)."""
-    return engine.split("-", 1)[0]
 
 
 def _generate(policy, work: dict, stop_ids: list[int]) -> dict:
@@ -151,7 +146,7 @@ def train_step(spec: dict, work: dict) -> dict:
     with tempfile.TemporaryDirectory(prefix="memrl-engines-") as out:
         overrides = [
             f"output_dir={out}",
-            f"policy.backend={_backend(spec['engine'])}",
+            f"policy.backend={spec['backend']}",
             f"policy.dtype={spec['dtype']}",
             f"policy.model={spec['model_dir']}",
             f"policy.max_model_len={spec['max_model_len']}",
