@@ -27,7 +27,8 @@ greedy workloads ``agree_with_hf`` (of ``rows``): that arm's generated rows equa
 (bfloat16 rounds differently, so its greedy rows may part). ``faster_than_hf`` lists, per arm, the workloads where
 it was faster. ``hf-bf16`` runs the HF engine with ``policy.dtype=bfloat16``, whatever the CPU: where the CPU lacks
 bf16 instructions it shows what emulation costs. Engine start-up (model load, vLLM's compile) is reported apart
-(``startup_s``), never inside a workload. Both arms get the same torch thread count (``--threads``, default chosen from the load).
+(``startup_s``), never inside a workload. Every arm gets the same torch thread count (``--threads``, default chosen
+from the load).
 """
 
 from __future__ import annotations
