@@ -222,29 +222,32 @@ class EpisodeRunner:
                 st.advance(Phase.PROMPTING)
             return
         chunk = self.cfg.ingest_chunk_turns
+        live = [st for st in states if st.phase is Phase.INGESTING]
         if self._policy_writes and not self._greedy_writes:
-            # Sampled policy-written memory is the episode's own (each write is a trainable step): never shared.
-            if self.snapshot is not None:
-                self.snapshot.prepare(states, chunk)
-            t0 = last = time.perf_counter()
-            while any(st.phase is Phase.INGESTING for st in states):
-                self._guarded(Phase.INGESTING, states, lambda live: self._write_chunk(live, chunk))
-                last = _log_writes(states, t0, last, self.memory.extractor)
+            # Sampled policy-written memory is the episode's own (each write is a trainable step), but under
+            # snapshot credit the applied reply is greedy, and the scorer says which episodes share one trunk.
+            groups = (
+                self.snapshot.prepare(live, chunk) if self.snapshot is not None else [[st] for st in live]
+            )
+            self._write_shared(groups, chunk)
             return
         groups: dict[tuple, list[EpisodeState]] = {}
-        for st in states:
-            if st.phase is Phase.INGESTING:
-                groups.setdefault(history_key(st.inp), []).append(st)
-        leaders = [group[0] for group in groups.values()]
+        for st in live:
+            groups.setdefault(history_key(st.inp), []).append(st)
         # Greedy writes of one history are one memory: the leader writes it (its writes are its steps) and the
         # others copy it, as rule-built memory is shared (an evaluation over LoCoMo writes each conversation once).
+        self._write_shared(list(groups.values()), chunk)
+
+    def _write_shared(self, groups: list[list[EpisodeState]], chunk: int) -> None:
+        """Each group's first episode ingests its history (its writes are its steps); the others copy its memory."""
+        leaders = [group[0] for group in groups]
         ingest = self._write_chunk if self._policy_writes else self._ingest_chunk
         t0 = last = time.perf_counter()
         while any(st.phase is Phase.INGESTING for st in leaders):
             self._guarded(Phase.INGESTING, leaders, lambda live: ingest(live, chunk))
             if self._policy_writes:
                 last = _log_writes(leaders, t0, last, self.memory.extractor)
-        for leader, *copies in groups.values():
+        for leader, *copies in groups:
             for st in copies:
                 self._share(leader, st)
 

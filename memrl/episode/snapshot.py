@@ -95,19 +95,32 @@ class SnapshotScorer:
         random.Random(seed).shuffle(rest)
         return set((hits + rest)[: self.cfg.snapshot_writes])
 
-    def prepare(self, states: Sequence[EpisodeState], chunk: int) -> None:
-        """Plan each episode's snapshot writes, and note which questions its forks answer: its own, or with
-        ``snapshot_questions: all`` every episode of the batch over the same history (its own first)."""
+    def prepare(self, states: Sequence[EpisodeState], chunk: int) -> list[list[EpisodeState]]:
+        """Plan each episode's snapshot writes, note which questions its forks answer (its own, or with
+        ``snapshot_questions: all`` every episode of the batch over the same history, its own first), and return
+        the episodes that write one trunk together, the writer first.
+
+        With ``all``, the episodes over one history build the same greedy trunk and a fork is scored on the same
+        questions whichever of them planned it, so the first writes the trunk once with every write any of them
+        planned (one group per write), and the others copy its memory: a LoCoMo step over one conversation's 4
+        questions writes the conversation once, not 4 times. With ``own`` each episode writes its own trunk."""
         by_history: dict[tuple, list[EpisodeState]] = {}
         for st in states:
             st.snapshot_writes = self.plan(st.inp, chunk)
-            key = history_key(st.inp)
-            by_history.setdefault(key, []).append(st)
+            by_history.setdefault(history_key(st.inp), []).append(st)
         self._askers = {}
+        shared = self.cfg.snapshot_questions == "all"
         for group in by_history.values():
             for st in group:
-                others = [o for o in group if o is not st] if self.cfg.snapshot_questions == "all" else []
+                others = [o for o in group if o is not st] if shared else []
                 self._askers[id(st)] = [st, *others]
+        if not shared:
+            return [[st] for st in states]
+        for leader, *others in by_history.values():
+            for st in others:
+                leader.snapshot_writes |= st.snapshot_writes
+                st.snapshot_writes = set()
+        return list(by_history.values())
 
     def score(self, scored: Sequence[tuple[EpisodeState, Any]]) -> None:
         """Answer the questions of :meth:`prepare` on every fork of ``scored`` ((EpisodeState, WriteResult) pairs)

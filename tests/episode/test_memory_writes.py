@@ -191,7 +191,43 @@ def test_snapshot_questions_all_scores_a_fork_on_every_question_over_its_history
     both = rewards("episode.memory_credit.snapshot_questions=all")
     assert len(own[right.episode_id]) == 3 and own[right.episode_id] != own[other.episode_id]
     mean = [(a + b) / 2 for a, b in zip(own[right.episode_id], own[other.episode_id], strict=True)]
-    assert both[right.episode_id] == pytest.approx(mean) and both[other.episode_id] == pytest.approx(mean)
+    # One trunk for the history: the first episode carries the group (both planned the same write), scored on both.
+    assert both == {right.episode_id: pytest.approx(mean)}
+
+
+def test_snapshot_questions_all_writes_one_trunk_per_history_with_every_planned_write(policy):
+    """Episodes over one history under ``snapshot_questions=all``: the first writes the trunk once, sampling a
+    group at every write any of them planned; the others copy its memory and carry no write steps."""
+    cfg = _cfg("episode.memory_credit.name=snapshot", "episode.memory_credit.snapshot_k=3",
+               "episode.memory_credit.snapshot_writes=1", "episode.memory_credit.snapshot_questions=all",
+               "rollout.temperature=1.0", "rollout.n=1")  # fmt: skip
+    inputs, _ = load_dataset(cfg.data)
+    first = inputs[0]
+    # Three questions over the first history, planning different writes (evidence in each of its 3 chunks).
+    history = first.history
+    asked = [
+        dataclasses.replace(
+            first,
+            episode_id=f"{first.episode_id}-q{i}",
+            group_id=f"{first.group_id}-q{i}",
+            metadata={**first.metadata, "evidence_turn_ids": [history[6 * i].turn_id]},
+        )
+        for i in range(3)
+    ]
+    runner = build_runner(cfg, policy=policy)
+    trajs = runner.run_batch([*asked, inputs[1]])
+    assert runner.metrics["memory/writes"] == 3 + 3  # one trunk of 3 writes per distinct history
+    assert runner.metrics["memory/shared_ingests"] == 2
+    by_id = {t.episode_id: t for t in trajs}
+    groups = [
+        s.meta.write.index for s, _ in _writes(by_id[asked[0].episode_id]) if s.meta.write.alternatives == 3
+    ]
+    assert sorted(set(groups)) == [0, 1, 2] and len(groups) == 9  # every planned write, one group each
+    assert not _writes(by_id[asked[1].episode_id]) and not _writes(by_id[asked[2].episode_id])
+    # the copies answered from the same memory the leader built
+    facts = [by_id[a.episode_id].steps[-1].meta.retrieved_ids for a in asked]
+    assert all(len(f) > 0 for f in facts)
+    assert len([s for s, _ in _writes(by_id[inputs[1].episode_id]) if s.meta.write.alternatives == 3]) == 3
 
 
 def test_snapshot_questions_must_be_one_the_scorer_knows():
