@@ -46,7 +46,8 @@ class MemoryCreditConfig:
     (subtracted from a write that wrote a fact the turns it read do not support,
     :mod:`memrl.memory.faithfulness`; 0 = off). ``snapshot_k``
     alternatives are sampled at up to ``snapshot_writes`` writes per episode (those that read an evidence turn
-    first) for ``snapshot``, at every write for ``local``. ``snapshot_score``: what each snapshot alternative's
+    first; per history under ``snapshot_questions: all``, whose episodes share one trunk) for ``snapshot``, at
+    every write for ``local``. ``snapshot_score``: what each snapshot alternative's
     outcome is, ``answer`` (the reward of one greedy answer) or ``gold_logprob`` (how likely the answer policy finds
     the gold answer: the geometric mean of its per-token probabilities, in [0, 1]). A greedy answer rarely changes
     when one write among hundreds does, so ``answer`` groups often tie; the gold answer's likelihood moves with

@@ -21,7 +21,8 @@ also see what that fact pushes out of their prompts (a prompt holds a fixed budg
 ``all`` prices clutter that ``own`` cannot see.
 
 Which writes: those that read an evidence turn of the question (``metadata["evidence_turn_ids"]``) first, then
-others drawn by a hash of the episode id, up to ``snapshot_writes`` per episode. Every other write is greedy: the
+others drawn by a hash of the episode id, up to ``snapshot_writes`` per episode; with ``all``, the episodes over
+one history share one trunk and its ``snapshot_writes`` groups, every question's evidence writes first. Every other write is greedy: the
 episode's store is the memory the writer builds at test (the trunk), and a group's alternatives are compared
 inside it, the greedy reply among them. The trunk costs little: the write cache holds the writer's greedy replies,
 and a writer changed by an update checks the last step's reply as its own in one forward (drafts,
@@ -43,6 +44,14 @@ from memrl.episode.state import EpisodeState
 from memrl.formats import format_answer
 from memrl.rewards.base import RewardFn, RewardInput
 from memrl.types import BatchInput, EpisodeStatus
+
+
+def _interleave(lists: Sequence[Sequence[int]]) -> list[int]:
+    """The first item of each list, then the second of each, and so on."""
+    out = []
+    for i in range(max((len(x) for x in lists), default=0)):
+        out.extend(x[i] for x in lists if i < len(x))
+    return out
 
 
 def history_key(inp: BatchInput) -> tuple:
@@ -81,6 +90,12 @@ class SnapshotScorer:
 
     def plan(self, inp: BatchInput, chunk: int) -> set[int]:
         """The write indices of ``inp`` to sample as groups (writes of ``chunk`` turns; 0 = one write)."""
+        hits, rest = self._ranked(inp, chunk)
+        return set((hits + rest)[: self.cfg.snapshot_writes])
+
+    def _ranked(self, inp: BatchInput, chunk: int) -> tuple[list[int], list[int]]:
+        """``inp``'s writes that read an evidence turn of its question, in order, and the others in an order
+        drawn from its episode id."""
         history = inp.history
         size = chunk if chunk > 0 else max(1, len(history))
         n_writes = (len(history) + size - 1) // size
@@ -93,7 +108,14 @@ class SnapshotScorer:
         rest = [i for i in range(n_writes) if i not in hits]
         seed = int(hashlib.sha256(inp.episode_id.encode()).hexdigest()[:8], 16)
         random.Random(seed).shuffle(rest)
-        return set((hits + rest)[: self.cfg.snapshot_writes])
+        return hits, rest
+
+    def _shared_plan(self, group: Sequence[EpisodeState], chunk: int) -> set[int]:
+        """``snapshot_writes`` writes of one trunk shared by ``group``'s questions: every question's evidence
+        writes first, taken in turn from each question, then the others in turn."""
+        ranked = [self._ranked(st.inp, chunk) for st in group]
+        order = _interleave([h for h, _ in ranked]) + _interleave([r for _, r in ranked])
+        return set(list(dict.fromkeys(order))[: self.cfg.snapshot_writes])
 
     def prepare(self, states: Sequence[EpisodeState], chunk: int) -> list[list[EpisodeState]]:
         """Plan each episode's snapshot writes, note which questions its forks answer (its own, or with
@@ -101,24 +123,26 @@ class SnapshotScorer:
         the episodes that write one trunk together, the writer first.
 
         With ``all``, the episodes over one history build the same greedy trunk and a fork is scored on the same
-        questions whichever of them planned it, so the first writes the trunk once with every write any of them
-        planned (one group per write), and the others copy its memory: a LoCoMo step over one conversation's 4
-        questions writes the conversation once, not 4 times. With ``own`` each episode writes its own trunk."""
+        questions whichever of them planned it, so the first writes the trunk once and the others copy its
+        memory: a LoCoMo step over one conversation's 4 questions writes the conversation once, not 4 times.
+        ``snapshot_writes`` then counts the trunk's groups (:meth:`_shared_plan`). With ``own`` each episode
+        writes its own trunk with its own ``snapshot_writes`` groups."""
         by_history: dict[tuple, list[EpisodeState]] = {}
         for st in states:
-            st.snapshot_writes = self.plan(st.inp, chunk)
             by_history.setdefault(history_key(st.inp), []).append(st)
-        self._askers = {}
         shared = self.cfg.snapshot_questions == "all"
+        self._askers = {}
         for group in by_history.values():
             for st in group:
                 others = [o for o in group if o is not st] if shared else []
                 self._askers[id(st)] = [st, *others]
         if not shared:
+            for st in states:
+                st.snapshot_writes = self.plan(st.inp, chunk)
             return [[st] for st in states]
-        for leader, *others in by_history.values():
-            for st in others:
-                leader.snapshot_writes |= st.snapshot_writes
+        for group in by_history.values():
+            group[0].snapshot_writes = self._shared_plan(group, chunk)
+            for st in group[1:]:
                 st.snapshot_writes = set()
         return list(by_history.values())
 

@@ -321,7 +321,8 @@ class HFPolicy:
             logits, mask, pos, cache = self._prefill_ragged(rows)
         else:
             input_ids, mask, pos, cache = self._prefill_inputs(rows)
-            logits = self._forward(input_ids, None if bool(mask.all()) else mask, pos, cache)
+            unpadded = bool(mask.all())
+            logits = self._forward(input_ids, None if unpadded else mask, pos, cache, causal_tail=unpadded)
         # Decoding appends all-ones columns: whether any row is padded changes only when rows leave or join.
         return DecodeBatch(list(rows), logits, mask, pos[:, -1:], cache, padded=not bool(mask.all()))
 
@@ -366,12 +367,15 @@ class HFPolicy:
             return
         batch.logits = self._forward(next_ids, mask, batch.pos, batch.cache)
 
-    def _forward(self, input_ids, mask, pos, cache) -> torch.Tensor:
+    def _forward(self, input_ids, mask, pos, cache, causal_tail: bool = False) -> torch.Tensor:
         """Last-position logits ``[B, V]``; ``cache`` is extended in place.
 
         ``mask`` is ``None`` when no row is padded (e.g. branches of one node), so attention runs its causal
-        kernel instead of materialising and applying a ``[B, 1, q, k]`` mask."""
+        kernel instead of materialising and applying a ``[B, 1, q, k]`` mask; ``causal_tail``: no row is padded
+        and each continues from a cached prefix (:meth:`causal_tail_kwargs`)."""
         extra = {"memrl_shared_prefix": cache.prefix} if isinstance(cache, SharedPrefixCache) else {}
+        if causal_tail and not extra:
+            extra = self.causal_tail_kwargs()
         t0 = time.perf_counter()
         with self._own_forward():
             out = self.model(
@@ -411,7 +415,8 @@ class HFPolicy:
             mask[i, C - row.cached : C] = 1
         pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, C:]
         capacity = C + R + max(r.budget for r in rows)
-        shared = self._shared_prefix(rows) if C > 0 else None
+        # One row reads its prefix once per step either way: the plain cache keeps the kernels' fast paths.
+        shared = self._shared_prefix(rows) if C > 0 and B > 1 else None
         if shared:
             cache = shared_prefix_cache(*shared, capacity)  # the shared prefix is kept once
         elif C > 0:
@@ -459,7 +464,7 @@ class HFPolicy:
             cache = preallocated_cache(self._num_layers(), n)
         ids = torch.tensor([tail], device=self.device)
         pos = torch.arange(row.cached, n, device=self.device)[None]
-        logits = self._forward(ids, None, pos, cache)
+        logits = self._forward(ids, None, pos, cache, causal_tail=row.cached > 0)
         keys = [layer.keys[0] for layer in cache.layers]
         values = [layer.values[0] for layer in cache.layers]
         return logits, PrefixStates(keys=keys, values=values)
@@ -490,6 +495,12 @@ class HFPolicy:
             return [k for k, _ in states], [v for _, v in states]
 
         self.prefix_cache.insert(row.prompt + tuple(row.out[:-1]), take)
+
+    def causal_tail_kwargs(self) -> dict[str, bool]:
+        """Forward kwargs for unpadded rows that continue from a cached prefix: on CPU, attention computes the
+        prefix and the rows' own causal square apart (:func:`memrl.policy.shared_attention.causal_tail_attention`)
+        instead of one masked kernel over all of it."""
+        return {"memrl_causal_tail": True} if self.shared_attention and self.device.type == "cpu" else {}
 
     def _num_layers(self) -> int:
         cfg = self.model.config

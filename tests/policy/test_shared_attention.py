@@ -5,11 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from memrl.policy import kv_cache
+from memrl.policy import kv_cache, shared_attention
 from memrl.policy.base import GenerationRequest, SamplingParams
 from memrl.policy.config import PolicyConfig
 from memrl.policy.hf import HFPolicy
-from memrl.policy.shared_attention import SharedPrefix, memrl_sdpa, shared_prefix_attention
+from memrl.policy.shared_attention import (
+    SharedPrefix,
+    causal_tail_attention,
+    memrl_sdpa,
+    shared_prefix_attention,
+)
 from memrl.testing import random_tiny_llama
 
 
@@ -87,6 +92,50 @@ def test_padded_gqa_attention_skips_the_head_copies_and_equals_transformers_sdpa
         memrl_sdpa(module, query, key, value, mask.to(torch.float64), scaling=0.3)
 
 
+@pytest.mark.parametrize(("cached", "q", "dtype"), [(0, 9, torch.float32), (13, 9, torch.float32),
+                                                    (40, 3, torch.float32), (13, 9, torch.bfloat16)])  # fmt: skip
+def test_causal_tail_equals_sdpa_under_the_offset_causal_mask(cached, q, dtype):
+    """The tail of a prompt after ``cached`` prefix positions: prefix and own causal square merged by their
+    log-sum-exp equal one masked attention over everything (grouped heads, no copies)."""
+    g = torch.Generator().manual_seed(cached + q)
+    B, H, Hkv, D = 2, 4, 2, 16
+    S = cached + q
+    query = torch.randn(B, H, q, D, generator=g).to(dtype)
+    key, value = (torch.randn(B, Hkv, S, D, generator=g).to(dtype) for _ in range(2))
+    mask = torch.ones(q, S, dtype=torch.bool).tril(S - q)
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        query.double(), key.double().repeat_interleave(2, 1), value.double().repeat_interleave(2, 1),
+        attn_mask=mask, scale=0.3,
+    ).transpose(1, 2)  # fmt: skip
+    out = causal_tail_attention(query, key, value, 0.3)
+    assert out.shape == (B, q, H, D) and out.dtype == dtype
+    assert torch.allclose(out.double(), ref, atol=1e-5 if dtype == torch.float32 else 3e-2)
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.layer_idx, module.is_causal = H // Hkv, 0, True
+    via, _ = memrl_sdpa(module, query, key, value, mask[None, None].expand(B, 1, q, S), scaling=0.3,
+                        memrl_causal_tail=True)  # fmt: skip
+    assert torch.equal(via, out)
+
+
+def test_a_prompt_after_its_cached_prefix_takes_the_causal_tail_and_decodes_as_from_scratch(monkeypatch):
+    calls = []
+    real = shared_attention.causal_tail_attention
+    monkeypatch.setattr(
+        shared_attention, "causal_tail_attention", lambda q, *a: calls.append(q.shape[2]) or real(q, *a)
+    )
+    warm, cold = _policy(True), _policy(True)
+    prefix = _enc(warm, "You keep the memory of a conversation. " * 4)
+    params = SamplingParams(temperature=0.0, max_tokens=6)
+    warm.generate([GenerationRequest(prefix, SamplingParams(temperature=0.0, max_tokens=1))])
+    calls.clear()
+    prompt = prefix + _enc(warm, " Ann: I moved to Rome in May. Tom: nice.")
+    [[out]] = warm.generate([GenerationRequest(prompt, params)])
+    assert out.cached_tokens >= len(prefix) - 1 and calls and calls[0] == len(prompt) - out.cached_tokens
+    [[ref]] = cold.generate([GenerationRequest(prompt, params)])
+    assert ref.cached_tokens == 0 and ref.token_ids == out.token_ids
+    assert torch.allclose(torch.tensor(out.logprobs), torch.tensor(ref.logprobs), atol=1e-4)
+
+
 def _policy(shared: bool) -> HFPolicy:
     model, tok = random_tiny_llama(
         seed=3, initializer_range=0.3, num_attention_heads=4, num_key_value_heads=2
@@ -135,7 +184,7 @@ def test_branches_on_one_prefix_equal_per_row_copies_and_recompute(monkeypatch):
     )
     shared, copies = _policy(True), _policy(False)
     a = _branches(shared)
-    assert len(calls) == 2, "one node's branches and the continuation share their prefix; two nodes do not"
+    assert len(calls) == 1, "one node's branches share their prefix; two nodes and a lone continuation do not"
     calls.clear()
     b = _branches(copies)
     assert not calls
