@@ -127,6 +127,37 @@ def causal_tail_attention(query: torch.Tensor, key: torch.Tensor, value: torch.T
     return out.transpose(1, 2).contiguous()
 
 
+def decode_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scaling: float
+) -> torch.Tensor:
+    """One new position per row: ``query [B, H, 1, D]`` over ``key/value [B, Hkv, T, D]`` under ``mask`` (bool
+    ``[B, 1, 1, T]``, True = attend; ``None`` = all). Returns ``[B, 1, H, D]``.
+
+    A decode step on CPU: the query heads of each key/value head are one ``[g, D] x [D, T]`` product, so the
+    cache is read once per step; the scores and softmax are float32 as in the fused kernel. torch's CPU sdpa
+    runs a single query through its blocked prefill kernel, which took most of a LoCoMo answer batch's decode
+    steps (32 rows of ~1,400 cached positions)."""
+    B, H, _, D = query.shape
+    Hkv = key.shape[1]
+    q = query.reshape(B, Hkv, H // Hkv, D).float()
+    scores = torch.matmul(q, key.float().transpose(-1, -2)) * scaling  # [B, Hkv, g, T]
+    if mask is not None:
+        scores = scores.masked_fill(~mask.reshape(B, 1, 1, -1), float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(value.dtype)
+    return torch.matmul(probs, value).reshape(B, 1, H, D)
+
+
+def _single_query(query: torch.Tensor, mask: torch.Tensor | None, kwargs: dict) -> bool:
+    """A CPU decode step :func:`decode_attention` serves: one query per row, a boolean padding mask or none."""
+    return (
+        query.device.type == "cpu"
+        and query.shape[2] == 1
+        and (mask is None or (mask.dtype == torch.bool and mask.shape[-2] == 1))
+        and not kwargs.get("output_attentions", False)
+        and kwargs.get("position_bias") is None
+    )
+
+
 def memrl_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """transformers attention-interface function: shared-prefix attention when the forward carries a
     :class:`SharedPrefix`, :func:`causal_tail_attention` when it says ``memrl_causal_tail`` (an unpadded batch
@@ -136,8 +167,10 @@ def memrl_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=N
     shared: SharedPrefix | None = kwargs.pop("memrl_shared_prefix", None)
     causal_tail = kwargs.pop("memrl_causal_tail", False)
     if shared is None:
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        if dropout == 0.0 and _single_query(query, attention_mask, kwargs):
+            return decode_attention(query, key, value, attention_mask, scale), None
         if causal_tail and query.shape[2] > 1 and query.device.type == "cpu" and dropout == 0.0:
-            scale = scaling if scaling is not None else query.shape[-1] ** -0.5
             return causal_tail_attention(query, key, value, scale), None
         if _masked_gqa(module, query, attention_mask, kwargs):
             return _gqa_sdpa(query, key, value, attention_mask, dropout, scaling), None

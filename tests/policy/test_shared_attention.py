@@ -12,6 +12,7 @@ from memrl.policy.hf import HFPolicy
 from memrl.policy.shared_attention import (
     SharedPrefix,
     causal_tail_attention,
+    decode_attention,
     memrl_sdpa,
     shared_prefix_attention,
 )
@@ -114,6 +115,28 @@ def test_causal_tail_equals_sdpa_under_the_offset_causal_mask(cached, q, dtype):
     module.num_key_value_groups, module.layer_idx, module.is_causal = H // Hkv, 0, True
     via, _ = memrl_sdpa(module, query, key, value, mask[None, None].expand(B, 1, q, S), scaling=0.3,
                         memrl_causal_tail=True)  # fmt: skip
+    assert torch.equal(via, out)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("padded", [True, False])
+def test_a_decode_step_reads_each_key_value_head_once_and_equals_sdpa(dtype, padded):
+    g = torch.Generator().manual_seed(7)
+    B, H, Hkv, T, D = 3, 6, 2, 11, 16
+    query = torch.randn(B, H, 1, D, generator=g).to(dtype)
+    key, value = (torch.randn(B, Hkv, T, D, generator=g).to(dtype) for _ in range(2))
+    mask = torch.ones(B, 1, 1, T, dtype=torch.bool)
+    mask[1, ..., :4] = False  # left padding
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        query.double(), key.double().repeat_interleave(3, 1), value.double().repeat_interleave(3, 1),
+        attn_mask=mask if padded else None, scale=0.3,
+    ).transpose(1, 2)  # fmt: skip
+    out = decode_attention(query, key, value, mask if padded else None, 0.3)
+    assert out.shape == (B, 1, H, D) and out.dtype == dtype
+    assert torch.allclose(out.double(), ref, atol=1e-5 if dtype == torch.float32 else 2e-2)
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.layer_idx, module.is_causal = H // Hkv, 0, True
+    via, _ = memrl_sdpa(module, query, key, value, mask if padded else None, scaling=0.3)
     assert torch.equal(via, out)
 
 
