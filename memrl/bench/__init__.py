@@ -15,7 +15,18 @@ from memrl.registry import Registry
 
 BenchFn = Callable[[list[str]], dict]
 
-BENCH_MODULES = ("batch", "memory", "policy", "lora", "sandbox", "rollout", "episodes", "extract", "engines")
+BENCH_MODULES = (
+    "batch",
+    "memory",
+    "policy",
+    "lora",
+    "sandbox",
+    "rollout",
+    "episodes",
+    "extract",
+    "engines",
+    "attention",
+)
 
 
 def _populate() -> None:
