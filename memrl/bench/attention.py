@@ -135,6 +135,7 @@ def bench_attention(argv: list[str]) -> dict:
     args = parse_args(argv)
     import torch
 
+    from memrl.policy.base import GenerationRequest, SamplingParams
     from memrl.policy.config import PolicyConfig
     from memrl.policy.hf import HFPolicy
     from memrl.threads import auto_threads
@@ -154,8 +155,6 @@ def bench_attention(argv: list[str]) -> dict:
     rng = random.Random(0)
     top = _top(policy)
     prefix = tuple(rng.randrange(3, top) for _ in range(args.prefix_tokens))
-    from memrl.policy.base import GenerationRequest, SamplingParams
-
     policy.generate([GenerationRequest(prefix + (5,), SamplingParams(temperature=0.0, max_tokens=1))])
     tails = [_tail(policy, rng, prefix, int(t), args.repeats) for t in args.tails.split(",")]
     batches = []

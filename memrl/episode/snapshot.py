@@ -22,9 +22,9 @@ also see what that fact pushes out of their prompts (a prompt holds a fixed budg
 
 Which writes: those that read an evidence turn of the question (``metadata["evidence_turn_ids"]``) first, then
 others drawn by a hash of the episode id, up to ``snapshot_writes`` per episode; with ``all``, the episodes over
-one history share one trunk and its ``snapshot_writes`` groups, every question's evidence writes first. Every other write is greedy: the
-episode's store is the memory the writer builds at test (the trunk), and a group's alternatives are compared
-inside it, the greedy reply among them. The trunk costs little: the write cache holds the writer's greedy replies,
+one history share one trunk and its ``snapshot_writes`` groups, every question's evidence writes first. Every
+other write is greedy: the episode's store is the memory the writer builds at test (the trunk), and a group's
+alternatives are compared inside it, the greedy reply among them. The trunk costs little: the write cache holds the writer's greedy replies,
 and a writer changed by an update checks the last step's reply as its own in one forward (drafts,
 :mod:`memrl.memory.write_cache`) instead of decoding it. A sampled trunk was decoded anew at every step, 16 min
 per LoCoMo question on 2 CPU cores, and each group was compared inside a memory the writer would not build.

@@ -26,8 +26,9 @@ Scored = tuple[list[float], list[int], list[float]]
 def score_row(
     policy: HFPolicy, prompt: list[int], resp: list[int], temperature: float, keep_prompt: bool = False
 ) -> Scored:
-    """:data:`Scored` of one (prompt, response) as decoding computes it (CPU): from the prompt's longest cached prefix (a writer's instructions, ~1/3 of its prompt), in one unpadded forward over the rest
-    and the response but its last token (whose logits predict nothing scored). Where the response first
+    """:data:`Scored` of one (prompt, response) as decoding computes it (CPU): from the prompt's longest cached
+    prefix (a writer's instructions, ~1/3 of its prompt), in one unpadded forward over the rest and the response
+    but its last token (whose logits predict nothing scored). Where the response first
     departs from the argmax, the states of the prompt and the response before that token are left in the prefix
     cache: decoding that continues from the argmax token there computes that one token, not the prompt again.
     ``keep_prompt``: the prompt's states are left there too (the next prompt may share more than its start)."""
