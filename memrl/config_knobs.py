@@ -48,6 +48,7 @@ STABLE: dict[str, str] = {
     "memory.keep_turns": "keep every turn as a fact beside what the extractor writes",
     "memory.write_max_tokens": "reply tokens per policy write",
     "memory.write_neighbours": "current facts shown to the policy writer per write",
+    "memory.write_neighbours_verbatim": "kept turns count among them (false: written facts only)",
     "memory.write_cache": "cache a frozen writer's greedy writes in $MEMRL_CACHE_DIR/writes",
     "memory.compressor": "short-term summary (extractive)",
     "memory.summary_token_budget": "tokens of the short-term summary",

@@ -53,6 +53,10 @@ class MemoryConfig:
     # The policy extractor (memrl.memory.writer): reply length per write, and the current facts it is shown.
     write_max_tokens: int = 48
     write_neighbours: int = 5
+    # Whether the turns keep_turns stores count among those current facts. false: the writer reads only facts a
+    # writer wrote, as Memory-R1's and mem0's managers read their memory bank; a LoCoMo write prompt then drops
+    # its ~300 tokens of verbatim neighbours (configs/locomo_writer_chunked.yaml).
+    write_neighbours_verbatim: bool = True
     # Greedy writes of a frozen writer are kept in $MEMRL_CACHE_DIR/writes/ (memrl.memory.write_cache), keyed by
     # its weights and the prompt: another answer policy over the same writer, or a rerun, writes nothing again
     # (LoCoMo's test sample: ~80 min of writes on 2 CPU cores). false where the cache dir cannot be written.

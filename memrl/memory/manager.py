@@ -48,6 +48,14 @@ from memrl.types import MemoryOp, MemoryOpType, TurnRole, TurnSpec
 
 logger = logging.getLogger(__name__)
 
+# FactRecord.extra key of a turn memory.keep_turns stored verbatim (not a fact any writer wrote).
+VERBATIM = "verbatim"
+
+
+def _verbatim(kept: Sequence[Sequence[FactDecision]]) -> list[list[FactDecision]]:
+    """The kept turns' decisions, each marked as a verbatim turn."""
+    return [[dataclasses.replace(d, extra={**d.extra, VERBATIM: True}) for d in ds] for ds in kept]
+
 
 @dataclass(frozen=True)
 class RetrievedFact:
@@ -182,7 +190,7 @@ class MemorySystem:
         if len(decisions) != len(items):
             raise RuntimeError(f"extractor returned {len(decisions)} decision lists for {len(items)} turns")
         if self._turn_facts is not None:
-            kept = self._turn_facts.extract([ExtractionRequest(turn) for _, turn in items])
+            kept = _verbatim(self._turn_facts.extract([ExtractionRequest(turn) for _, turn in items]))
             decisions = [k + list(d) for k, d in zip(kept, decisions, strict=True)]
         texts = [
             d.embed_text or d.text
@@ -219,6 +227,7 @@ class MemorySystem:
                 turn.timestamp,
                 src,
                 turn.turn_id,
+                extra={VERBATIM: True} if decisions[i].extra.get(VERBATIM) else {},
             )
             for i in add_idx
         ]
@@ -318,13 +327,18 @@ class MemorySystem:
         docs/experiments.md)."""
         if k <= 0:
             return ()
-        hits = self.store.search(mgr.episode_id, vecs, 3 * k)[0]
-        recs = (self.store.get(mgr.episode_id, fid) for fid, _ in hits)
-        return tuple(r for r in recs if not r.superseded)[:k]
+        ns = mgr.episode_id
+        if self.cfg.write_neighbours_verbatim:
+            hits = self.store.search(ns, vecs, 3 * k)[0]
+            return tuple(r for r in (self.store.get(ns, fid) for fid, _ in hits) if not r.superseded)[:k]
+        # Written facts are few among the kept turns: rank every fact, keep the written ones.
+        hits = self.store.search(ns, vecs, len(self.store.records(ns)))[0]
+        recs = (self.store.get(ns, fid) for fid, _ in hits)
+        return tuple(r for r in recs if not r.superseded and not r.extra.get(VERBATIM))[:k]
 
     def _keep_turns(self, items: Sequence[tuple[MemoryManager, TurnSpec]]) -> None:
         """Store each turn's verbatim rule facts (``memory.keep_turns``; before its written facts), one encode."""
-        kept = self._turn_facts.extract([ExtractionRequest(t) for _, t in items])
+        kept = _verbatim(self._turn_facts.extract([ExtractionRequest(t) for _, t in items]))
         vecs = self._decision_vectors([d for ds in kept for d in ds])
         for (mgr, turn), ds in zip(items, kept, strict=True):
             self.apply_decisions(mgr, (turn,), ds, vecs)

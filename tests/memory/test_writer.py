@@ -246,6 +246,28 @@ def test_keep_turns_stores_each_verbatim_turn_before_what_was_written_about_it(m
     assert mgr.facts()[3].text == "Ann: Nice weather." and len(mgr.facts()) == 5
 
 
+def test_writer_reads_only_written_facts_without_verbatim_neighbours(minilm):
+    seen = []
+    replies = iter(["ADD Ann lives in Paris.", "NOOP", "NOOP", "NOOP"])
+    system = _system(
+        minilm, lambda ctx: next(replies), keep_turns=True, write_neighbours=5, write_neighbours_verbatim=False
+    )
+    real = system.extractor.sample
+    system.extractor.sample = lambda reqs, *a: seen.append([r.neighbours for r in reqs]) or real(reqs, *a)
+    mgr = system.manager("ep")
+    system.write_batch([(mgr, [turn("I live in Paris.", "D1:1"), turn("Yes, Paris.", "D1:2")])])
+    system.write_batch([(mgr, [turn("Nice weather.", "D1:3")])])
+    # The kept turns are in the store (the answer reads them) but the writer is shown only what was written.
+    assert [f.text for f in seen[1][0]] == ["Ann lives in Paris."]
+    assert len(mgr.facts()) == 4
+    # Forks keep the mark: a sampled write's fork still hides its kept turns from the next write.
+    [res] = system.write_batch([(mgr, [turn("I bake.", "D1:4")])], [2], temperature=1.0)
+    fork = system.manager(res.alternatives[0])
+    assert [f.text for f in system.current_neighbours(fork, system.embedder.encode(["Paris"]), 5)] == [
+        "Ann lives in Paris."
+    ]
+
+
 def test_keep_turns_holds_in_every_fork_of_a_sampled_write(minilm):
     system = _system(minilm, lambda ctx: ["ADD Ann is a baker.", "NOOP"][ctx.sample_index], keep_turns=True)
     mgr = system.manager("ep")
