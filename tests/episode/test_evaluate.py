@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from transformers import ByT5Tokenizer
 
-from memrl.episode.evaluate import full_history_tokens, group_key, score_ablation
+from memrl.episode.evaluate import full_history_tokens, group_key, history_token_counts, score_ablation
 from memrl.rewards import make_reward
 from memrl.types import BatchInput, EpisodeStatus, EpisodeTrajectory, StepMeta, StepTrajectory, TurnSpec
 
@@ -57,6 +57,28 @@ def test_full_history_tokens_counts_the_raw_history():
     short, long = _bi("a", "x"), _bi("b", "x")
     long = BatchInput("b", "b", (*long.history * 3, long.target), "Where?", "x")
     assert full_history_tokens(tok, long) > full_history_tokens(tok, short) > len("Ann lives in Oslo")
+
+
+def test_history_token_counts_equal_full_encodes_with_each_history_encoded_once(smollm2_dir, monkeypatch):
+    from transformers import AutoTokenizer
+
+    from memrl.episode import evaluate
+
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    a = _bi("a", "Oslo")
+    b = BatchInput(
+        "b", "b", (TurnSpec("history", "Bo: I moved to Paris!", "D2:1", "Bo"), a.target), "Bo?", "x"
+    )
+    longer = BatchInput("c", "c", (*a.history * 4, a.target), "  When did Ann move?\n", "x")
+    inputs = [a, BatchInput("a2", "a2", a.turns, "Who lives in Oslo?", "Ann"), b, longer]
+    encoded = []
+    real = evaluate.encode_chat
+    monkeypatch.setattr(evaluate, "encode_chat", lambda t, m: encoded.append(m[0]["content"]) or real(t, m))
+    got = history_token_counts(tok, inputs)
+    histories = [c for c in encoded if c]
+    assert len(histories) == len(set(histories)) == 3  # a's history once for both of its questions
+    monkeypatch.setattr(evaluate, "encode_chat", real)
+    assert got == [full_history_tokens(tok, bi) for bi in inputs]
 
 
 def _eval_cfg(model_dir: str, out: str, *extra: str):

@@ -250,7 +250,11 @@ def test_writer_reads_only_written_facts_without_verbatim_neighbours(minilm):
     seen = []
     replies = iter(["ADD Ann lives in Paris.", "NOOP", "NOOP", "NOOP"])
     system = _system(
-        minilm, lambda ctx: next(replies), keep_turns=True, write_neighbours=5, write_neighbours_verbatim=False
+        minilm,
+        lambda ctx: next(replies),
+        keep_turns=True,
+        write_neighbours=5,
+        write_neighbours_verbatim=False,
     )
     real = system.extractor.sample
     system.extractor.sample = lambda reqs, *a: seen.append([r.neighbours for r in reqs]) or real(reqs, *a)
