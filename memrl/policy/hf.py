@@ -372,7 +372,7 @@ class HFPolicy:
 
         ``mask`` is ``None`` when no row is padded (e.g. branches of one node), so attention runs its causal
         kernel instead of materialising and applying a ``[B, 1, q, k]`` mask; ``causal_tail``: no row is padded
-        (each continues from a cached prefix or from nothing, :meth:`causal_tail_kwargs`)."""
+        and each continues from a cached prefix (:meth:`causal_tail_kwargs`)."""
         extra = {"memrl_shared_prefix": cache.prefix} if isinstance(cache, SharedPrefixCache) else {}
         if causal_tail and not extra:
             extra = self.causal_tail_kwargs()
@@ -464,7 +464,7 @@ class HFPolicy:
             cache = preallocated_cache(self._num_layers(), n)
         ids = torch.tensor([tail], device=self.device)
         pos = torch.arange(row.cached, n, device=self.device)[None]
-        logits = self._forward(ids, None, pos, cache, causal_tail=True)
+        logits = self._forward(ids, None, pos, cache, causal_tail=row.cached > 0)
         keys = [layer.keys[0] for layer in cache.layers]
         values = [layer.values[0] for layer in cache.layers]
         return logits, PrefixStates(keys=keys, values=values)
@@ -497,7 +497,7 @@ class HFPolicy:
         self.prefix_cache.insert(row.prompt + tuple(row.out[:-1]), take)
 
     def causal_tail_kwargs(self) -> dict[str, bool]:
-        """Forward kwargs for unpadded rows (after a cached prefix or not): on CPU, attention computes the
+        """Forward kwargs for unpadded rows that continue from a cached prefix: on CPU, attention computes the
         prefix and the rows' own causal square apart (:func:`memrl.policy.shared_attention.causal_tail_attention`)
         instead of one masked kernel over all of it."""
         return {"memrl_causal_tail": True} if self.shared_attention and self.device.type == "cpu" else {}

@@ -57,7 +57,7 @@ def score_row(
             past_key_values=cache,
             use_cache=True,
             logits_to_keep=len(resp),
-            **policy.causal_tail_kwargs(),
+            **(policy.causal_tail_kwargs() if cached else {}),
         ).logits[0]  # [len(resp), V]
     stats = policy.forward_stats
     stats["check_calls"] += 1
