@@ -14,7 +14,8 @@ thread. So every ``memrl`` command that runs a model picks its count once, at st
 
 A long command (``memrl train``, ``memrl eval``) does not keep its first choice for its whole life: a train started
 while another job was finishing would run on one thread long after that job ended. Between phases (each
-evaluation batch, the warm start's passes, each training step) it calls :func:`follow_threads`, which chooses
+evaluation batch, each step of an episode batch's memory writes and its answering, the warm start's passes, each
+training step) it calls :func:`follow_threads`, which chooses
 again from the cores *other* processes kept busy since the last check (this process's own CPU time is taken out,
 its children's too, such as the sandbox's tool calls: its own work is not a reason to shrink) and logs the change
 when the count moves. The override variables still win: with ``$MEMRL_THREADS`` or ``$OMP_NUM_THREADS`` set the

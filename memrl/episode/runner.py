@@ -45,6 +45,7 @@ from memrl.memory.writer import chunk_end
 from memrl.rewards.base import RewardFn, RewardInput
 from memrl.rollout.base import RolloutRequest, run_rollout
 from memrl.rollout.config import RolloutConfig
+from memrl.threads import follow_threads
 from memrl.types import BatchInput, EpisodeStatus, EpisodeTrajectory
 
 logger = logging.getLogger(__name__)
@@ -142,6 +143,7 @@ class EpisodeRunner:
         with self._episodes(inputs) as states:
             self._timed("ingest", self._ingest, states)
             self._timed("prompt", self._prompt, states)
+            follow_threads("answering")
             self._timed("generate", self._generate, states)
             self._timed("update", self._update, states)
             self._timed("score", self._score, states)
@@ -244,6 +246,9 @@ class EpisodeRunner:
         ingest = self._write_chunk if self._policy_writes else self._ingest_chunk
         t0 = last = time.perf_counter()
         while any(st.phase is Phase.INGESTING for st in leaders):
+            # One evaluation batch can hold a whole benchmark (LoCoMo's test sample writes for ~12 min): a thread
+            # count chosen while another job was ending would otherwise last all of it (memrl.threads).
+            follow_threads("memory writes")
             self._guarded(Phase.INGESTING, leaders, lambda live: ingest(live, chunk))
             if self._policy_writes:
                 last = _log_writes(leaders, t0, last, self.memory.extractor)

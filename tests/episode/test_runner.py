@@ -116,6 +116,26 @@ def test_llm_extractor_asks_the_runners_policy(setup):
     assert ops.count(MemoryOpType.NOOP) == questions
 
 
+def test_thread_count_is_chosen_again_between_write_steps_and_before_answering(setup, monkeypatch):
+    """One evaluation batch can be a whole benchmark: the runner re-checks torch's threads as it writes and before
+    it answers, not only once per batch (memrl.threads)."""
+    from memrl.episode import runner as runner_module
+
+    cfg, inputs, policy = setup
+    cfg = dataclasses.replace(cfg, episode=dataclasses.replace(cfg.episode, ingest_chunk_turns=1))
+    phases = []
+    monkeypatch.setattr(runner_module, "follow_threads", phases.append)
+    runner = build_runner(cfg, policy=policy)
+    steps = []
+    ingest = runner._ingest_chunk
+    runner._ingest_chunk = lambda live, chunk: steps.append(len(phases)) or ingest(live, chunk)
+    runner.run_batch(inputs[:3])
+    longest = max(len(bi.history) for bi in inputs[:3])
+    assert len(steps) == longest > 1
+    assert steps == [i + 1 for i in range(longest)]  # a check right before every write step
+    assert phases == ["memory writes"] * longest + ["answering"]
+
+
 def test_questions_of_one_conversation_ingest_it_once_and_get_the_same_facts():
     from memrl.adapters import LOCOMO_FIXTURE
 
