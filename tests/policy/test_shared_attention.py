@@ -93,11 +93,21 @@ def test_padded_gqa_attention_skips_the_head_copies_and_equals_transformers_sdpa
         memrl_sdpa(module, query, key, value, mask.to(torch.float64), scaling=0.3)
 
 
-@pytest.mark.parametrize(("cached", "q", "dtype"), [(0, 9, torch.float32), (13, 9, torch.float32),
-                                                    (40, 3, torch.float32), (13, 9, torch.bfloat16)])  # fmt: skip
-def test_causal_tail_equals_sdpa_under_the_offset_causal_mask(cached, q, dtype):
-    """The tail of a prompt after ``cached`` prefix positions: prefix and own causal square merged by their
-    log-sum-exp equal one masked attention over everything (grouped heads, no copies)."""
+@pytest.mark.parametrize(("cached", "q", "dtype", "rows", "up_to"), [
+    (0, 9, torch.float32, 192, 768), (13, 9, torch.float32, 192, 768), (40, 3, torch.float32, 192, 768),
+    (13, 9, torch.bfloat16, 192, 768), (0, 30, torch.float32, 7, 768), (13, 30, torch.float32, 7, 768),
+    (13, 30, torch.bfloat16, 7, 768), (13, 30, torch.float32, 7, 29),
+])  # fmt: skip
+def test_causal_tail_equals_sdpa_under_the_offset_causal_mask(cached, q, dtype, rows, up_to, monkeypatch):
+    """The tail of a prompt after ``cached`` prefix positions (or a whole prompt), in pieces of ~``rows`` queries
+    up to ``up_to`` queries (one piece above): each piece's past and own causal square merged by their log-sum-exp
+    equal one masked attention over everything (grouped heads, no copies)."""
+    monkeypatch.setattr(shared_attention, "TAIL_PIECE_ROWS", rows)
+    monkeypatch.setattr(shared_attention, "TAIL_PIECES_UP_TO", up_to)
+    calls = []
+    flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    monkeypatch.setattr(shared_attention.torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu",
+                        lambda *a, **k: calls.append(a[0].shape[2]) or flash(*a, **k), raising=False)  # fmt: skip
     g = torch.Generator().manual_seed(cached + q)
     B, H, Hkv, D = 2, 4, 2, 16
     S = cached + q
@@ -110,6 +120,8 @@ def test_causal_tail_equals_sdpa_under_the_offset_causal_mask(cached, q, dtype):
     ).transpose(1, 2)  # fmt: skip
     out = causal_tail_attention(query, key, value, 0.3)
     assert out.shape == (B, q, H, D) and out.dtype == dtype
+    pieces = max(1, round(q / rows)) if q <= up_to else 1
+    assert len(calls) == 2 * pieces - (cached == 0) and sum(calls) == 2 * q - (calls[0] if cached == 0 else 0)
     assert torch.allclose(out.double(), ref, atol=1e-5 if dtype == torch.float32 else 3e-2)
     module = torch.nn.Module()
     module.num_key_value_groups, module.layer_idx, module.is_causal = H // Hkv, 0, True
