@@ -192,17 +192,19 @@ def test_memrl_train_checks_between_its_phases(tmp_path, tiny_model_dir, monkeyp
             assert main(["train", "--config", str(cfg), "--no-progress", "train.steps=2"]) == 0
     finally:
         torch.set_num_threads(before)
+    # Inside each episode batch it checks again before its memory writes and before answering (runner).
+    inner = ["memory writes", "answering"]
     assert phases == [
-        "evaluation batch 1",
-        "training step 1",
-        "training step 2",
+        "evaluation batch 1", *inner,
+        "training step 1", *inner,
+        "training step 2", *inner,
         "the final evaluation",
-        "evaluation batch 1",
-    ]
+        "evaluation batch 1", *inner,
+    ]  # fmt: skip
     changes = [r.getMessage() for r in caplog.records if "->" in r.getMessage()]
     assert changes == [
         "torch threads: 2 -> 1 before evaluation batch 1 (load 1.00 on 2 cores; set MEMRL_THREADS to choose)",
-        "torch threads: 1 -> 2 before training step 1 (load 0.00 on 2 cores; set MEMRL_THREADS to choose)",
+        "torch threads: 1 -> 2 before memory writes (load 0.00 on 2 cores; set MEMRL_THREADS to choose)",
     ]
 
 
