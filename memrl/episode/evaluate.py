@@ -54,31 +54,29 @@ def group_key(metadata: Mapping[str, Any]) -> str:
     return str(metadata.get("question_type") or "all")
 
 
+def _chat_tokens(tokenizer: Any, system: str, user: str) -> int:
+    return len(
+        encode_chat(tokenizer, [{"role": "system", "content": system}, {"role": "user", "content": user}])
+    )
+
+
 def full_history_tokens(tokenizer: Any, bi: BatchInput) -> int:
     """Prompt tokens if the whole raw history were pasted in (same chat format as the real prompt)."""
-    lines = [turn_line(t) for t in bi.history]
-    messages = [{"role": "system", "content": "\n".join(lines)}, {"role": "user", "content": bi.final_query}]
-    return len(encode_chat(tokenizer, messages))
+    return _chat_tokens(tokenizer, "\n".join(turn_line(t) for t in bi.history), bi.final_query)
 
 
 def history_token_counts(tokenizer: Any, inputs: Sequence[BatchInput]) -> list[int]:
     """:func:`full_history_tokens` of each input, each distinct history tokenised once: the questions of a LoCoMo
     conversation share its ~20-30 K-token history (435 full encodes took ~20 s). The chat format's special tokens
     separate the messages, so the count is the history's part plus the question's part."""
-
-    def count(system: str, user: str) -> int:
-        return len(
-            encode_chat(tokenizer, [{"role": "system", "content": system}, {"role": "user", "content": user}])
-        )
-
-    empty = count("", "")
+    empty = _chat_tokens(tokenizer, "", "")
     histories: dict[str, int] = {}
     out = []
     for bi in inputs:
         text = "\n".join(turn_line(t) for t in bi.history)
         if text not in histories:
-            histories[text] = count(text, "")
-        out.append(histories[text] + count("", bi.final_query) - empty)
+            histories[text] = _chat_tokens(tokenizer, text, "")
+        out.append(histories[text] + _chat_tokens(tokenizer, "", bi.final_query) - empty)
     return out
 
 

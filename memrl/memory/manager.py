@@ -52,11 +52,6 @@ logger = logging.getLogger(__name__)
 VERBATIM = "verbatim"
 
 
-def _verbatim(kept: Sequence[Sequence[FactDecision]]) -> list[list[FactDecision]]:
-    """The kept turns' decisions, each marked as a verbatim turn."""
-    return [[dataclasses.replace(d, extra={**d.extra, VERBATIM: True}) for d in ds] for ds in kept]
-
-
 @dataclass(frozen=True)
 class RetrievedFact:
     """A retrieval hit. ``source_ids`` are dialog ids (with neighbour expansion: of the whole window)."""
@@ -190,7 +185,7 @@ class MemorySystem:
         if len(decisions) != len(items):
             raise RuntimeError(f"extractor returned {len(decisions)} decision lists for {len(items)} turns")
         if self._turn_facts is not None:
-            kept = _verbatim(self._turn_facts.extract([ExtractionRequest(turn) for _, turn in items]))
+            kept = self._kept_turns([turn for _, turn in items])
             decisions = [k + list(d) for k, d in zip(kept, decisions, strict=True)]
         texts = [
             d.embed_text or d.text
@@ -328,17 +323,20 @@ class MemorySystem:
         if k <= 0:
             return ()
         ns = mgr.episode_id
-        if self.cfg.write_neighbours_verbatim:
-            hits = self.store.search(ns, vecs, 3 * k)[0]
-            return tuple(r for r in (self.store.get(ns, fid) for fid, _ in hits) if not r.superseded)[:k]
-        # Written facts are few among the kept turns: rank every fact, keep the written ones.
-        hits = self.store.search(ns, vecs, len(self.store.records(ns)))[0]
+        verbatim = self.cfg.write_neighbours_verbatim
+        # Without the kept turns, written facts are few among them: rank every fact, keep the written ones.
+        hits = self.store.search(ns, vecs, 3 * k if verbatim else len(self.store.records(ns)))[0]
         recs = (self.store.get(ns, fid) for fid, _ in hits)
-        return tuple(r for r in recs if not r.superseded and not r.extra.get(VERBATIM))[:k]
+        return tuple(r for r in recs if not r.superseded and (verbatim or not r.extra.get(VERBATIM)))[:k]
+
+    def _kept_turns(self, turns: Sequence[TurnSpec]) -> list[list[FactDecision]]:
+        """Each turn's verbatim rule facts (``memory.keep_turns``), marked as verbatim."""
+        kept = self._turn_facts.extract([ExtractionRequest(t) for t in turns])
+        return [[dataclasses.replace(d, extra={**d.extra, VERBATIM: True}) for d in ds] for ds in kept]
 
     def _keep_turns(self, items: Sequence[tuple[MemoryManager, TurnSpec]]) -> None:
         """Store each turn's verbatim rule facts (``memory.keep_turns``; before its written facts), one encode."""
-        kept = _verbatim(self._turn_facts.extract([ExtractionRequest(t) for _, t in items]))
+        kept = self._kept_turns([t for _, t in items])
         vecs = self._decision_vectors([d for ds in kept for d in ds])
         for (mgr, turn), ds in zip(items, kept, strict=True):
             self.apply_decisions(mgr, (turn,), ds, vecs)
