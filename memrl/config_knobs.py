@@ -76,6 +76,7 @@ STABLE: dict[str, str] = {
     "policy.merge_lora": "decode with the adapter folded into the weights",
     "policy.cuda_graphs": "on CUDA, replay each decode step from a captured CUDA graph",
     "policy.compile_decode": "with cuda_graphs: capture torch.compile's fused decode step",
+    "policy.speculative_tokens": "tokens drafted by prompt lookup and checked per decode step (0: off)",
     "policy.served_model_name": "model name the server expects",
     "policy.api_key_env": "environment variable holding the server's key",
     "policy.request_timeout_s": "server request timeout",

@@ -47,6 +47,10 @@ class PolicyConfig:
     # With cuda_graphs: the captured step is torch.compile's forward (fused kernels, fewer to replay); each bucket
     # shape compiles once at its first use.
     compile_decode: bool = False
+    # Each decode step also checks up to this many tokens drafted by prompt lookup (memrl.policy.speculative):
+    # the same outputs in fewer steps where a row repeats what it has read or written (0 = off). Steps that replay
+    # a CUDA graph check none.
+    speculative_tokens: int = 4
     # --- openai-compatible http backend ---
     served_model_name: str | None = None  # "model" field sent to the server (default: the model string)
     api_key_env: str = "OPENAI_API_KEY"  # env var read for a bearer token (optional)
@@ -72,6 +76,8 @@ class PolicyConfig:
             raise ValueError(f"policy.top_p={self.top_p}: must be in (0, 1]")
         if self.top_logprobs < 0:
             raise ValueError(f"policy.top_logprobs={self.top_logprobs}: must be >= 0 (0 = none)")
+        if self.speculative_tokens < 0:
+            raise ValueError(f"policy.speculative_tokens={self.speculative_tokens}: must be >= 0 (0 = off)")
         if self.prefix_cache_tokens < 0:
             raise ValueError(f"policy.prefix_cache_tokens={self.prefix_cache_tokens}: must be >= 0 (0 = off)")
         if self.request_timeout_s <= 0:

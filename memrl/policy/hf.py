@@ -36,6 +36,7 @@ from memrl.policy.hf_load import attach_adapter, load_model_and_tokenizer
 from memrl.policy.hf_score import score_padded, score_row
 from memrl.policy.hf_stream import HFStream
 from memrl.policy.kv_cache import (
+    PreallocatedLayer,
     SharedPrefixCache,
     preallocated_cache,
     prefix_filled_cache,
@@ -44,6 +45,7 @@ from memrl.policy.kv_cache import (
 from memrl.policy.lora_merge import LoraFold
 from memrl.policy.radix_cache import PrefixStates, RadixCache, shared_prefix_groups
 from memrl.policy.sampling import StopChecker, choose_tokens
+from memrl.policy.speculative import drafts_for, speculative_step
 from memrl.types import FinishReason, GenerationOutput
 
 logger = logging.getLogger(__name__)
@@ -350,7 +352,13 @@ class HFPolicy:
         return still
 
     def _step(self, batch: DecodeBatch) -> None:
-        """Feed every row's last token (finished rows riding along too): one decode forward."""
+        """Feed every row's last token (finished rows riding along too): one decode forward, which also checks
+        the rows' drafted tokens where prompt lookup finds some (:mod:`memrl.policy.speculative`)."""
+        if self._speculates(batch):
+            drafts = drafts_for(batch.rows, self.cfg.speculative_tokens)
+            if drafts is not None:
+                speculative_step(self, batch, drafts)
+                return
         next_ids = torch.tensor([[r.out[-1]] for r in batch.rows], device=self.device)
         batch.mask = torch.cat([batch.mask, batch.mask.new_ones(len(batch.rows), 1)], dim=1)
         batch.pos = batch.pos + 1
@@ -366,6 +374,34 @@ class HFPolicy:
             self._count(next_ids, t0)
             return
         batch.logits = self._forward(next_ids, mask, batch.pos, batch.cache)
+
+    def _speculates(self, batch: DecodeBatch) -> bool:
+        """Whether this step may check drafts: on, not replayed from a CUDA graph, on a plain batch cache (rows
+        attending to one shared prefix decode one token a step)."""
+        return (
+            self.cfg.speculative_tokens > 0
+            and self.bool_decode_mask  # a boolean [B, 1, q, T] mask: sdpa (flash attention takes none)
+            and not (self._graphs is not None and self._graphs.supports(batch))
+            and all(type(layer) is PreallocatedLayer for layer in batch.cache.layers)
+        )
+
+    def forward_positions(self, input_ids, mask, pos, cache) -> torch.Tensor:
+        """Logits ``[B, q, V]`` at every fed position (``input_ids [B, q]`` under the boolean ``mask
+        [B, 1, q, T]``): a speculative step's check of its drafts. ``cache`` is extended in place."""
+        extra = {"memrl_draft_check": True} if self.shared_attention else {}
+        t0 = time.perf_counter()
+        with self._own_forward():
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=mask,
+                position_ids=pos,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=input_ids.shape[1],
+                **extra,
+            )
+        self._count(input_ids, t0)
+        return out.logits
 
     def _forward(self, input_ids, mask, pos, cache, causal_tail: bool = False) -> torch.Tensor:
         """Last-position logits ``[B, V]``; ``cache`` is extended in place.

@@ -64,6 +64,25 @@ class PreallocatedLayer(DynamicLayer):
         idx = real.nonzero().squeeze(1)[start:]
         return self.keys[b][:, idx], self.values[b][:, idx]  # index tensors: copies
 
+    def reserve(self, n: int) -> None:
+        """Room for ``n`` more positions, growing the buffers (one copy) if they lack it: a speculative step's
+        rejected drafts leave masked columns, so a batch can outgrow the capacity its budgets asked for."""
+        if self.length + n <= self.capacity:
+            return
+        self.capacity = self.length + max(n, self.capacity // 4)
+        if self.is_initialized:
+            b, h, _, d = self._k.shape
+            k = self._k.new_empty((b, h, self.capacity, d))
+            v = self._v.new_empty((b, h, self.capacity, self._v.shape[-1]))
+            k[:, :, : self.length], v[:, :, : self.length] = self.keys, self.values
+            self._k, self._v = k, v
+            self._views()
+
+    def truncate(self, length: int) -> None:
+        """Forget every position from ``length`` on (drafted tokens no row kept); a view, no copy."""
+        self.length = min(self.length, length)
+        self._views()
+
     def drop_leading(self, n: int) -> None:
         """Forget the first ``n`` positions (columns no row attends to); a view, no copy."""
         self._k, self._v = self._k[:, :, n:], self._v[:, :, n:]

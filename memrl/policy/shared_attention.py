@@ -146,21 +146,25 @@ def causal_tail_attention(query: torch.Tensor, key: torch.Tensor, value: torch.T
 def decode_attention(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scaling: float
 ) -> torch.Tensor:
-    """One new position per row: ``query [B, H, 1, D]`` over ``key/value [B, Hkv, T, D]`` under ``mask`` (bool
-    ``[B, 1, 1, T]``, True = attend; ``None`` = all). Returns ``[B, 1, H, D]``.
+    """A few new positions per row: ``query [B, H, q, D]`` over ``key/value [B, Hkv, T, D]`` under ``mask`` (bool
+    ``[B, 1, q, T]``, True = attend; ``None`` = all, for ``q = 1``). Returns ``[B, q, H, D]``.
 
-    A decode step on CPU: the query heads of each key/value head are one ``[g, D] x [D, T]`` product, so the
-    cache is read once per step; the scores and softmax are float32 as in the fused kernel. torch's CPU sdpa
-    runs a single query through its blocked prefill kernel, which took most of a LoCoMo answer batch's decode
-    steps (32 rows of ~1,400 cached positions)."""
-    B, H, _, D = query.shape
-    Hkv = key.shape[1]
-    q = query.reshape(B, Hkv, H // Hkv, D).float()
-    scores = torch.matmul(q, key.float().transpose(-1, -2)) * scaling  # [B, Hkv, g, T]
+    A decode step (``q = 1``) or a speculative one: the query heads (and positions) of each key/value head are one
+    ``[g q, D] x [D, T]`` product, so the cache is read once per step; the scores and softmax are float32 as in
+    the fused kernel.
+    torch's CPU sdpa runs a single query through its blocked prefill kernel, which took most of a LoCoMo answer
+    batch's decode steps (32 rows of ~1,400 cached positions)."""
+    B, H, q, D = query.shape
+    Hkv, T = key.shape[1], key.shape[2]
+    g = H // Hkv
+    qh = query.reshape(B, Hkv, g * q, D).float()  # head h = kv head h // g, as transformers' repeat_kv
+    scores = torch.matmul(qh, key.float().transpose(-1, -2)) * scaling  # [B, Hkv, g q, T]
     if mask is not None:
-        scores = scores.masked_fill(~mask.reshape(B, 1, 1, -1), float("-inf"))
+        allowed = mask.reshape(B, 1, 1, -1, T).expand(B, 1, g, q, T).reshape(B, 1, g * q, T)
+        scores = scores.masked_fill(~allowed, float("-inf"))
     probs = torch.softmax(scores, dim=-1).to(value.dtype)
-    return torch.matmul(probs, value).reshape(B, 1, H, D)
+    out = torch.matmul(probs, value).reshape(B, H, q, D)
+    return out.transpose(1, 2) if q > 1 else out.reshape(B, 1, H, D)
 
 
 def _single_query(query: torch.Tensor, mask: torch.Tensor | None, kwargs: dict) -> bool:
@@ -182,9 +186,11 @@ def memrl_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=N
 
     shared: SharedPrefix | None = kwargs.pop("memrl_shared_prefix", None)
     causal_tail = kwargs.pop("memrl_causal_tail", False)
+    # A speculative step's few queries per row under their [B, 1, q, T] mask (memrl.policy.speculative).
+    draft_check = kwargs.pop("memrl_draft_check", False)
     if shared is None:
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-        if dropout == 0.0 and _single_query(query, attention_mask, kwargs):
+        if dropout == 0.0 and (draft_check or _single_query(query, attention_mask, kwargs)):
             return decode_attention(query, key, value, attention_mask, scale), None
         if causal_tail and query.shape[2] > 1 and query.device.type == "cpu" and dropout == 0.0:
             return causal_tail_attention(query, key, value, scale), None

@@ -152,6 +152,26 @@ def test_a_decode_step_reads_each_key_value_head_once_and_equals_sdpa(dtype, pad
     assert torch.equal(via, out)
 
 
+def test_a_speculative_step_attends_its_few_queries_under_their_mask_as_sdpa():
+    g = torch.Generator().manual_seed(8)
+    B, H, Hkv, T, q, D = 2, 6, 2, 12, 4, 16
+    query = torch.randn(B, H, q, D, generator=g)
+    key, value = (torch.randn(B, Hkv, T, D, generator=g) for _ in range(2))
+    mask = torch.ones(B, 1, q, T, dtype=torch.bool)
+    mask[..., T - q :] = torch.ones(q, q, dtype=torch.bool).tril()  # the drafted positions, causal
+    mask[1, ..., :3] = False  # left padding
+    mask[1, ..., 5] = False  # a rejected draft's column
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        query.double(), key.double().repeat_interleave(3, 1), value.double().repeat_interleave(3, 1),
+        attn_mask=mask, scale=0.3,
+    ).transpose(1, 2)  # fmt: skip
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.layer_idx, module.is_causal = H // Hkv, 0, True
+    out, _ = memrl_sdpa(module, query, key, value, mask, scaling=0.3, memrl_draft_check=True)
+    assert out.shape == (B, q, H, D)
+    assert torch.allclose(out.double(), ref, atol=1e-5)
+
+
 def test_a_prompt_after_its_cached_prefix_takes_the_causal_tail_and_decodes_as_from_scratch(monkeypatch):
     calls = []
     real = shared_attention.causal_tail_attention
