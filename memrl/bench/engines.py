@@ -26,7 +26,9 @@ process tree during the workload; ``over_hf`` = each other arm's tokens/s over f
 greedy workloads ``agree_with_hf`` (of ``rows``): that arm's generated rows equal to float32 HF's token for token
 (bfloat16 rounds differently, so its greedy rows may part). ``faster_than_hf`` lists, per arm, the workloads where
 it was faster. ``hf-bf16`` runs the HF engine with ``policy.dtype=bfloat16``, whatever the CPU: where the CPU lacks
-bf16 instructions it shows what emulation costs. Engine start-up (model load, vLLM's compile) is reported apart
+bf16 instructions it shows what emulation costs. ``hf-plain`` and ``hf-bf16-plain`` are those two without prompt-lookup
+speculative decoding (``policy.speculative_tokens=0``; :mod:`memrl.policy.speculative`): in one run, the speed-up it
+brings and, in float32, whether its greedy rows equal plain decoding's. Engine start-up (model load, vLLM's compile) is reported apart
 (``startup_s``), never inside a workload. Every arm gets the same torch thread count (``--threads``, default chosen
 from the load).
 """
@@ -48,10 +50,12 @@ from memrl.bench import BENCHES
 logger = logging.getLogger(__name__)
 
 ARMS = {
-    "hf": ("hf", "float32"),
-    "hf-bf16": ("hf", "bfloat16"),
-    "vllm": ("vllm", "float32"),
-}  # (backend, dtype)
+    "hf": ("hf", "float32", None),
+    "hf-bf16": ("hf", "bfloat16", None),
+    "hf-plain": ("hf", "float32", 0),
+    "hf-bf16-plain": ("hf", "bfloat16", 0),
+    "vllm": ("vllm", "float32", None),
+}  # (backend, dtype, policy.speculative_tokens: None = the default; 0 = no speculative decoding)
 ENGINES = tuple(ARMS)
 WORKLOADS = ("writes_8", "writes_32", "answers_chain", "answers_tree", "train_step")
 MODES = ("greedy", "sampled")
@@ -63,7 +67,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="memrl bench engines", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m", help="a model alias or a model directory")
     p.add_argument(
-        "--engines", default="hf,vllm", help=f"comma-separated, of {', '.join(ENGINES)} (hf-bf16: opt-in)"
+        "--engines", default="hf,vllm", help=f"comma-separated, of {', '.join(ENGINES)} (the others: opt-in)"
     )
     p.add_argument(
         "--workloads", default=",".join(WORKLOADS), help=f"comma-separated, of {', '.join(WORKLOADS)}"
@@ -199,7 +203,14 @@ def run_arm(
         spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "out.json"
         spec_path.write_text(
             json.dumps(
-                dict(spec, engine=engine, backend=ARMS[engine][0], dtype=ARMS[engine][1], threads=threads)
+                dict(
+                    spec,
+                    engine=engine,
+                    backend=ARMS[engine][0],
+                    dtype=ARMS[engine][1],
+                    speculative_tokens=ARMS[engine][2],
+                    threads=threads,
+                )  # fmt: skip
             ),
             encoding="utf-8",
         )
@@ -278,7 +289,7 @@ def bench_engines(argv: list[str]) -> dict:
     gen_specs, train_specs = build_specs(args, model_dir, tok, stop_ids)
     threads = args.threads or auto_threads()
     pythons = {
-        e: vllm_python(args.vllm_python) if b == "vllm" else sys.executable for e, (b, _) in ARMS.items()
+        e: vllm_python(args.vllm_python) if b == "vllm" else sys.executable for e, (b, *_) in ARMS.items()
     }
     out: dict = {"config": {**vars(args), "model_dir": model_dir, "torch_threads": threads}, "engines": {}}
     arms: dict[str, dict] = {}

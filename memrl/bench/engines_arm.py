@@ -58,10 +58,17 @@ class PeakRss:
         self._thread.join()
 
 
+def _speculation(spec: dict) -> dict:
+    """The arm's ``policy.speculative_tokens`` where it sets one (the ``-plain`` arms: 0)."""
+    k = spec.get("speculative_tokens")
+    return {} if k is None else {"speculative_tokens": k}
+
+
 def _policy_config(spec: dict, **extra):
     from memrl.policy.config import PolicyConfig
 
     return PolicyConfig(
+        **_speculation(spec),
         backend=spec["backend"],
         dtype=spec["dtype"],
         model=spec["model_dir"],
@@ -152,6 +159,7 @@ def train_step(spec: dict, work: dict) -> dict:
             f"policy.max_model_len={spec['max_model_len']}",
             f"policy.vllm_kv_cache_gb={spec['vllm_kv_cache_gb']}",
             "policy.enable_lora=true",
+            *(f"policy.{k}={v}" for k, v in _speculation(spec).items()),
             f"rollout.temperature={work['temperature']}",
             *work["overrides"],
         ]
@@ -178,7 +186,14 @@ def run_spec(spec: dict) -> dict:
 
     torch.set_num_threads(spec["threads"])
     rss = PeakRss()
-    out: dict = {"engine_info": {**engine_info(spec["engine"]), "dtype": spec["dtype"]}, "workloads": {}}
+    info = {**engine_info(spec["engine"]), "dtype": spec["dtype"]}
+    if spec["backend"] == "hf":
+        from memrl.policy.config import PolicyConfig
+
+        info["speculative_tokens"] = _speculation(spec).get(
+            "speculative_tokens", PolicyConfig.speculative_tokens
+        )
+    out: dict = {"engine_info": info, "workloads": {}}
     policy = None
     generation = [w for w in spec["workloads"] if w["kind"] != "train_step"]
     if generation:

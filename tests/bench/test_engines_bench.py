@@ -50,7 +50,7 @@ def test_a_missing_vllm_environment_is_reported_and_the_hf_arms_still_run(tiny_m
     missing = tmp_path / "no-venv" / "bin" / "python"
     out = BENCHES.get("engines")(
         ["--model", str(tiny_model_dir), "--workloads", "writes_8", "--modes", "greedy", "--threads", "1",
-         "--vllm-python", str(missing), "--engines", "hf,hf-bf16,vllm"]
+         "--vllm-python", str(missing), "--engines", "hf,hf-bf16,hf-plain,vllm"]
     )  # fmt: skip
     vllm = out["engines"]["vllm"]
     assert (
@@ -66,7 +66,16 @@ def test_a_missing_vllm_environment_is_reported_and_the_hf_arms_still_run(tiny_m
     # the bf16 arm ran the HF engine in bfloat16, on the same prompts
     assert out["engines"]["hf"]["dtype"] == "float32" and out["engines"]["hf-bf16"]["dtype"] == "bfloat16"
     assert row["hf-bf16"]["prompt_tokens"] == hf["prompt_tokens"] and row["hf-bf16"]["generated_tokens"] > 0
-    assert set(row["over_hf"]) == {"hf-bf16"} and 0 <= row["agree_with_hf"]["hf-bf16"] <= row["rows"] == 8
+    assert (
+        set(row["over_hf"]) == {"hf-bf16", "hf-plain"}
+        and 0 <= row["agree_with_hf"]["hf-bf16"] <= row["rows"] == 8
+    )
+    # the plain arm decoded without speculation, to the same float32 greedy rows
+    assert (
+        out["engines"]["hf"]["speculative_tokens"] > 0
+        and out["engines"]["hf-plain"]["speculative_tokens"] == 0
+    )
+    assert row["agree_with_hf"]["hf-plain"] == 8
 
 
 def test_a_failed_arm_reports_the_root_cause_before_the_clients_last_words():

@@ -157,3 +157,25 @@ def test_a_cache_layer_grows_keeping_its_states_and_truncates_to_a_view():
 def test_speculative_tokens_must_not_be_negative():
     with pytest.raises(ValueError, match="speculative_tokens"):
         PolicyConfig(speculative_tokens=-1)
+
+
+def test_a_wide_batch_drafts_fewer_tokens_a_row_and_the_widest_none(model_tok, monkeypatch):
+    spec = policy(model_tok, 4)
+    monkeypatch.setattr(speculative, "propose", lambda tokens, k, max_ngram=3: [tokens[-1]] * k)
+
+    def widest_step(rows: int) -> int:
+        prompts = [enc(spec, f"row {i:02d}: abab") for i in range(rows)]  # one length: one prefill forward
+        fed: list[int] = []
+        hook = spec.model.register_forward_pre_hook(
+            lambda _m, _a, kw: fed.append(int(kw["input_ids"].shape[1])), with_kwargs=True
+        )
+        try:
+            spec.generate([GenerationRequest(p, SamplingParams(temperature=0.0, max_tokens=12)) for p in prompts])
+        finally:
+            hook.remove()
+        return max(fed[1:])
+
+    cap = speculative.MAX_CHECKED_POSITIONS
+    assert widest_step(2) == 1 + 4
+    assert widest_step(8) == cap // 8
+    assert widest_step(cap // 2 + 1) == 1  # plain decode steps only
