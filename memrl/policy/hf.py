@@ -389,19 +389,7 @@ class HFPolicy:
         """Logits ``[B, q, V]`` at every fed position (``input_ids [B, q]`` under the boolean ``mask
         [B, 1, q, T]``): a speculative step's check of its drafts. ``cache`` is extended in place."""
         extra = {"memrl_draft_check": True} if self.shared_attention else {}
-        t0 = time.perf_counter()
-        with self._own_forward():
-            out = self.model(
-                input_ids=input_ids,
-                attention_mask=mask,
-                position_ids=pos,
-                past_key_values=cache,
-                use_cache=True,
-                logits_to_keep=input_ids.shape[1],
-                **extra,
-            )
-        self._count(input_ids, t0)
-        return out.logits
+        return self._model_logits(input_ids, mask, pos, cache, input_ids.shape[1], extra)
 
     def _forward(self, input_ids, mask, pos, cache, causal_tail: bool = False) -> torch.Tensor:
         """Last-position logits ``[B, V]``; ``cache`` is extended in place.
@@ -412,6 +400,10 @@ class HFPolicy:
         extra = {"memrl_shared_prefix": cache.prefix} if isinstance(cache, SharedPrefixCache) else {}
         if causal_tail and not extra:
             extra = self.causal_tail_kwargs()
+        return self._model_logits(input_ids, mask, pos, cache, 1, extra)[:, -1, :]
+
+    def _model_logits(self, input_ids, mask, pos, cache, keep: int, extra: dict) -> torch.Tensor:
+        """One counted forward of the policy's own (LoRA folded): the logits of the last ``keep`` positions."""
         t0 = time.perf_counter()
         with self._own_forward():
             out = self.model(
@@ -420,11 +412,11 @@ class HFPolicy:
                 position_ids=pos,
                 past_key_values=cache,
                 use_cache=True,
-                logits_to_keep=1,
+                logits_to_keep=keep,
                 **extra,
             )
         self._count(input_ids, t0)
-        return out.logits[:, -1, :]
+        return out.logits
 
     def _count(self, input_ids: torch.Tensor, t0: float) -> None:
         stats = self.forward_stats

@@ -170,7 +170,9 @@ def test_a_wide_batch_drafts_fewer_tokens_a_row_and_the_widest_none(model_tok, m
             lambda _m, _a, kw: fed.append(int(kw["input_ids"].shape[1])), with_kwargs=True
         )
         try:
-            spec.generate([GenerationRequest(p, SamplingParams(temperature=0.0, max_tokens=12)) for p in prompts])
+            spec.generate(
+                [GenerationRequest(p, SamplingParams(temperature=0.0, max_tokens=12)) for p in prompts]
+            )
         finally:
             hook.remove()
         return max(fed[1:])
