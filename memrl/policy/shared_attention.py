@@ -151,9 +151,8 @@ def decode_attention(
 
     A decode step (``q = 1``) or a speculative one: the query heads (and positions) of each key/value head are one
     ``[g q, D] x [D, T]`` product, so the cache is read once per step; the scores and softmax are float32 as in
-    the fused kernel.
-    torch's CPU sdpa runs a single query through its blocked prefill kernel, which took most of a LoCoMo answer
-    batch's decode steps (32 rows of ~1,400 cached positions)."""
+    the fused kernel. torch's CPU sdpa runs a single query through its blocked prefill kernel, which took most of
+    a LoCoMo answer batch's decode steps (32 rows of ~1,400 cached positions)."""
     B, H, q, D = query.shape
     Hkv, T = key.shape[1], key.shape[2]
     g = H // Hkv
