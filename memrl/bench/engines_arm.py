@@ -190,9 +190,8 @@ def run_spec(spec: dict) -> dict:
     if spec["backend"] == "hf":
         from memrl.policy.config import PolicyConfig
 
-        info["speculative_tokens"] = _speculation(spec).get(
-            "speculative_tokens", PolicyConfig.speculative_tokens
-        )
+        k = spec.get("speculative_tokens")
+        info["speculative_tokens"] = PolicyConfig.speculative_tokens if k is None else k
     out: dict = {"engine_info": info, "workloads": {}}
     policy = None
     generation = [w for w in spec["workloads"] if w["kind"] != "train_step"]

@@ -116,9 +116,10 @@ def _accept(rows: Sequence[DecodeRow], drafts: Sequence[list[int]], logits: torc
     kept = [0] * len(rows)
     if not where:
         return kept
-    bs, js = torch.tensor([b for b, _ in where]), torch.tensor([j for _, j in where])
+    dev = logits.device
+    bs, js = torch.tensor([b for b, _ in where], device=dev), torch.tensor([j for _, j in where], device=dev)
     choices = choose_tokens(
-        logits[bs.to(logits.device), js.to(logits.device)],
+        logits[bs, js],
         [rows[b].params for b, _ in where],
         [rows[b].seed for b, _ in where],
         [len(rows[b].out) + j for b, j in where],
