@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from memrl.policy.architecture import check_servable
 from memrl.policy.base import MEMORY_ADAPTER, GenerationRequest, SamplingParams, adapter_active
 from memrl.policy.batching import DecodeBatch, DecodeRow
 from memrl.policy.config import PolicyConfig
@@ -45,6 +46,7 @@ from memrl.policy.kv_cache import (
 from memrl.policy.lora_merge import LoraFold
 from memrl.policy.radix_cache import PrefixStates, RadixCache, shared_prefix_groups
 from memrl.policy.sampling import StopChecker, choose_tokens
+from memrl.policy.sliding_window import causal_bool_mask, positions_kwargs
 from memrl.policy.speculative import drafts_for, speculative_step
 from memrl.types import FinishReason, GenerationOutput
 
@@ -104,6 +106,9 @@ class HFPolicy:
         # Rows that all continue from one cached prefix attend to one copy of it (see _shared_prefix).
         self.shared_attention = _enable_shared_attention(model)
         self.bool_decode_mask = _attention_implementation(model) in ("sdpa", "memrl_sdpa")
+        # The window size where some layer attends through one (None: global attention only); refused at load
+        # where the engine cannot serve it (memrl.policy.architecture).
+        self.sliding_window = check_servable(model, cfg.model, self.shared_attention)
         self.ragged_prefill = self.device.type == "cpu"  # see RAGGED_MIN_TOKENS
         self.ragged_min_tokens = RAGGED_MIN_TOKENS
         # Model forwards: calls, rows (sum of batch sizes), tokens fed, seconds (host time: exact on CPU, launch
@@ -111,9 +116,10 @@ class HFPolicy:
         self.forward_stats: Counter[str] = Counter()
         self._fold: LoraFold | None = None  # see _own_forward
         # Decode steps replayed from captured CUDA graphs (memrl.policy.cuda_graphs).
+        # Not for sliding-window models: a captured step's mask carries no window.
         self._graphs = (
             GraphDecoder(self, compile=cfg.compile_decode)
-            if self.device.type == "cuda" and cfg.cuda_graphs
+            if self.device.type == "cuda" and cfg.cuda_graphs and self.sliding_window is None
             else None
         )
 
@@ -373,6 +379,10 @@ class HFPolicy:
                 batch.logits = self._graphs.step(batch, next_ids)
             self._count(next_ids, t0)
             return
+        # Speculative steps widen the batch by the most drafts any row kept, so its width can outgrow the capacity
+        # its budgets asked for (a row that keeps fewer is left with masked columns).
+        for layer in batch.cache.layers:
+            layer.reserve(1)
         batch.logits = self._forward(next_ids, mask, batch.pos, batch.cache)
 
     def _speculates(self, batch: DecodeBatch) -> bool:
@@ -404,6 +414,10 @@ class HFPolicy:
 
     def _model_logits(self, input_ids, mask, pos, cache, keep: int, extra: dict) -> torch.Tensor:
         """One counted forward of the policy's own (LoRA folded): the logits of the last ``keep`` positions."""
+        if self.sliding_window is not None:
+            if mask is not None and mask.dim() == 2:  # transformers would window it by column, holes included
+                mask = causal_bool_mask(mask, input_ids.shape[1])
+            extra = {**extra, **self.window_kwargs(mask, pos, cache)}
         t0 = time.perf_counter()
         with self._own_forward():
             out = self.model(
@@ -523,6 +537,14 @@ class HFPolicy:
             return [k for k, _ in states], [v for _, v in states]
 
         self.prefix_cache.insert(row.prompt + tuple(row.out[:-1]), take)
+
+    def window_kwargs(self, mask, pos: torch.Tensor, cache) -> dict:
+        """Forward kwargs that let sliding-window layers mask by position (:mod:`memrl.policy.sliding_window`):
+        for queries at ``pos [B, q]`` appended to ``cache`` under ``mask`` (as :func:`key_positions` reads it);
+        none for a model without a window."""
+        if self.sliding_window is None:
+            return {}
+        return positions_kwargs(mask, pos, cache.get_seq_length() + pos.shape[1])
 
     def causal_tail_kwargs(self) -> dict[str, bool]:
         """Forward kwargs for unpadded rows that continue from a cached prefix: on CPU, attention computes the

@@ -58,6 +58,7 @@ def score_row(
             use_cache=True,
             logits_to_keep=len(resp),
             **(policy.causal_tail_kwargs() if cached else {}),
+            **policy.window_kwargs(None, pos, cache),
         ).logits[0]  # [len(resp), V]
     stats = policy.forward_stats
     stats["check_calls"] += 1

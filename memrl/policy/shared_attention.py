@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from memrl.policy.sliding_window import POSITIONS_KWARG, Positions
+
 IMPLEMENTATION = "memrl_sdpa"
 
 
@@ -43,14 +45,25 @@ def _partial(scores: torch.Tensor, values: torch.Tensor):
     return m, p.sum(-1, keepdim=True), p @ values
 
 
-def _prefix_partial(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scaling: float):
-    """All of ``query [b, H, q, D]``'s rows against one ``[Hkv, C, D]`` prefix in one matmul per head group;
-    returns ``(m, l, o)`` shaped ``[b, H, q, 1|1|D]``."""
+def _prefix_partial(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    scaling: float,
+    mask: torch.Tensor | None = None,
+):
+    """All of ``query [b, H, q, D]``'s rows against one ``[Hkv, C, D]`` prefix in one matmul per head group,
+    under ``mask`` (bool ``[b, 1, q, C]``, True = attend: a sliding window; ``None`` = all visible); returns
+    ``(m, l, o)`` shaped ``[b, H, q, 1|1|D]``."""
     b, H, q, D = query.shape
-    Hkv = keys.shape[0]
+    Hkv, C = keys.shape[0], keys.shape[1]
     g = H // Hkv
     qh = query.view(b, Hkv, g, q, D).permute(1, 2, 0, 3, 4).reshape(Hkv, g * b * q, D)
-    parts = _partial((qh @ keys.transpose(1, 2)) * scaling, values)
+    scores = (qh @ keys.transpose(1, 2)) * scaling
+    if mask is not None:
+        hidden = ~mask[:, 0][None, None]  # [1, 1, b, q, C] against scores' [Hkv, g, b, q, C]
+        scores = scores.view(Hkv, g, b, q, C).masked_fill(hidden, float("-inf")).view(Hkv, g * b * q, C)
+    parts = _partial(scores, values)
     return [t.view(Hkv, g, b, q, -1).permute(2, 0, 1, 3, 4).reshape(b, H, q, -1) for t in parts]
 
 
@@ -62,12 +75,14 @@ def shared_prefix_attention(
     layer: int,
     own_mask: torch.Tensor | None,
     scaling: float,
+    prefix_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Attention of ``query [B, H, q, D]`` over the prefix (visible to every query) followed by the rows' own
-    ``keys/values [B, Hkv, S, D]`` under ``own_mask`` (bool ``[B, 1, q, S]``, True = attend; ``None`` = all
-    visible). Returns ``[B, q, H, D]`` (the layout transformers' attention functions return)."""
+    """Attention of ``query [B, H, q, D]`` over the prefix (visible to every query unless ``prefix_mask``, bool
+    ``[B, 1, q, C]``, hides some of it) followed by the rows' own ``keys/values [B, Hkv, S, D]`` under
+    ``own_mask`` (bool ``[B, 1, q, S]``, True = attend; ``None`` = all visible). Returns ``[B, q, H, D]`` (the
+    layout transformers' attention functions return)."""
     H = query.shape[1]
-    m1, l1, o1 = _prefix_partial(query, prefix.keys[layer], prefix.values[layer], scaling)
+    m1, l1, o1 = _prefix_partial(query, prefix.keys[layer], prefix.values[layer], scaling, prefix_mask)
     g = H // own_keys.shape[1]
     if g > 1:
         own_keys = own_keys.repeat_interleave(g, dim=1)
@@ -177,16 +192,58 @@ def _single_query(query: torch.Tensor, mask: torch.Tensor | None, kwargs: dict) 
     )
 
 
+def _windowed(query, attention_mask, window_mask: torch.Tensor) -> torch.Tensor:
+    """The forward's mask (``None``: causal for several queries, all visible for one) cut to a sliding window."""
+    if attention_mask is None:
+        if query.shape[2] == 1:
+            return window_mask
+        q, T = query.shape[2], window_mask.shape[-1]
+        attention_mask = torch.ones(q, T, dtype=torch.bool, device=query.device).tril(T - q)[None, None]
+    if attention_mask.dtype != torch.bool:
+        raise TypeError("memrl_sdpa expects a boolean attention mask (transformers' sdpa mask)")
+    return attention_mask & window_mask
+
+
+def _window_mask(kwargs: dict, engine_path: bool) -> torch.Tensor | None:
+    """The sliding-window mask of this layer (``None`` on a global layer, or where the window cuts nothing)."""
+    window = kwargs.get("sliding_window")
+    positions: Positions | None = kwargs.pop(POSITIONS_KWARG, None)
+    if not window:
+        return None
+    if positions is None:
+        if (
+            engine_path
+        ):  # the engine's paths ignore transformers' mask: without positions they would not window
+            raise RuntimeError(
+                f"memrl_sdpa: a sliding-window layer (window {window}) was called on an engine path without "
+                "the positions it masks by"
+            )
+        return None  # a plain forward (training, scoring a padded batch): transformers' mask holds the window
+    return positions.window_mask(int(window))
+
+
 def memrl_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """transformers attention-interface function: shared-prefix attention when the forward carries a
     :class:`SharedPrefix`, :func:`causal_tail_attention` when it says ``memrl_causal_tail`` (an unpadded batch
-    continuing from a cached prefix, on CPU), else transformers' own sdpa."""
+    continuing from a cached prefix, on CPU), else transformers' own sdpa. A sliding-window layer whose window
+    cuts some key of the forward attends under the window by position (:mod:`memrl.policy.sliding_window`)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     shared: SharedPrefix | None = kwargs.pop("memrl_shared_prefix", None)
     causal_tail = kwargs.pop("memrl_causal_tail", False)
     # A speculative step's few queries per row under their [B, 1, q, T] mask (memrl.policy.speculative).
     draft_check = kwargs.pop("memrl_draft_check", False)
+    window = _window_mask(kwargs, engine_path=shared is not None or causal_tail or draft_check)
+    if window is not None and shared is None:
+        mask = _windowed(query, attention_mask, window)
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        if dropout == 0.0 and (draft_check or _single_query(query, mask, kwargs)):
+            return decode_attention(query, key, value, mask, scale), None
+        if _masked_gqa(module, query, mask, kwargs):
+            return _gqa_sdpa(query, key, value, mask, dropout, scaling), None
+        return sdpa_attention_forward(
+            module, query, key, value, mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     if shared is None:
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         if dropout == 0.0 and (draft_check or _single_query(query, attention_mask, kwargs)):
@@ -208,8 +265,12 @@ def memrl_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=N
         own_mask = torch.ones(q, S, dtype=torch.bool, device=query.device).tril(S - q)[None, None]
     else:
         own_mask = None
+    prefix_mask = None
+    if window is not None:
+        own_mask = window[..., C:] if own_mask is None else own_mask & window[..., C:]
+        prefix_mask = window[..., :C]
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    out = shared_prefix_attention(query, key, value, shared, module.layer_idx, own_mask, scale)
+    out = shared_prefix_attention(query, key, value, shared, module.layer_idx, own_mask, scale, prefix_mask)
     return out, None
 
 
