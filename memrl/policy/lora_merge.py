@@ -43,7 +43,9 @@ class LoraFold:
 
     def __init__(self, model: Any) -> None:
         self.model = model
-        self.layers = lora_layers(model)
+        # LoRA on a plain weight matrix folds; PEFT's ParamWrapper (LoRA on a mixture of experts' stacked expert
+        # weights, which all-linear targets in MoE families) keeps its unmerged path, per layer, which is exact.
+        self.layers = [layer for layer in lora_layers(model) if _foldable(layer)]
         self._stash: list[tuple[torch.Tensor, torch.Tensor | None]] = []
         self.folded: str | None = None  # the adapter folded in now
         # adapter → (the version of its LoRA tensors, its folded (weight, bias) per layer): folds kept by unfold()
@@ -135,6 +137,11 @@ class LoraFold:
 def _active_adapter(model: Any) -> str | None:
     name = getattr(model, "active_adapter", None)
     return name if isinstance(name, str) else None
+
+
+def _foldable(layer: Any) -> bool:
+    base = layer.get_base_layer()
+    return isinstance(getattr(base, "weight", None), torch.Tensor) and type(layer).__name__ != "ParamWrapper"
 
 
 def _base_tensors(layer: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
