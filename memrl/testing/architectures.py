@@ -148,8 +148,11 @@ def sharpen(model, factor: float = 3.0) -> None:
                 module.qkv_proj.weight[:q_rows].mul_(factor)
 
 
-def random_tiny(family: str, seed: int = 0, attn_implementation: str = "sdpa", sharp: bool = True):
-    """A random-init tiny model of ``family`` (a key of :data:`FAMILIES`) in float32 and the byte tokenizer."""
+def random_tiny(
+    family: str, seed: int = 0, attn_implementation: str = "sdpa", sharp: bool = True, **overrides
+):
+    """A random-init tiny model of ``family`` (a key of :data:`FAMILIES`) in float32 and the byte tokenizer;
+    ``overrides`` set config fields (vLLM's CPU attention needs ``head_dim`` >= 32, for one)."""
     import transformers
 
     if family not in FAMILIES:
@@ -157,6 +160,8 @@ def random_tiny(family: str, seed: int = 0, attn_implementation: str = "sdpa", s
     spec = FAMILIES[family]
     torch.manual_seed(seed)
     config = spec.config()
+    for key, value in overrides.items():
+        setattr(config, key, value)
     config._attn_implementation = attn_implementation
     model = getattr(transformers, spec.model_class)(config).eval()
     if sharp:

@@ -5,6 +5,7 @@ Runs only with ``-m vllm`` in the vllm environment (``.ci/vllm.sh``); engine sta
 
 from __future__ import annotations
 
+import contextlib
 import tempfile
 
 import pytest
@@ -18,6 +19,7 @@ from memrl.policy.base import GenerationRequest, SamplingParams  # noqa: E402
 from memrl.policy.config import PolicyConfig  # noqa: E402
 from memrl.policy.hf import HFPolicy  # noqa: E402
 from memrl.testing import random_tiny_llama  # noqa: E402
+from memrl.testing.architectures import FAMILIES, random_tiny  # noqa: E402
 from memrl.types import FinishReason  # noqa: E402
 
 
@@ -35,19 +37,25 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def pair(model_dir):
-    # vLLM's engine leaves ZMQ IPC sockets in VLLM_RPC_BASE_PATH (default: the temp dir), its compile cache in
-    # ~/.cache/vllm and inductor's in /tmp/torchinductor_<user> (GBs over many runs): all go into a directory
-    # this fixture deletes, so the tests leave nothing behind.
-    with tempfile.TemporaryDirectory(prefix="memrl-vllm-") as tmp, pytest.MonkeyPatch.context() as mp:
-        mp.setenv("VLLM_RPC_BASE_PATH", tmp)
-        mp.setenv("VLLM_CACHE_ROOT", f"{tmp}/vllm-cache")
-        mp.setenv("TORCHINDUCTOR_CACHE_DIR", f"{tmp}/inductor")
-        mp.setenv("TMPDIR", tmp)  # the engine process's own temp files (e.g. inductor's precompiled headers)
+    with _vllm_env():
         cfg = PolicyConfig(backend="vllm", model=str(model_dir), max_model_len=1024, vllm_kv_cache_gb=1)
         vllm_policy = make_policy(cfg)
         hf_policy = HFPolicy(PolicyConfig(model=str(model_dir)))
         yield hf_policy, vllm_policy
         vllm_policy.close()  # before the temp dir goes, and not at interpreter exit (see VLLMPolicy.close)
+
+
+@contextlib.contextmanager
+def _vllm_env():
+    """The engine's ZMQ IPC sockets (VLLM_RPC_BASE_PATH, default: the temp dir), its compile cache (~/.cache/vllm)
+    and inductor's (/tmp/torchinductor_<user>, GBs over many runs) in a directory deleted afterwards, so the tests
+    leave nothing behind."""
+    with tempfile.TemporaryDirectory(prefix="memrl-vllm-") as tmp, pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VLLM_RPC_BASE_PATH", tmp)
+        mp.setenv("VLLM_CACHE_ROOT", f"{tmp}/vllm-cache")
+        mp.setenv("TORCHINDUCTOR_CACHE_DIR", f"{tmp}/inductor")
+        mp.setenv("TMPDIR", tmp)  # the engine process's own temp files (e.g. inductor's precompiled headers)
+        yield
 
 
 def enc(policy, text):
@@ -96,3 +104,34 @@ def test_vllm_stops_prefix_cache_and_scoring(pair):
     assert second.cached_tokens > 0  # vLLM's automatic prefix caching served the shared prefix
     pairs = [(prompt, ref.token_ids[:8])]
     assert torch.allclose(torch.tensor(vl.logprobs(pairs)[0]), torch.tensor(hf.logprobs(pairs)[0]), atol=1e-3)
+
+
+# vLLM's CPU attention needs head_dim >= 32: two query heads of 32 over one key/value head.
+WIDE_HEADS = {"num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_vllm_decodes_each_family_as_the_hf_engine(family, tmp_path):
+    """The same tiny model of each family through both backends, prompts many sliding windows long: greedy
+    tokens equal, log-probs within float32 noise."""
+    model, tok = random_tiny(family, seed=4, **WIDE_HEADS)
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    hf = HFPolicy(PolicyConfig(model=str(tmp_path), dtype="float32"))
+    text = "Alice moved to Lisbon in May; Bob bought a red bike. " * 6
+    prompts = [enc(hf, text[:n]) for n in (9, 70, 300)]
+    params = SamplingParams(temperature=0.0, max_tokens=12)
+    want = hf.generate([GenerationRequest(p, params) for p in prompts])
+    with _vllm_env():
+        vl = make_policy(
+            PolicyConfig(
+                backend="vllm", model=str(tmp_path), dtype="float32", max_model_len=1024, vllm_kv_cache_gb=1
+            )
+        )
+        try:
+            got = vl.generate([GenerationRequest(p, params) for p in prompts])
+        finally:
+            vl.close()
+    for [w], [g] in zip(want, got, strict=True):
+        assert g.token_ids == w.token_ids
+        assert torch.allclose(torch.tensor(g.logprobs), torch.tensor(w.logprobs), atol=1e-3)
