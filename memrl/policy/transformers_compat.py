@@ -101,6 +101,11 @@ INTERNALS: tuple[Internal, ...] = (
         ("module", "query", "key", "value", "attention_mask", "dropout", "scaling"),
     ),
     Internal(
+        "transformers.masking_utils:sliding_window_overlay",
+        "memrl.policy.sliding_window.Positions.window_mask (the same kv > q - W, by position)",
+        ("sliding_window",),
+    ),
+    Internal(
         "transformers:PreTrainedModel.set_attn_implementation",
         "memrl.policy.hf (switch sdpa → memrl_sdpa)",
         ("self", "attn_implementation"),
