@@ -167,3 +167,24 @@ def random_tiny(
     if sharp:
         sharpen(model)
     return model, byte_tokenizer()
+
+
+def fast_byte_tokenizer():
+    """A fast (``tokenizers``) byte-level tokenizer with the byte tokenizer's ids (pad 0, eos 1, unk 2, byte ``b``
+    = ``3 + b``) and chat template. Saved beside a model, it loads under any family's tokenizer class: a saved
+    ByT5 tokenizer does not where transformers maps the model type to a tokenizer of its own (Qwen2, Phi-3,
+    Mistral)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    from memrl.testing.models import CHAT_TEMPLATE
+
+    byte_chars = bytes_to_unicode()
+    vocab = {"<pad>": 0, "</s>": 1, "<unk>": 2, **{byte_chars[b]: 3 + b for b in range(256)}}
+    tk = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tk.decoder = decoders.ByteLevel()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", eos_token="</s>", unk_token="<unk>")
+    tok.chat_template = CHAT_TEMPLATE
+    return tok

@@ -19,7 +19,7 @@ from memrl.policy.base import GenerationRequest, SamplingParams  # noqa: E402
 from memrl.policy.config import PolicyConfig  # noqa: E402
 from memrl.policy.hf import HFPolicy  # noqa: E402
 from memrl.testing import random_tiny_llama  # noqa: E402
-from memrl.testing.architectures import FAMILIES, random_tiny  # noqa: E402
+from memrl.testing.architectures import FAMILIES, fast_byte_tokenizer, random_tiny  # noqa: E402
 from memrl.types import FinishReason  # noqa: E402
 
 
@@ -114,9 +114,9 @@ WIDE_HEADS = {"num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32
 def test_vllm_decodes_each_family_as_the_hf_engine(family, tmp_path):
     """The same tiny model of each family through both backends, prompts many sliding windows long: greedy
     tokens equal, log-probs within float32 noise."""
-    model, tok = random_tiny(family, seed=4, **WIDE_HEADS)
+    model, _ = random_tiny(family, seed=4, **WIDE_HEADS)
     model.save_pretrained(tmp_path)
-    tok.save_pretrained(tmp_path)
+    fast_byte_tokenizer().save_pretrained(tmp_path)  # loads under every family's tokenizer class
     hf = HFPolicy(PolicyConfig(model=str(tmp_path), dtype="float32"))
     text = "Alice moved to Lisbon in May; Bob bought a red bike. " * 6
     prompts = [enc(hf, text[:n]) for n in (9, 70, 300)]
