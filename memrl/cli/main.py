@@ -11,9 +11,21 @@ import logging
 import sys
 
 # Order = order in --help.
-COMMANDS = ("run", "train", "report", "eval", "config", "data", "bench", "inspect", "serve", "sandbox")
+COMMANDS = (
+    "run",
+    "train",
+    "report",
+    "eval",
+    "config",
+    "data",
+    "bench",
+    "inspect",
+    "serve",
+    "sandbox",
+    "doctor",
+)
 # Commands that run a model: they set torch's thread count from the machine's load first (memrl.threads).
-MODEL_COMMANDS = frozenset({"run", "train", "eval", "bench", "serve"})
+MODEL_COMMANDS = frozenset({"run", "train", "eval", "bench", "serve", "doctor"})
 # Long commands: they choose the thread count again between phases as other jobs start and end (memrl.threads).
 FOLLOW_COMMANDS = frozenset({"run", "train", "eval"})
 # Libraries whose INFO lines read like failures or noise on every run: faiss reports each CPU-specific build it
