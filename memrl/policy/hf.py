@@ -33,7 +33,15 @@ from memrl.policy.batching import DecodeBatch, DecodeRow
 from memrl.policy.config import PolicyConfig
 from memrl.policy.cuda_graphs import GraphDecoder
 from memrl.policy.errors import PolicyError
-from memrl.policy.hf_load import attach_adapter, load_model_and_tokenizer
+from memrl.policy.hf_load import (
+    attach_adapter,
+    attention_implementation,
+    enable_shared_attention,
+    eos_ids,
+    load_model_and_tokenizer,
+    model_max_len,
+    pad_id,
+)
 from memrl.policy.hf_score import score_padded, score_row
 from memrl.policy.hf_stream import HFStream
 from memrl.policy.kv_cache import (
@@ -100,12 +108,12 @@ class HFPolicy:
         self.prefix_cache = RadixCache(cfg.prefix_cache_tokens)
         self._adapter_caches: dict[str, RadixCache] = {}  # the other adapters' (use_adapter)
         self._seed_source = torch.Generator().manual_seed(cfg.seed)
-        self.pad_id = _pad_id(tokenizer)
-        self.eos_ids = _eos_ids(model, tokenizer)
-        self.max_model_len = min(cfg.max_model_len, _model_max_len(model))
+        self.pad_id = pad_id(tokenizer)
+        self.eos_ids = eos_ids(model, tokenizer)
+        self.max_model_len = min(cfg.max_model_len, model_max_len(model))
         # Rows that all continue from one cached prefix attend to one copy of it (see _shared_prefix).
-        self.shared_attention = _enable_shared_attention(model)
-        self.bool_decode_mask = _attention_implementation(model) in ("sdpa", "memrl_sdpa")
+        self.shared_attention = enable_shared_attention(model)
+        self.bool_decode_mask = attention_implementation(model) in ("sdpa", "memrl_sdpa")
         # The window size where some layer attends through one (None: global attention only); refused at load
         # where the engine cannot serve it (memrl.policy.architecture).
         self.sliding_window = check_servable(model, cfg.model, self.shared_attention)
@@ -602,48 +610,3 @@ class HFPolicy:
         for start in range(0, len(sequences), step):
             out.extend(score_padded(self, sequences[start : start + step], 1.0))
         return out
-
-
-def _attention_implementation(model) -> str | None:
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return getattr(base.config, "_attn_implementation", None)
-
-
-def _enable_shared_attention(model) -> bool:
-    """Switch an sdpa model to ``memrl_sdpa`` (identical unless a shared prefix is passed); False when the model
-    uses another attention implementation (e.g. flash attention on GPU), which then keeps per-row copies."""
-    from memrl.policy.shared_attention import IMPLEMENTATION, register
-
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    current = _attention_implementation(model)
-    if current == IMPLEMENTATION:
-        return True
-    if current != "sdpa" or not hasattr(base, "set_attn_implementation"):
-        return False
-    base.set_attn_implementation(register())
-    return True
-
-
-def _pad_id(tokenizer) -> int:
-    for tid in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0):
-        if tid is not None:
-            return int(tid)
-    return 0
-
-
-def _eos_ids(model, tokenizer) -> list[int]:
-    ids = set()
-    if tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if isinstance(gen_eos, int):
-        ids.add(gen_eos)
-    elif gen_eos:
-        ids.update(int(t) for t in gen_eos)
-    return sorted(ids)
-
-
-def _model_max_len(model) -> int:
-    cfg = model.config
-    cfg = cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
-    return int(getattr(cfg, "max_position_embeddings", None) or 1 << 30)

@@ -1,4 +1,5 @@
-"""Loading the HF backend's model: the checkpoint in the precision the device calls for, and its LoRA adapters."""
+"""Loading the HF backend's model: the checkpoint in the precision the device calls for, its LoRA adapters, and
+what the engine reads off the loaded model (pad and eos ids, its length, its attention implementation)."""
 
 from __future__ import annotations
 
@@ -52,3 +53,49 @@ def attach_adapter(model, path: str):
     if (Path(path) / MEMORY_ADAPTER / "adapter_config.json").is_file():
         model.load_adapter(str(Path(path) / MEMORY_ADAPTER), adapter_name=MEMORY_ADAPTER, is_trainable=False)
     return model
+
+
+def attention_implementation(model) -> str | None:
+    """The attention implementation the (possibly PEFT-wrapped) model runs."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return getattr(base.config, "_attn_implementation", None)
+
+
+def enable_shared_attention(model) -> bool:
+    """Switch an sdpa model to ``memrl_sdpa`` (identical unless a shared prefix is passed); False when the model
+    uses another attention implementation (e.g. flash attention on GPU), which then keeps per-row copies."""
+    from memrl.policy.shared_attention import IMPLEMENTATION, register
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    current = attention_implementation(model)
+    if current == IMPLEMENTATION:
+        return True
+    if current != "sdpa" or not hasattr(base, "set_attn_implementation"):
+        return False
+    base.set_attn_implementation(register())
+    return True
+
+
+def pad_id(tokenizer) -> int:
+    for tid in (tokenizer.pad_token_id, tokenizer.eos_token_id, 0):
+        if tid is not None:
+            return int(tid)
+    return 0
+
+
+def eos_ids(model, tokenizer) -> list[int]:
+    ids = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if isinstance(gen_eos, int):
+        ids.add(gen_eos)
+    elif gen_eos:
+        ids.update(int(t) for t in gen_eos)
+    return sorted(ids)
+
+
+def model_max_len(model) -> int:
+    cfg = model.config
+    cfg = cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
+    return int(getattr(cfg, "max_position_embeddings", None) or 1 << 30)
