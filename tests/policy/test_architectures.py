@@ -142,6 +142,22 @@ def test_speculative_drafts_decode_as_transformers(fam, monkeypatch):
     assert 0 < stats["accepted_tokens"] < stats["draft_tokens"]
 
 
+def test_scored_log_probs_from_a_cached_prefix_equal_a_full_forward(fam):
+    """``logprobs`` / ``greedy_logprobs`` (the writer's draft check, snapshot credit) score a response after a
+    prompt whose start is in the radix cache: the causal-tail path, past the window."""
+    policy = fam.policy()
+    prompt = fam.enc(TEXT[:260])
+    policy.generate([GenerationRequest(prompt[:-30], greedy(1))])
+    response = fam.enc(" Alice works at a bakery.")
+    [scored] = policy.logprobs([(prompt, response)])
+    with torch.no_grad():
+        logits = fam.ref(torch.tensor([list(prompt + response)])).logits[0, len(prompt) - 1 : -1]
+    want = torch.log_softmax(logits.float(), -1)[torch.arange(len(response)), torch.tensor(response)]
+    assert torch.allclose(torch.tensor(scored), want, atol=1e-4)
+    [(_, best, _)] = policy.greedy_logprobs([(prompt, response)])
+    assert best == logits.argmax(-1).tolist()
+
+
 def _lora(model, seed: int = 1):
     """``model`` with an all-linear LoRA adapter whose B is random (a trained adapter, not a no-op)."""
     torch.manual_seed(seed)
