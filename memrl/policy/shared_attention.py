@@ -211,9 +211,8 @@ def _window_mask(kwargs: dict, engine_path: bool) -> torch.Tensor | None:
     if not window:
         return None
     if positions is None:
-        if (
-            engine_path
-        ):  # the engine's paths ignore transformers' mask: without positions they would not window
+        # The engine's own paths ignore transformers' mask: without positions they would not window at all.
+        if engine_path:
             raise RuntimeError(
                 f"memrl_sdpa: a sliding-window layer (window {window}) was called on an engine path without "
                 "the positions it masks by"
