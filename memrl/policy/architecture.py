@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from memrl.policy.errors import PolicyError
-from memrl.policy.sliding_window import window_of
 
 INSTEAD = "policy.backend=vllm, or the model outside memrl's engine through transformers' own generate"
 
@@ -29,14 +28,15 @@ class Architecture:
     unsupported: list[str] = field(default_factory=list)
 
 
-def _text_config(config):
+def text_config(config):
+    """The decoder's config (a multimodal model's text config; the config itself otherwise)."""
     return config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
 
 
 def architecture(model) -> Architecture:
     """Read ``model``'s (possibly PEFT-wrapped) config and modules."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    cfg = _text_config(base.config)
+    cfg = text_config(base.config)
     window, sliding = window_of(base.config)
     unsupported = []
     cap = getattr(cfg, "attn_logit_softcapping", None)
@@ -76,3 +76,21 @@ def check_servable(model, name: str, engine_attention: bool) -> int | None:
             f"policy.attn_implementation=sdpa, or use {INSTEAD}."
         )
     return arch.window
+
+
+def window_of(config) -> tuple[int | None, list[int]]:
+    """``(window, sliding layers)`` of a model config (its text config for a multimodal one): the window size
+    and the indices of the layers that use it; ``(None, [])`` for a model with global attention only."""
+    cfg = text_config(config)
+    window = getattr(cfg, "sliding_window", None)
+    if not window or getattr(cfg, "use_sliding_window", True) is False:
+        return None, []
+    n = int(cfg.num_hidden_layers)
+    types = getattr(cfg, "layer_types", None)
+    if types and getattr(cfg, "model_type", "") not in _WINDOW_ON_EVERY_LAYER:
+        return int(window), [i for i, t in enumerate(types) if t == "sliding_attention"]
+    return int(window), list(range(n))
+
+
+# Families whose attention passes config.sliding_window to every layer, whatever layer_types says.
+_WINDOW_ON_EVERY_LAYER = frozenset({"mistral", "mixtral", "phi3", "starcoder2"})

@@ -27,7 +27,7 @@ from memrl.policy.base import GenerationRequest, SamplingParams
 from memrl.policy.config import PolicyConfig
 from memrl.policy.errors import PolicyError
 from memrl.policy.hf import HFPolicy
-from memrl.policy.hf_load import load_model_and_tokenizer
+from memrl.policy.hf_load import load_model_and_tokenizer, model_max_len
 from memrl.policy.models import policy_dtype, resolve_model_path
 from memrl.policy.shared_attention import IMPLEMENTATION
 from memrl.templates import encode_chat
@@ -456,17 +456,11 @@ def diagnose(
 
 
 def _doctor(model, tokenizer, cfg: PolicyConfig, probe_tokens: int | None, report: DoctorReport) -> Doctor:
-    n = probe_length(probe_tokens, report.window, _max_len(model))
+    n = probe_length(probe_tokens, report.window, model_max_len(model))
     ids = probe_ids(tokenizer, n + 8)
     doctor = Doctor(model, tokenizer, cfg, ids[:n], ids[n:])
     report.probe_tokens = n
     return doctor
-
-
-def _max_len(model) -> int:
-    cfg = model.config
-    cfg = cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
-    return int(getattr(cfg, "max_position_embeddings", None) or 1 << 30)
 
 
 def _verdict(report: DoctorReport) -> DoctorReport:

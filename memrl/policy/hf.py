@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from memrl.policy.architecture import check_servable
+from memrl.policy.architecture import check_servable, text_config
 from memrl.policy.base import MEMORY_ADAPTER, GenerationRequest, SamplingParams, adapter_active
 from memrl.policy.batching import DecodeBatch, DecodeRow
 from memrl.policy.config import PolicyConfig
@@ -561,9 +561,7 @@ class HFPolicy:
         return {"memrl_causal_tail": True} if self.shared_attention and self.device.type == "cpu" else {}
 
     def _num_layers(self) -> int:
-        cfg = self.model.config
-        cfg = cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
-        return int(cfg.num_hidden_layers)
+        return int(text_config(self.model.config).num_hidden_layers)
 
     # ------------------------------------------------------------------ scoring
 

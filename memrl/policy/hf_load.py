@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from memrl.policy.architecture import text_config
 from memrl.policy.base import MEMORY_ADAPTER
 from memrl.policy.config import PolicyConfig
 from memrl.policy.errors import PolicyError
@@ -96,6 +97,5 @@ def eos_ids(model, tokenizer) -> list[int]:
 
 
 def model_max_len(model) -> int:
-    cfg = model.config
-    cfg = cfg.get_text_config(decoder=True) if hasattr(cfg, "get_text_config") else cfg
+    cfg = text_config(model.config)
     return int(getattr(cfg, "max_position_embeddings", None) or 1 << 30)

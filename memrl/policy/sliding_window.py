@@ -65,21 +65,3 @@ def causal_bool_mask(mask: torch.Tensor, q: int) -> torch.Tensor:
     cols = torch.arange(T, device=mask.device)
     causal = cols[None, :] <= (T - q + torch.arange(q, device=mask.device))[:, None]  # [q, T]
     return mask.bool()[:, None, None, :] & causal[None, None]
-
-
-def window_of(config) -> tuple[int | None, list[int]]:
-    """``(window, sliding layers)`` of a model config (its text config for a multimodal one): the window size
-    and the indices of the layers that use it; ``(None, [])`` for a model with global attention only."""
-    cfg = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    window = getattr(cfg, "sliding_window", None)
-    if not window or getattr(cfg, "use_sliding_window", True) is False:
-        return None, []
-    n = int(cfg.num_hidden_layers)
-    types = getattr(cfg, "layer_types", None)
-    if types and getattr(cfg, "model_type", "") not in _WINDOW_ON_EVERY_LAYER:
-        return int(window), [i for i, t in enumerate(types) if t == "sliding_attention"]
-    return int(window), list(range(n))
-
-
-# Families whose attention passes config.sliding_window to every layer, whatever layer_types says.
-_WINDOW_ON_EVERY_LAYER = frozenset({"mistral", "mixtral", "phi3", "starcoder2"})

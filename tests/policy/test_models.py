@@ -155,25 +155,6 @@ def test_too_little_free_space_fails_before_writing(cache, monkeypatch):
     assert info.value.free == 1000 and not converted_dir("smollm2-135m").exists()
 
 
-def test_float32_smollm2_needs_about_540_mb():
-    """The size the error quotes, from the architecture alone (no weights are allocated)."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(
-        vocab_size=49152,
-        hidden_size=576,
-        intermediate_size=1536,
-        num_hidden_layers=30,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        tie_word_embeddings=True,
-    )
-    with torch.device("meta"):
-        model = LlamaForCausalLM(cfg)
-    assert human_bytes(models.weight_bytes(model)) == "538 MB"
-
-
 def test_the_cli_prints_a_full_disk_as_one_line(cache, monkeypatch, capsys):
     from memrl.cli.main import main
 
@@ -419,20 +400,30 @@ def test_a_disk_full_while_joining_is_one_error_and_leaves_nothing(chunked, cach
     assert [p.name for p in (cache / "models").iterdir()] == [".Tiny-1M-q4-unknown.lock"]
 
 
-def test_float32_gemma3_270m_needs_about_1_07_gb():
+@pytest.mark.parametrize(
+    ("classes", "config", "size"),
+    [
+        (
+            ("LlamaConfig", "LlamaForCausalLM"),
+            dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                 num_attention_heads=9, num_key_value_heads=3),
+            "538 MB",
+        ),
+        (
+            ("Gemma3TextConfig", "Gemma3ForCausalLM"),
+            dict(vocab_size=262144, hidden_size=640, intermediate_size=2048, num_hidden_layers=18,
+                 num_attention_heads=4, num_key_value_heads=1, head_dim=256),
+            "1.07 GB",
+        ),
+    ],
+    ids=["smollm2-135m", "gemma3-270m"],
+)  # fmt: skip
+def test_float32_weights_need_the_size_the_error_quotes(classes, config, size):
+    """The size the disk-full error quotes, from the architecture alone (no weights are allocated)."""
     import torch
-    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+    import transformers
 
-    cfg = Gemma3TextConfig(
-        vocab_size=262144,
-        hidden_size=640,
-        intermediate_size=2048,
-        num_hidden_layers=18,
-        num_attention_heads=4,
-        num_key_value_heads=1,
-        head_dim=256,
-        tie_word_embeddings=True,
-    )
+    config_class, model_class = (getattr(transformers, name) for name in classes)
     with torch.device("meta"):
-        model = Gemma3ForCausalLM(cfg)
-    assert human_bytes(models.weight_bytes(model)) == "1.07 GB"
+        model = model_class(config_class(**config, tie_word_embeddings=True))
+    assert human_bytes(models.weight_bytes(model)) == size
