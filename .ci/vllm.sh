@@ -17,4 +17,4 @@ PY=${PYTHON:-python3}
 # The engine's temp files (sockets, compile caches) go to a temp dir removed on exit (see the test's fixture).
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-TMPDIR="$tmp" "$VENV/bin/python" -m pytest -q -p no:cacheprovider -m vllm tests/policy/test_vllm.py
+TMPDIR="$tmp" "$VENV/bin/python" -m pytest -q -p no:cacheprovider -m vllm tests/policy/backends/test_vllm.py

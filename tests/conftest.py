@@ -20,7 +20,7 @@ def tiny_hf_policy():
     Shared across the session: do not change its weights; call ``release`` on prefix handles you keep.
     """
     from memrl.policy.config import PolicyConfig
-    from memrl.policy.hf import HFPolicy
+    from memrl.policy.engine.hf import HFPolicy
     from memrl.testing import random_tiny_llama
 
     model, tokenizer = random_tiny_llama(seed=0)
@@ -55,7 +55,7 @@ def smollm2_policy(smollm2_dir):
     """The embedded SmolLM2-135M-Instruct behind the HF PolicyClient, loaded once per test run (greedy by
     default). Shared: do not change its weights; release prefix handles you keep."""
     from memrl.policy.config import PolicyConfig
-    from memrl.policy.hf import HFPolicy
+    from memrl.policy.engine.hf import HFPolicy
 
     return HFPolicy(PolicyConfig(model=str(smollm2_dir), temperature=0.0, seed=0))
 

@@ -4,10 +4,10 @@ Two workloads of a LoCoMo writer's evaluation, each timed with memrl's kernels a
 ``scaled_dot_product_attention`` in their place, the arms alternating over ``--repeats`` fresh prompts (median):
 
 * ``tail``: the prefill of a prompt after its cached prefix (``--prefix-tokens`` cached, ``--tails`` new tokens:
-  a 4-turn write and an answer prompt). memrl: :func:`~memrl.policy.shared_attention.causal_tail_attention`
+  a 4-turn write and an answer prompt). memrl: :func:`~memrl.policy.engine.shared_attention.causal_tail_attention`
   (the prefix and the tail's causal square apart, merged by log-sum-exp); torch: one masked kernel.
 * ``decode``: decode steps of a padded batch (``--decode`` as ``ROWSxTOKENS``: rows of about that many cached
-  positions, ``--new-tokens`` each). memrl: :func:`~memrl.policy.shared_attention.decode_attention`; torch: its
+  positions, ``--new-tokens`` each). memrl: :func:`~memrl.policy.engine.shared_attention.decode_attention`; torch: its
   sdpa with the padding mask. Reports the time per decode step and how many greedy rows came out identical.
 
 Random-token prompts: speed does not depend on the text, but their flat next-token distributions make near-ties,
@@ -43,7 +43,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 @contextlib.contextmanager
 def torch_kernels(policy, on: bool):
     """With ``on``, attention runs torch's sdpa where memrl's CPU kernels would (the reference arm)."""
-    from memrl.policy import shared_attention
+    from memrl.policy.engine import shared_attention
 
     if not on:
         yield
@@ -137,7 +137,7 @@ def bench_attention(argv: list[str]) -> dict:
 
     from memrl.policy.base import GenerationRequest, SamplingParams
     from memrl.policy.config import PolicyConfig
-    from memrl.policy.hf import HFPolicy
+    from memrl.policy.engine.hf import HFPolicy
     from memrl.threads import auto_threads
 
     torch.set_num_threads(args.threads or auto_threads())

@@ -27,7 +27,7 @@ greedy workloads ``agree_with_hf`` (of ``rows``): that arm's generated rows equa
 (bfloat16 rounds differently, so its greedy rows may part). ``faster_than_hf`` lists, per arm, the workloads where
 it was faster. ``hf-bf16`` runs the HF engine with ``policy.dtype=bfloat16``, whatever the CPU: where the CPU lacks
 bf16 instructions it shows what emulation costs. ``hf-plain`` and ``hf-bf16-plain`` are those two without
-prompt-lookup speculative decoding (``policy.speculative_tokens=0``; :mod:`memrl.policy.speculative`): in one run,
+prompt-lookup speculative decoding (``policy.speculative_tokens=0``; :mod:`memrl.policy.engine.speculative`): in one run,
 the speed-up it brings and, in float32, whether its greedy rows equal plain decoding's. Engine start-up (model
 load, vLLM's compile) is reported apart (``startup_s``), never inside a workload. Every arm gets the same torch
 thread count (``--threads``, default chosen from the load).

@@ -1,12 +1,12 @@
 """``memrl bench lora``: the decode step with a LoRA adapter, unfolded (PEFT's LoRA path) vs folded into the base
-weights (``policy.merge_lora``, :mod:`memrl.policy.lora_merge`), and the bare model for reference.
+weights (``policy.merge_lora``, :mod:`memrl.policy.engine.lora_merge`), and the bare model for reference.
 
 One batched ``generate`` of ``--batch`` rows, their prompts (``--prompt-tokens``) already in each arm's prefix
 cache, ``--gen-tokens`` new tokens each: ``*_ms_per_step`` is its time divided by the decode steps. The arms run
 interleaved, each timing the best of ``--repeats``. The folded arm's time includes folding the adapter in again
 (another arm's forward unfolds it, as a training step's update does); ``fold_s`` times one fold alone.
 ``fold_speedup`` = unfolded / folded. On CUDA a fourth arm, ``graph``, is the folded one with each decode step
-replayed from a captured CUDA graph (``policy.cuda_graphs``, :mod:`memrl.policy.cuda_graphs`); the bench then
+replayed from a captured CUDA graph (``policy.cuda_graphs``, :mod:`memrl.policy.engine.cuda_graphs`); the bench then
 also decodes the prompts greedily through both and counts the rows whose tokens are identical. The adapter is LoRA on every linear layer (as ``configs/*`` train), its
 ``B`` random so the fold changes the weights. ``--model`` takes ``random`` (the tiny random Llama of ``memrl bench
 policy``), an alias such as ``smollm2-135m`` or a model directory (e.g. a random-init copy of SmolLM2's shape on a
@@ -46,7 +46,7 @@ def _arms(args):
 
     from memrl.bench.policy import _policy
     from memrl.policy.config import PolicyConfig
-    from memrl.policy.hf import HFPolicy
+    from memrl.policy.engine.hf import HFPolicy
     from memrl.train.config import LoraConfig
     from memrl.train.lora import attach_lora
 

@@ -36,7 +36,7 @@ RANDOM_MODEL_SHAPE = dict(
 
 def _policy(model: str):
     from memrl.policy.config import PolicyConfig
-    from memrl.policy.hf import HFPolicy
+    from memrl.policy.engine.hf import HFPolicy
 
     if model != "random":
         return HFPolicy(PolicyConfig(model=model))
@@ -78,7 +78,7 @@ def _prefix_reuse(policy, args) -> dict:
     """Eight branches after a shared prefix: without a prefix cache, with the prefix already cached, and from a
     cold cache (the prefix computed inside the timed region). Every arm sends the same full token sequences."""
     from memrl.policy.base import GenerationRequest, SamplingParams
-    from memrl.policy.hf import HFPolicy
+    from memrl.policy.engine.hf import HFPolicy
 
     prefix = tuple(3 + (i * 7) % 250 for i in range(args.prefix_tokens))
     branch = SamplingParams(temperature=1.0, max_tokens=args.branch_tokens, seed=1)

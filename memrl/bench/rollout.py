@@ -47,7 +47,7 @@ PROMPT = (
 
 def _policy(model: str, cache_tokens: int, max_batch_size: int = 32):
     from memrl.policy.config import PolicyConfig
-    from memrl.policy.hf import HFPolicy
+    from memrl.policy.engine.hf import HFPolicy
 
     cfg = PolicyConfig(
         model=model if model != "random" else "random-tiny",

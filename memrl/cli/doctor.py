@@ -3,7 +3,7 @@
 MODEL is an alias (``smollm2-135m``), a local model directory, a hub id in the local cache (``HF_HUB_OFFLINE=1``)
 or ``tiny:<family>`` (a random tiny model: ``tiny:llama``, ``tiny:mistral``, ...). Prints what the engine sees of
 the model (family, size, precision, sliding window, chat template), then each engine path's greedy tokens against
-transformers' on a probe prompt (:mod:`memrl.policy.doctor`), and a verdict. Exit code 0: OK; 1: some path
+transformers' on a probe prompt (:mod:`memrl.policy.engine.doctor`), and a verdict. Exit code 0: OK; 1: some path
 differs from transformers (parity FAIL); 2: the engine refuses the model (or it does not load).
 """
 
@@ -46,7 +46,7 @@ def _probe_tokens(text: str) -> int:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from memrl.policy.doctor import diagnose
+    from memrl.policy.engine.doctor import diagnose
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     report = diagnose(args.model, dtype=args.dtype, device=device, probe_tokens=args.probe_tokens)

@@ -33,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
 
     from memrl.config import load_config
     from memrl.policy import make_policy
-    from memrl.policy.server import create_app
+    from memrl.policy.server.app import create_app
 
     cfg = load_config(args.config, list(args.extra))
     policy_cfg = dataclasses.replace(cfg.policy, backend="hf")

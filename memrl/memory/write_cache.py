@@ -15,7 +15,7 @@ in-process weights (a server) has no digest and is not cached.
 ``writes/drafts.sqlite``: the last reply a writer gave that prompt. A writer whose weights changed a little (a
 writer being trained, its checkpoint evaluated) misses its own cache but mostly writes what the writer before it
 wrote. So a miss with a draft checks it in one teacher-forced forward
-(:meth:`memrl.policy.hf.HFPolicy.greedy_logprobs`): where every draft token is the new writer's argmax and the
+(:meth:`memrl.policy.engine.hf.HFPolicy.greedy_logprobs`): where every draft token is the new writer's argmax and the
 draft ends as greedy decoding ends (its stop token, or ``max_tokens`` tokens), the draft *is* the new writer's
 greedy reply and is taken without decoding. Otherwise the forward still gives the greedy reply up to and including
 the first token where the two differ, and only the rest is decoded. The forward and the decode

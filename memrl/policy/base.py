@@ -83,7 +83,7 @@ def adapter_active(model: Any, name: str):
 
 
 def _unfold(model: Any) -> None:
-    """Unfold a LoRA adapter the policy folded in for decoding (memrl.policy.lora_merge) before PEFT switches
+    """Unfold a LoRA adapter the policy folded in for decoding (memrl.policy.engine.lora_merge) before PEFT switches
     adapters: PEFT would unmerge it by subtraction, with a warning, and not exactly in bfloat16."""
     fold = getattr(model, "memrl_lora_fold", None)
     if fold is not None:

@@ -34,20 +34,20 @@ class PolicyConfig:
     attn_implementation: str = "sdpa"
     max_batch_size: int = 32  # rows (requests x n) decoded together; more wait and join as rows finish
     score_batch_size: int = 8  # sequences per forward pass in logprobs()
-    # KV positions the radix cache keeps (memrl.policy.radix_cache): every finished row leaves its states there
+    # KV positions the radix cache keeps (memrl.policy.engine.radix_cache): every finished row leaves its states there
     # and requests continue from their longest cached prefix; least recently used leaves go first; 0 = off.
     # A full cache of SmolLM2-135M in float32 holds ~3.0 GB (30 layers x 2 x 3 kv heads x 64 x 4 bytes a token).
     prefix_cache_tokens: int = 65536
-    # Decode with the active LoRA adapter folded into the base weights (memrl.policy.lora_merge): as fast as the
+    # Decode with the active LoRA adapter folded into the base weights (memrl.policy.engine.lora_merge): as fast as the
     # bare model, for one extra copy of the adapted layers' weights (false saves that memory, e.g. a large model).
     merge_lora: bool = True
-    # On CUDA, replay each decode step from a captured CUDA graph (memrl.policy.cuda_graphs): a small model's step
+    # On CUDA, replay each decode step from a captured CUDA graph (memrl.policy.engine.cuda_graphs): a small model's step
     # is bound by kernel launches. false runs every step eagerly (e.g. to profile kernels one by one).
     cuda_graphs: bool = True
     # With cuda_graphs: the captured step is torch.compile's forward (fused kernels, fewer to replay); each bucket
     # shape compiles once at its first use.
     compile_decode: bool = False
-    # Each decode step also checks up to this many tokens drafted by prompt lookup (memrl.policy.speculative):
+    # Each decode step also checks up to this many tokens drafted by prompt lookup (memrl.policy.engine.speculative):
     # the same outputs in fewer steps where a row repeats what it has read or written (0 = off). Steps that replay
     # a CUDA graph check none.
     speculative_tokens: int = 4

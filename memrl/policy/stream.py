@@ -11,7 +11,7 @@ tree search expanding a tree whose branches have ended) waits for the slowest ro
         ...
     stream.close()
 
-Backends with a ``stream()`` method (:class:`memrl.policy.hf.HFPolicy`) decode continuously; any other
+Backends with a ``stream()`` method (:class:`memrl.policy.engine.hf.HFPolicy`) decode continuously; any other
 :class:`~memrl.policy.base.PolicyClient` gets :class:`BlockingStream`, which runs everything added so far as one
 ``generate`` call per ``wait`` (the same results, without the overlap).
 """

@@ -106,8 +106,8 @@ def _model_and_policy(
     policy: PolicyConfig, lora: LoraConfig, per_role: bool = False
 ) -> tuple[PeftModel, PolicyClient, bool]:
     """The trained model, the client that generates with it, and whether the two share the module."""
-    from memrl.policy.hf import HFPolicy
-    from memrl.policy.hf_load import load_model_and_tokenizer
+    from memrl.policy.engine.hf import HFPolicy
+    from memrl.policy.engine.load import load_model_and_tokenizer
 
     if per_role and policy.backend != "hf":
         # Another backend gets the adapter as a file after each update and serves one adapter per request.

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from memrl.bench import BENCHES
-from memrl.policy import shared_attention
+from memrl.policy.engine import shared_attention
 
 
 def test_attention_bench_times_both_kernels_and_restores_memrl_s():

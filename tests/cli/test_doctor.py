@@ -11,8 +11,8 @@ import torch
 
 from memrl.cli.doctor import layer_ranges
 from memrl.cli.main import main
-from memrl.policy import doctor
-from memrl.policy.hf import HFPolicy
+from memrl.policy.engine import doctor
+from memrl.policy.engine.hf import HFPolicy
 from memrl.testing import byte_tokenizer
 
 PATHS = [

@@ -24,7 +24,7 @@ class TinyServer:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         from memrl.policy.config import PolicyConfig
-        from memrl.policy.hf import HFPolicy
+        from memrl.policy.engine.hf import HFPolicy
 
         model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
         self.policy = HFPolicy.from_model(

@@ -9,7 +9,7 @@ from memrl.memory.config import MemoryConfig
 from memrl.memory.llm import policy_text_generator
 from memrl.memory.writer import WRITER_ADAPTER, PolicyWriter, WriteRequest
 from memrl.policy.base import GenerationRequest, SamplingParams
-from memrl.policy.radix_cache import common_prefix_len
+from memrl.policy.engine.radix_cache import common_prefix_len
 from memrl.testing import random_tiny_llama
 from memrl.types import TurnRole, TurnSpec
 
@@ -48,7 +48,7 @@ def lora_policy():
     from peft import LoraConfig, get_peft_model
 
     from memrl.policy.config import PolicyConfig
-    from memrl.policy.hf import HFPolicy
+    from memrl.policy.engine.hf import HFPolicy
 
     model, tok = random_tiny_llama(seed=3, initializer_range=0.3)
     lora = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
@@ -234,7 +234,7 @@ def test_smollm2_writes_the_same_replies_from_checked_drafts_as_decoded(smollm2_
     third token on, one wrong from its first) give the replies plain decoding gives, and the wrong ones are
     decoded on from the cached states where they depart."""
     from memrl.policy.config import PolicyConfig
-    from memrl.policy.hf import HFPolicy
+    from memrl.policy.engine.hf import HFPolicy
 
     uncached = HFPolicy.from_model(
         smollm2_policy.model, smollm2_policy.tokenizer, PolicyConfig(model="smollm2", prefix_cache_tokens=0)

@@ -7,11 +7,11 @@ import pytest
 
 from memrl.policy.base import GenerationRequest, SamplingParams
 from memrl.policy.config import PolicyConfig
-from memrl.policy.hf import HFPolicy
+from memrl.policy.engine.hf import HFPolicy
 from memrl.policy.stream import BlockingStream, open_stream
 from memrl.testing import random_tiny_llama
 from memrl.testing.scripted import ScriptedPolicy
-from tests.policy.test_batching import enc, record_forwards
+from tests.policy.engine.test_batching import enc, record_forwards
 
 
 @pytest.fixture(scope="module")

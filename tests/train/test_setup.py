@@ -6,7 +6,7 @@ import torch
 
 from memrl.data.batch import TrajectoryBatchBuilder
 from memrl.data.config import BatchConfig
-from memrl.policy.hf import HFPolicy
+from memrl.policy.engine.hf import HFPolicy
 from memrl.testing import random_tiny_llama
 from memrl.train.config import LoraConfig, TrainConfig
 from memrl.train.lora import attach_lora
