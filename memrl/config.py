@@ -38,6 +38,24 @@ class ConfigError(ValueError):
     """A config file or override is invalid; the message names the key and what is valid."""
 
 
+# Keys that were renamed or removed: a config still using one is told what to write instead.
+RENAMED: dict[str, str] = {
+    "memory.update_floor": "memory.update_min_cosine",
+    "memory.add_ceiling": "memory.add_supersede_cosine",
+    "episode.history_steps": "episode.record_history_turns (true for turn, false for none)",
+    "data.batch.history_steps": "data.batch.untrained_steps",
+    "tools.parser": "rollout.tool_parser",
+}
+REMOVED: dict[str, str] = {
+    "policy.temperature": "sampling is set per rollout: use rollout.temperature",
+    "policy.top_p": "sampling is set per rollout: use rollout.top_p",
+    "policy.max_tokens": "reply lengths are set per rollout: use rollout.max_response_tokens",
+    "memory.dense_weight": "hybrid retrieval fuses ranks with fixed weights (dense 0.5, BM25 1.0)",
+    "memory.bm25_weight": "hybrid retrieval fuses ranks with fixed weights (dense 0.5, BM25 1.0)",
+    "memory.llm_neighbours": "the llm extractor shows the 5 current facts nearest each turn",
+}
+
+
 @dataclass
 class Config:
     """Root config. ``output_dir`` receives trajectories, metrics and checkpoints."""
@@ -74,6 +92,14 @@ def _check_keys(node: Any, cls: type, where: str, source: str) -> None:
     for key in node:
         if key not in valid:
             prefix = f"{where}." if where else ""
+            dotted = f"{prefix}{key}"
+            if dotted in RENAMED:
+                new, _, note = RENAMED[dotted].partition(" ")
+                raise ConfigError(
+                    f"{source}: config key '{dotted}' is now '{new}'{' ' + note if note else ''}"
+                )
+            if dotted in REMOVED:
+                raise ConfigError(f"{source}: config key '{dotted}' was removed; {REMOVED[dotted]}")
             raise ConfigError(
                 f"{source}: unknown config key '{prefix}{key}'; valid keys"
                 f"{' under ' + repr(where) if where else ''}: {', '.join(valid)}"
@@ -212,7 +238,7 @@ def resolve_config(
 def load_config(path: str | Path | None = None, overrides: Sequence[str] = (), cls: type = Config) -> Any:
     """Build a ``cls`` instance: dataclass defaults ← YAML file (after its ``defaults``) ← ``key=value`` overrides.
 
-    >>> cfg = load_config(None, ["rollout.n=8", "policy.temperature=0.7"])
+    >>> cfg = load_config(None, ["rollout.n=8", "rollout.temperature=0.7"])
     """
     return resolve_config(path, overrides, cls).config
 

@@ -8,13 +8,11 @@ def resolve_dtype(dtype: str, device: str, *, cpu_bf16: str = "avx512") -> str:
     """``dtype`` as a torch dtype name. ``auto``: on CUDA bfloat16 where supported, else float16; on a CPU
     bfloat16 when it has the bf16 matmul instructions ``cpu_bf16`` names, else float32; float32 elsewhere.
 
-    ``cpu_bf16``: ``avx512`` = AVX512-BF16 or AMX (the embedder: MiniLM encodes 1.9x faster in bf16 on a 2-core
-    AVX512-BF16 CPU, where bf16 elsewhere would be emulated and slower); ``amx`` = AMX tiles only (the policy).
-    With torch 2.13 the policy runs faster in bf16 on that AVX512-BF16 CPU too (``memrl bench engines``, arm
-    ``hf-bf16``: LoCoMo write prompts 1.8x, a training step's rollouts 1.5x; an older torch's bf16 GEMMs ran at
-    0.6x float32 there), but its greedy replies part from float32's on a fraction of rows, so ``auto`` keeps the
-    policy in float32 there, where every recipe's documented numbers were measured; the recipes that need the
-    speed set ``policy.dtype: bfloat16`` and show their scores under it (docs/benchmarks.md, "engines")."""
+    ``cpu_bf16``: ``avx512`` = AVX512-BF16 or AMX (the embedder: MiniLM encodes faster in bf16 on an AVX512-BF16
+    CPU, where bf16 elsewhere would be emulated and slower); ``amx`` = AMX tiles only (the policy). The policy runs
+    faster in bf16 on an AVX512-BF16 CPU too, but its greedy replies part from float32's on a fraction of rows, so
+    ``auto`` keeps it in float32 there, where every recipe's documented numbers were measured; the recipes that
+    need the speed set ``policy.dtype: bfloat16`` and show their scores under it (docs/benchmarks.md, "engines")."""
     if dtype != "auto":
         return dtype
     import torch

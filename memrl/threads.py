@@ -1,8 +1,8 @@
 """Torch's thread count, chosen from the machine's load when a command starts.
 
 On a CPU shared with other jobs, OpenMP threads that wait for a descheduled sibling make every op slower: beside
-other CPU jobs SmolLM2 decoded at 8 s/token with torch's default of one thread per core against 0.28 s with one
-thread. So every ``memrl`` command that runs a model picks its count once, at start, and logs it:
+other CPU jobs torch's default of one thread per core decodes many times slower than one thread
+(docs/threads.md). So every ``memrl`` command that runs a model picks its count once, at start, and logs it:
 
 1. ``$MEMRL_THREADS`` if set (a whole number ≥ 1);
 2. else ``$OMP_NUM_THREADS`` if set (the usual OpenMP setting, respected as the user's choice);
@@ -119,7 +119,7 @@ def apply_threads(follow: bool = False) -> int:
 def _self_cpu_s() -> float:
     """CPU seconds this process and its descendants have used: its own threads, the children it has reaped
     (:func:`os.times`) and the live descendants (``/proc``). The sandbox runs each tool call in a child process
-    (the warm start runs 128 gold programs in ~10 s); counted as another job's, they would shrink the threads of
+    (the warm start runs many gold programs); counted as another job's, they would shrink the threads of
     the very command that started them."""
     t = os.times()
     return t.user + t.system + t.children_user + t.children_system + _live_descendants_cpu_s(os.getpid())

@@ -57,7 +57,7 @@ def smollm2_policy(smollm2_dir):
     from memrl.policy.config import PolicyConfig
     from memrl.policy.engine.hf import HFPolicy
 
-    return HFPolicy(PolicyConfig(model=str(smollm2_dir), temperature=0.0, seed=0))
+    return HFPolicy(PolicyConfig(model=str(smollm2_dir), seed=0))
 
 
 @pytest.fixture

@@ -9,11 +9,11 @@ from memrl.config import Config, ConfigError, load_config, to_yaml
 
 def test_defaults_yaml_and_overrides_layer(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text("seed: 3\nrollout:\n  n: 8\npolicy:\n  temperature: 0.5\n")
-    cfg = load_config(path, ["policy.temperature=0.7", "data.adapter=locomo"])
+    path.write_text("seed: 3\nrollout:\n  n: 8\n  temperature: 0.5\n")
+    cfg = load_config(path, ["rollout.temperature=0.7", "data.adapter=locomo"])
     assert isinstance(cfg, Config)
     assert cfg.seed == 3 and cfg.rollout.n == 8
-    assert cfg.policy.temperature == 0.7 and cfg.data.adapter == "locomo"
+    assert cfg.rollout.temperature == 0.7 and cfg.data.adapter == "locomo"
     assert load_config(None).rollout.n == Config().rollout.n
 
 

@@ -1,8 +1,8 @@
 """What the chats adapter's **training** chats say (``split: train`` / ``validation``): the held-out chats' shape
 (:mod:`memrl.adapters.chats_text`) with none of their words.
 
-A writer trained on the synthetic task's templates recognised a third of the held-out chats' first statements and
-wrote an eighth of their changes as UPDATE: it learned the templates, not how people state a fact or a change.
+A writer trained on the synthetic task's templates missed most of the held-out chats' first statements and
+changes: it learned the templates, not how people state a fact or a change.
 These chats say the same kinds of things (where one lives, the job, a sport, an instrument, a language, a pet, a
 hobby) in a first person of their own, with changes that name the old value and changes that do not. Names,
 values and wordings share nothing with the held-out pool, and small talk comes from the training pool

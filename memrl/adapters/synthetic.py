@@ -134,7 +134,7 @@ _DISTRACTOR_UPDATE_P = 0.3  # share of changeable distractor facts stated as old
 # stated ("I moved from Lima to Rome."). Their gold operation is ADD: nothing in memory is replaced. Without them
 # every change-worded turn of the demonstrations is an UPDATE, and the writer learned the wording instead of
 # looking at its memory: held-out first statements that sound like a change ("Ivan turned 34 this year.", "Noah
-# saved 589 dollars so far.") were written as UPDATEs of any shown fact, even another person's (ADD recall 0.73).
+# saved 589 dollars so far.") were written as UPDATEs of any shown fact, even another person's.
 _UNANCHORED_CHANGE_P = 0.25
 # Varied phrasing, train split: share of changes worded as a plain statement ("I live in Rome." after "I live in
 # Lima."). Their gold operation stays UPDATE: only the memory shows that the value changed. Without them, the

@@ -72,8 +72,8 @@ _VARIED: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
     ),
 }  # fmt: skip
 # More wordings for the train split only (the test pools above are unchanged): with one or two wordings per
-# attribute to imitate, the writer skipped (NOOP) 16-21 % of the held-out first statements; more train wordings
-# are what a writer needs to recognise a statement it has never seen (docs/experiments.md).
+# attribute to imitate, the writer skipped (NOOP) many held-out first statements; more train wordings are what a
+# writer needs to recognise a statement it has never seen (docs/experiments.md).
 _TRAIN_ONLY: dict[str, tuple[list[tuple[str, str]], list[tuple[str, str]]]] = {
     "city": (
         [("{p} resides in {v}.", "I reside in {v}."), ("{p} calls {v} home.", "I call {v} home."),

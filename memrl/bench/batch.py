@@ -56,9 +56,9 @@ from memrl.train.microbatch import (
     collate,
     collate_shared,
     forward_logits,
+    seq_records,
     split_micro_batches,
     token_logprobs,
-    unpack,
 )
 from memrl.types import EpisodeStatus, EpisodeTrajectory, PackedBatch, StepTrajectory, TurnRole
 
@@ -223,7 +223,7 @@ def bench_batch(argv: list[str]) -> dict:
     args = parse_args(argv)
     torch.set_num_threads(args.threads or auto_threads())
     batch: PackedBatch = TrajectoryBatchBuilder().build(make_episodes(args))
-    records = unpack(batch, torch.zeros(batch.num_steps), torch.ones(batch.num_steps))
+    records = seq_records(batch, torch.zeros(batch.num_steps), torch.ones(batch.num_steps))
     layouts = {
         "shared_prefix": lambda: split_micro_batches(records, args.micro_batch_size),
         "padded": lambda: padded_reference(records, args.micro_batch_size),

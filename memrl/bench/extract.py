@@ -34,7 +34,7 @@ Options: ``--episodes N`` (test split, 4 by default), ``--extractor rule|llm|pol
 rule and llm side by side in one JSON; gold writes the dataset's own operations, the scoring's ceiling),
 ``--seed``, ``--config FILE`` (a run's config: its memory section, phrasing and write chunk, e.g. the writer's
 settings of ``configs/synthetic_memory_eval.yaml``), and ``key=value`` MemoryConfig overrides over them
-(``llm_neighbours=3``). Replies of the llm extractor are capped at :data:`LLM_MAX_TOKENS` tokens for CPU time.
+(``write_neighbours=3``). Replies of the llm extractor are capped at :data:`LLM_MAX_TOKENS` tokens for CPU time.
 """
 
 from __future__ import annotations

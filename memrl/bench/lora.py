@@ -137,7 +137,7 @@ def bench_lora(argv: list[str]) -> dict:
                 t0 = time.perf_counter()
                 policy.generate([GenerationRequest(p, params) for p in prompts])
                 times[name].append(time.perf_counter() - t0)
-    fold = arms["folded"]._fold
+    fold = arms["folded"].adapters.fold
     fold.restore()
     t0 = time.perf_counter()
     with fold.forward():

@@ -170,8 +170,8 @@ def _arm_configs(args, seed: int) -> dict[str, RolloutConfig]:
 def _measure_seeds(policy, work: Workload, args) -> dict[str, list[dict]]:
     """Each arm's measurement (best of ``args.repeats``) for each of ``args.seeds`` sampling seeds.
 
-    Where a tree forks depends on what it sampled, so one seed is one draw of its token count (the random-init
-    model's token ratio spans ~0.45-0.64 over seeds): every arm runs every seed, and the headline is the mean."""
+    Where a tree forks depends on what it sampled, so one seed is one draw of its token count (it varies widely
+    over seeds): every arm runs every seed, and the headline is the mean."""
     warm = Workload(work.requests[:1], work.tools, work.golds[:1], work.questions[:1])
     _measure(policy, warm, RolloutConfig(strategy="chain", n=2, max_response_tokens=8))
     per_seed: dict[str, list[dict]] = {}

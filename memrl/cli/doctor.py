@@ -109,7 +109,7 @@ def _sampling(report) -> str:
     own = ", ".join(f"{k}={v}" for k, v in report.generation_defaults.items())
     if not own:
         return "the model's generation_config sets no sampling defaults"
-    return f"the model's generation_config sets {own}; memrl's engine applies policy.temperature and policy.top_p only"
+    return f"the model's generation_config sets {own}; memrl's engine applies rollout.temperature and rollout.top_p only"
 
 
 def render(report, console=None) -> None:

@@ -20,12 +20,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from memrl.episode.evaluate import evaluate
+    from memrl.episode.evaluate import evaluate_ablations
     from memrl.episode.report_table import render_eval
 
     cfg = load_job_config(args)
     out_dir = Path(args.output_dir or cfg.output_dir)
-    report = evaluate(cfg, out_dir, progress=not args.no_progress)
+    report = evaluate_ablations(cfg, out_dir, progress=not args.no_progress)
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
     else:

@@ -11,8 +11,8 @@ An adapter is one registered function with one signature::
     def my_format(path: str | None, *, split: str, lenient: bool, report: SkipReport,
                   **options) -> Iterable[BatchInput]: ...
 
-An adapter may return a list or be a generator (``longmemeval`` is: one ``_s`` haystack is ~115 k tokens, an
-``_m`` one ~1.5 M). :func:`run_adapter` returns the list; :func:`stream_adapter` hands the episodes over one at
+An adapter may return a list or be a generator (``longmemeval`` is: its haystacks are long, the ``_m`` ones very
+long). :func:`run_adapter` returns the list; :func:`stream_adapter` hands the episodes over one at
 a time, so a consumer that releases each episode (``memrl bench memory``) never holds more than one haystack's
 episodes (the file's text itself is read whole). When streaming, a strict error surfaces where the bad record
 is reached; ``memrl data check`` validates a whole file first.

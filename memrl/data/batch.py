@@ -3,8 +3,8 @@
 Rows are the episodes' steps in order. Target-turn steps are trainable, and so are memory writes the policy made
 (``memory.extractor: policy``) that carry a step credit: such a row keeps its mask and log-probs, its reward is
 the step's credit (``step_rewards_ext``) and its group is ``StepMeta.credit_group``
-(:mod:`memrl.episode.credit`). Other history-turn steps are dropped (``history_steps="drop"``) or kept with
-``response_mask`` 0 and reward 0 (``"mask"``). The episode reward is broadcast to every target step of that
+(:mod:`memrl.episode.credit`). Other history-turn steps are dropped (``untrained_steps="drop"``) or kept
+with ``response_mask`` 0 and reward 0 (``"mask"``). The episode reward is broadcast to every target step of that
 episode: ``rewards[i]`` is the row's scalar and ``token_level_rewards``
 holds it on the row's last response token with mask 1 (verl's outcome-reward convention), 0 elsewhere.
 ``step_meta`` / ``step_rewards_ext`` / ids are sidecars aligned 1:1 with rows.
@@ -20,11 +20,12 @@ Layouts (a registry, :data:`LAYOUTS`):
   with ``input_ids`` (0 on prompt tokens).
 
 A batch is the trainer's input and the export format for verl (:func:`memrl.data.dataproto.to_dataproto`). The
-trainer reads it back row by row (:func:`row_tensors`, via :func:`memrl.train.microbatch.unpack`) and lays the
-rows out as shared-prefix micro-batches itself, so the batch layout does not change what or how fast it trains.
+trainer reads it back row by row (:func:`row_tensors`, via :func:`memrl.train.microbatch.seq_records`) and
+lays the rows out as shared-prefix micro-batches itself, so the batch layout does not change what or how fast it
+trains.
 
     >>> batch = TrajectoryBatchBuilder(BatchConfig(layout="packed")).build(episodes)
-    >>> [s.step_id for s in unpack(batch)] == batch.step_ids
+    >>> [s.step_id for s in unpack_steps(batch)] == batch.step_ids
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ def rows_from_episodes(episodes: Sequence[EpisodeTrajectory], config: BatchConfi
             is_target = step.turn_role is TurnRole.TARGET
             # A memory write with credit is trained on its own reward and group (memrl.episode.credit).
             is_write = not is_target and ext is not None and step.meta.credit_group is not None
-            if not (is_target or is_write) and config.history_steps == "drop":
+            if not (is_target or is_write) and config.untrained_steps == "drop":
                 continue
             trained = is_target or is_write
             row = BatchRow(
@@ -147,7 +148,7 @@ def rows_from_episodes(episodes: Sequence[EpisodeTrajectory], config: BatchConfi
     if not rows:
         raise BatchError(
             f"no rows to train on: {len(episodes)} episodes gave no target-turn steps "
-            f"(history_steps={config.history_steps!r})"
+            f"(untrained_steps={config.untrained_steps!r})"
         )
     return rows
 
@@ -298,7 +299,7 @@ def row_tensors(batch: PackedBatch, i: int) -> RowTensors:
     )
 
 
-def unpack(batch: PackedBatch) -> list[UnpackedStep]:
+def unpack_steps(batch: PackedBatch) -> list[UnpackedStep]:
     """Read every row back as token lists (either layout); packing then unpacking is the identity."""
     out = []
     for i, step_id in enumerate(batch.step_ids):
@@ -356,7 +357,7 @@ def validate_batch(batch: PackedBatch) -> None:
 def rows_from_batch(batch: PackedBatch) -> list[BatchRow]:
     """Rows of an existing batch (for re-layout or micro-batching); rewards are read from ``rewards``."""
     rows = []
-    for i, step in enumerate(unpack(batch)):
+    for i, step in enumerate(unpack_steps(batch)):
         rows.append(
             BatchRow(
                 step_id=step.step_id,

@@ -114,7 +114,7 @@ def group_episodes(episodes: Sequence[EpisodeTrajectory]) -> list[list[EpisodeTr
 
 
 @dataclass
-class RolloutResult:
+class DrawnGroups:
     """What :meth:`RolloutBuffer.rollout` produced for one training step."""
 
     groups: list[list[EpisodeTrajectory]]  # kept groups for training, in draw order
@@ -290,7 +290,7 @@ class RolloutBuffer:
         *,
         rollout_id: int = 0,
         max_rounds: int = 1,
-    ) -> RolloutResult:
+    ) -> DrawnGroups:
         """Draw, run and filter groups until ``num_groups`` are kept or ``max_rounds`` rounds have run.
 
         A round draws the missing groups divided by the keep rate seen so far (at most 4× the missing count,
@@ -332,7 +332,7 @@ class RolloutBuffer:
                 rounds,
             )
         self.dump_rollout(rollout_id, episodes)
-        return RolloutResult(kept, episodes, rounds, dropped, pushed_back)
+        return DrawnGroups(kept, episodes, rounds, dropped, pushed_back)
 
     def filter_groups(self, groups: Sequence[Sequence[EpisodeTrajectory]]) -> list[list[EpisodeTrajectory]]:
         """Apply the post-rollout group filter; dropped groups are logged and counted."""

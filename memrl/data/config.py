@@ -8,13 +8,14 @@ from typing import Any
 class BatchConfig:
     """TrajectoryBatchBuilder settings (``data.batch.*``).
 
-    ``history_steps``: ``drop`` history-turn steps, or ``mask`` them (kept as rows with response_mask 0).
+    ``untrained_steps``: what a row does with a history-turn step that carries nothing to train (no write
+    credit): ``drop`` it, or ``mask`` it (kept as a row with response_mask 0 and reward 0).
     ``max_prompt_len`` / ``max_response_len``: optional limits; on overflow ``raise`` (default) or ``truncate``
     (prompt keeps its last tokens, response its first; the row is flagged in ``PackedBatch.truncated``).
     """
 
     layout: str = "padded"
-    history_steps: str = "drop"
+    untrained_steps: str = "drop"
     max_prompt_len: int | None = None
     max_response_len: int | None = None
     on_overflow: str = "raise"
@@ -23,7 +24,7 @@ class BatchConfig:
     def __post_init__(self) -> None:
         choices = {
             "layout": ("padded", "packed"),
-            "history_steps": ("drop", "mask"),
+            "untrained_steps": ("drop", "mask"),
             "on_overflow": ("raise", "truncate"),
         }
         for name, valid in choices.items():

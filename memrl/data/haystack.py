@@ -19,12 +19,12 @@ evidence sessions of OTHER questions (the same simulated-user chats LongMemEval 
 What differs from the real ``_S``: no ShareGPT / UltraChat filler (all filler is user-centric chat, topically
 closer to the evidence: if anything harder for retrieval), and no check that a filler session does not state a
 conflicting fact about "the user" (LongMemEval filters by user attribute, which the oracle file does not carry),
-so answers on these haystacks are for retrieval recall, not for QA scoring. Haystacks average ~14 k characters
-per session (~700 k characters at 50 sessions, more than ``_S``'s ~500 k).
+so answers on these haystacks are for retrieval recall, not for QA scoring. At 50 sessions a haystack is longer
+than a real ``_S`` one.
 
 Deterministic: a question's haystack depends only on the oracle file, ``seed``, ``sessions`` and
 ``filler_days`` (not on ``questions`` or on the other questions' order). Records are written one at a time, so the
-output (≈ 700 kB per question at 50 sessions) is never held in memory.
+output is never held in memory.
 """
 
 from __future__ import annotations

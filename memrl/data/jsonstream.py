@@ -1,7 +1,7 @@
 """Read a top-level JSON array (or JSONL) one record at a time, holding about one record in memory.
 
-LongMemEval's ``_m`` file is a ~2.7 GB JSON array of ~5 MB records; ``json.load`` would hold all of it (and
-its Python objects, several times the bytes) at once. :func:`iter_json_array` decodes the file in chunks and
+LongMemEval's ``_m`` file is a JSON array of gigabytes; ``json.load`` would hold all of it (and its Python
+objects, several times the bytes) at once. :func:`iter_json_array` decodes the file in chunks and
 hands out each element as soon as it is complete, so a consumer that lets each record go holds one record plus
 one chunk. Invalid UTF-8 survives as surrogates (``surrogateescape``) so the adapter can blame the field that
 holds it, and a leading BOM is skipped.
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-CHUNK_CHARS = 1 << 23  # 8 M characters per read: one or two reads per LongMemEval _m record
+CHUNK_CHARS = 1 << 23  # characters per read: a LongMemEval _m record takes one or two
 _WS = " \t\r\n"
 
 

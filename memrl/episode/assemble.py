@@ -5,7 +5,7 @@ Leaf 0 carries the episode's memory steps before its target step:
 * policy writes (``memory.extractor: policy``): one trainable step per write, one per alternative at snapshot
   writes (:func:`memory_steps`); ``step_rewards_ext`` holds each write's credit (:mod:`memrl.episode.credit`),
   which the batch builder trains on in the write's own GRPO group;
-* with ``episode.history_steps: turn``, one untrainable step per history turn carrying its memory ops; its
+* with ``episode.record_history_turns``, one untrainable step per history turn carrying its memory ops; its
   ``step_rewards_ext`` says whether a fact it wrote reached the answer's prompt (the episode's mean leaf reward
   if so, 0 if not, ``None`` when it wrote nothing), for inspection: no loss reads it.
 """
@@ -37,7 +37,7 @@ def history_step_prompt(tokenizer: Any, speaker: str, text: str) -> list[int]:
     return list(ids) or [0]
 
 
-def history_steps(st: EpisodeState, tokenizer: Any) -> list[StepTrajectory]:
+def history_turn_steps(st: EpisodeState, tokenizer: Any) -> list[StepTrajectory]:
     """One untrainable step per history turn carrying that turn's memory ops (and the summary op on the last)."""
     out = []
     turns = st.inp.history
@@ -106,7 +106,7 @@ def memory_steps(st: EpisodeState) -> list[StepTrajectory]:
                 ],
                 "decisions": [_describe(d) for d in sample.ops.decisions],
             }
-            if sample.resolved is not None:  # what the store changed (memrl.memory.update_guard)
+            if sample.resolved is not None:  # what the store changed (memrl.memory.write_target)
                 extra["resolved"] = [d.extra["resolved"] for d in sample.resolved if "resolved" in d.extra]
             n = len(sample.response_ids)
             out.append(
@@ -229,7 +229,7 @@ def assemble_episode(st: EpisodeState, cfg: EpisodeConfig, tokenizer: Any) -> li
                 failure_reason=st.failure_reason or "no leaves were generated",
             )
         ]
-    hist = history_steps(st, tokenizer) if cfg.history_steps == "turn" else []
+    hist = history_turn_steps(st, tokenizer) if cfg.record_history_turns else []
     credit = _memory_credit(st, hist)
     writes, write_credit = _with_credit(st, cfg, memory_steps(st))
     hist, credit = writes + hist, write_credit + credit

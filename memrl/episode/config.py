@@ -3,7 +3,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from memrl.episode.contexts import context_mode
+from memrl.episode.context_modes import context_mode
 
 
 @dataclass
@@ -109,8 +109,8 @@ class EpisodeConfig:
 
     ``prompt_template`` is a file name in the bundled ``memrl/prompts/`` directory or a path to a Jinja file.
     ``tool_example``: the tool line of the bundled template shows one worked python call (call, injected result,
-    answer) when the python tool is on, as the answer line shows one answer; off, a policy that was never shown a
-    call does not make one (SmolLM2-135M: no call in any trained run of the synthetic recipes).
+    answer) when the python tool is on, as the answer line shows one answer; off, a small policy that was never shown
+    a call does not make one.
     ``prompt_token_budget`` bounds the target-turn prompt; over budget the lowest-scored facts are cut (and
     recorded in ``StepMeta.cut_fact_ids``), never the question.
     ``fact_order``: ``time`` renders retrieved facts oldest first (the latest value of an attribute comes last;
@@ -126,9 +126,9 @@ class EpisodeConfig:
     ``batch_size`` is how many episodes advance together through the state machine (memory ops and
     generation are batched across them). ``ingest_chunk_turns`` history turns per episode go into one batched
     extraction call (0 = the whole history at once; use 1 with the ``llm`` extractor so each turn is decided
-    against the memory the previous turns built). ``history_steps``: ``turn`` = one untrainable step per
-    history turn carrying its memory ops (for step-wise memory rewards), ``none`` = target steps only (long
-    histories such as LoCoMo: ~600 turns per episode). ``eval_metrics`` are scored by ``memrl eval`` besides
+    against the memory the previous turns built). ``record_history_turns``: emit one untrainable step per
+    history turn carrying its memory ops (for step-wise memory rewards); off, leaf 0 holds only its memory writes
+    and target steps (for long histories such as LoCoMo's). ``eval_metrics`` are scored by ``memrl eval`` besides
     ``reward``; ``eval_ablations`` lists the variants it runs (``memory``, ``no_memory``,
     ``full_context``: ``context`` = ``memory``, ``none``, ``recent_history``).
     """
@@ -143,7 +143,7 @@ class EpisodeConfig:
     use_summary: bool = True
     batch_size: int = 16
     ingest_chunk_turns: int = 0
-    history_steps: str = "turn"
+    record_history_turns: bool = True
     eval_metrics: list[str] = field(default_factory=lambda: ["exact_match", "token_f1"])
     eval_ablations: list[str] = field(default_factory=lambda: ["memory", "no_memory"])
     worker: WorkerConfig = field(default_factory=WorkerConfig)
@@ -156,13 +156,15 @@ class EpisodeConfig:
                 " (it must at least hold the instructions and the question)"
             )
         try:
-            context_mode(self.context)  # the modes: memrl.episode.contexts
+            context_mode(self.context)  # the modes: memrl.episode.context_modes
         except (KeyError, TypeError) as exc:
             raise ValueError(f"episode.context: {exc}") from exc
         if self.fact_order not in FACT_ORDERS:
             raise ValueError(f"episode.fact_order={self.fact_order!r}; valid: {', '.join(FACT_ORDERS)}")
-        if self.history_steps not in ("turn", "none"):
-            raise ValueError(f"episode.history_steps={self.history_steps!r}; valid: turn, none")
+        if not isinstance(self.record_history_turns, bool):
+            raise ValueError(
+                f"episode.record_history_turns must be true or false, got {self.record_history_turns!r}"
+            )
         if self.ingest_chunk_turns < 0:
             raise ValueError(
                 f"episode.ingest_chunk_turns must be >= 0 (0 = all at once), got {self.ingest_chunk_turns}"

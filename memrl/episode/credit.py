@@ -26,9 +26,10 @@ How the terms combine (:func:`step_rewards`), for a step that has an outcome sha
 
 ``op_score`` (:func:`memrl.memory.gold.ops_score`) is the F1 of the write's operations against the gold ones, so a
 six-line write with one borrowed value still earns most of the term: paid only for a fully right write, the term
-reached 0–17 % of sampled session writes and gave RL little to climb. The op term is absent where the dataset does not say (LoCoMo, LongMemEval: outcome only); ``op_weight = 0``
-drops it everywhere (the outcome-only arm). The unsupported term (:mod:`memrl.memory.faithfulness`) needs no gold:
-it charges a write that states what it did not read ("Diego is a musician." from "Makes sense."), on any dataset. Group ids: ``<group>/memory`` for ``broadcast`` / ``used`` (every
+rarely paid and gave RL little to climb. The op term is absent where the dataset does not say (LoCoMo,
+LongMemEval: outcome only); ``op_weight = 0`` drops it everywhere (the outcome-only arm). The unsupported term
+(:mod:`memrl.memory.faithfulness`) needs no gold: it charges a write that states what it did not read ("Diego is a
+musician." from "Makes sense."), on any dataset. Group ids: ``<group>/memory`` for ``broadcast`` / ``used`` (every
 memory step of a prompt's episodes is compared with the others), ``<group>/memory/<write>`` per ``snapshot`` or
 ``local`` write.
 """

@@ -67,7 +67,7 @@ def full_history_tokens(tokenizer: Any, bi: BatchInput) -> int:
 
 def history_token_counts(tokenizer: Any, inputs: Sequence[BatchInput]) -> list[int]:
     """:func:`full_history_tokens` of each input, each distinct history tokenised once: the questions of a LoCoMo
-    conversation share its ~20-30 K-token history (435 full encodes took ~20 s). The chat format's special tokens
+    conversation share its long history, slow to encode. The chat format's special tokens
     separate the messages, so the count is the history's part plus the question's part."""
     empty = _chat_tokens(tokenizer, "", "")
     histories: dict[str, int] = {}
@@ -214,7 +214,7 @@ def _sampled_scores(
     return out
 
 
-def evaluate(
+def evaluate_ablations(
     cfg: Config, out_dir: str | Path | None = None, *, policy: Any = None, progress: bool = True
 ) -> dict[str, Any]:
     """Run every ablation in ``episode.eval_ablations`` and write ``eval.json``; returns the report.

@@ -10,9 +10,9 @@ episode's reward function — and that score is the reply's outcome. The ``k`` r
 All forks of a batch's writes are answered in one ``generate`` call and released afterwards.
 
 With ``snapshot_score: gold_logprob`` a fork is not answered: its outcome is how likely the answer policy finds the
-gold answer over the fork's prompt (one scoring forward, no decoding). On LoCoMo with the verbatim turns kept, the
-greedy answers of all ``k`` forks were the same in every group of a step: one write among hundreds rarely turns
-an answer, while the gold answer's likelihood moves with every fact that enters or leaves the prompt.
+gold answer over the fork's prompt (one scoring forward, no decoding). On LoCoMo the greedy answers of a group's
+forks tie (docs/internals.md): one write among many rarely turns an answer, while the gold answer's likelihood
+moves with every fact that enters or leaves the prompt.
 
 Which questions: the episode's own (``snapshot_questions: own``), or every question of the batch asked over the
 same history (``all``; the outcome is their mean; the questions of one LoCoMo conversation share its history). A
@@ -24,10 +24,10 @@ Which writes: those that read an evidence turn of the question (``metadata["evid
 others drawn by a hash of the episode id, up to ``snapshot_writes`` per episode; with ``all``, the episodes over
 one history share one trunk and its ``snapshot_writes`` groups, every question's evidence writes first. Every
 other write is greedy: the episode's store is the memory the writer builds at test (the trunk), and a group's
-alternatives are compared inside it, the greedy reply among them. The trunk costs little: the write cache holds the writer's greedy replies,
-and a writer changed by an update checks the last step's reply as its own in one forward (drafts,
-:mod:`memrl.memory.write_cache`) instead of decoding it. A sampled trunk was decoded anew at every step, 16 min
-per LoCoMo question on 2 CPU cores, and each group was compared inside a memory the writer would not build.
+alternatives are compared inside it, the greedy reply among them. The trunk costs little: the write cache holds
+the writer's greedy replies, and a writer changed by an update checks the last step's reply as its own in one
+forward (drafts, :mod:`memrl.memory.write_cache`) instead of decoding it. A sampled trunk was decoded anew at every
+step, and each group was compared inside a memory the writer would not build.
 """
 
 from __future__ import annotations
@@ -36,12 +36,15 @@ import hashlib
 import math
 import random
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from memrl.episode.config import MemoryCreditConfig
 from memrl.episode.prompt import PromptTooLongError
 from memrl.episode.state import EpisodeState
 from memrl.formats import format_answer
+from memrl.memory.manager import MemoryManager, MemorySystem, RetrievedFact
+from memrl.memory.policy_writes import WriteResult
+from memrl.policy.base import GenerationRequest, PolicyClient, SamplingParams
 from memrl.rewards.base import RewardFn, RewardInput
 from memrl.types import BatchInput, EpisodeStatus
 
@@ -60,11 +63,12 @@ def history_key(inp: BatchInput) -> tuple:
 
 
 class SnapshotHost(Protocol):
-    """What the scorer answers forks with (the episode runner is one): the memory system (forks, retrieval), the
-    policy (``generate``, ``logprobs``, ``tokenizer``), the reward, and the target-turn prompt of a question."""
+    """What the scorer answers forks with (:class:`~memrl.episode.runner.EpisodeRunner` declares it): the memory
+    system (fork managers, ``retrieve_batch``, ``release``), the policy (``generate``, ``logprobs``,
+    ``tokenizer``), the reward, and the target-turn prompt of a question."""
 
-    memory: Any
-    policy: Any
+    memory: MemorySystem
+    policy: PolicyClient
     reward: RewardFn
 
     @property
@@ -76,7 +80,7 @@ class SnapshotHost(Protocol):
 
     def prompt_tokens(self, text: str) -> int: ...
 
-    def answer_prompt(self, question: str, facts: Sequence[Any]) -> tuple[int, ...]:
+    def answer_prompt(self, question: str, facts: Sequence[RetrievedFact]) -> tuple[int, ...]:
         """The target-turn prompt's ids over ``facts`` (raises ``PromptTooLongError``)."""
         ...
 
@@ -124,7 +128,7 @@ class SnapshotScorer:
 
         With ``all``, the episodes over one history build the same greedy trunk and a fork is scored on the same
         questions whichever of them planned it, so the first writes the trunk once and the others copy its
-        memory: a LoCoMo step over one conversation's 4 questions writes the conversation once, not 4 times.
+        memory: a LoCoMo step over several questions of one conversation writes the conversation once.
         ``snapshot_writes`` then counts the trunk's groups (:meth:`_shared_plan`). With ``own`` each episode
         writes its own trunk with its own ``snapshot_writes`` groups."""
         by_history: dict[tuple, list[EpisodeState]] = {}
@@ -146,7 +150,7 @@ class SnapshotScorer:
                 st.snapshot_writes = set()
         return list(by_history.values())
 
-    def score(self, scored: Sequence[tuple[EpisodeState, Any]]) -> None:
+    def score(self, scored: Sequence[tuple[EpisodeState, WriteResult]]) -> None:
         """Answer the questions of :meth:`prepare` on every fork of ``scored`` ((EpisodeState, WriteResult) pairs)
         and record each alternative's reward, the mean over those questions, in
         ``state.snapshot_rewards[write index]``; the forks are released."""
@@ -175,14 +179,14 @@ class SnapshotScorer:
             for _, _, mgr in forks:
                 memory.release(mgr.episode_id)
 
-    def _answer(self, jobs: Sequence[tuple[EpisodeState, Any]]) -> list[float]:
+    def _answer(self, jobs: Sequence[tuple[EpisodeState, MemoryManager]]) -> list[float]:
         """One outcome per (asking episode, fork manager) job."""
         ids = self._prompts(jobs)
         if self.cfg.snapshot_score == "gold_logprob":
             return self._gold_likelihood(jobs, ids)
         return self._greedy_reward(jobs, ids)
 
-    def _prompts(self, jobs: Sequence[tuple[EpisodeState, Any]]) -> list[tuple[int, ...] | None]:
+    def _prompts(self, jobs: Sequence[tuple[EpisodeState, MemoryManager]]) -> list[tuple[int, ...] | None]:
         """Each job's target-turn prompt over what its fork retrieves for the asker's question (``None``: too
         long)."""
         host = self.host
@@ -205,10 +209,8 @@ class SnapshotScorer:
         return ids
 
     def _greedy_reward(
-        self, jobs: Sequence[tuple[EpisodeState, Any]], ids: list[tuple[int, ...] | None]
+        self, jobs: Sequence[tuple[EpisodeState, MemoryManager]], ids: list[tuple[int, ...] | None]
     ) -> list[float]:
-        from memrl.policy.base import GenerationRequest, SamplingParams
-
         policy = self.host.policy
         params = SamplingParams(temperature=0.0, max_tokens=self.host.max_response_tokens)
         todo = [i for i, p in enumerate(ids) if p is not None]
@@ -223,7 +225,7 @@ class SnapshotScorer:
         return [float(r) for r in self.host.reward(inputs)]
 
     def _gold_likelihood(
-        self, jobs: Sequence[tuple[EpisodeState, Any]], ids: list[tuple[int, ...] | None]
+        self, jobs: Sequence[tuple[EpisodeState, MemoryManager]], ids: list[tuple[int, ...] | None]
     ) -> list[float]:
         """exp(mean log p(gold reply token | prompt, earlier tokens)) per fork, the gold reply written as the policy
         answers (``<answer>gold</answer>``, then eos). A fork whose prompt cannot be built, or a question without a

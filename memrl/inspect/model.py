@@ -61,7 +61,7 @@ class MemoryWriteView:
     snapshot_reward: float | None
     store_before: list[str]
     store_after: list[str]
-    resolved: list[str] = field(default_factory=list)  # what the store changed (memrl.memory.update_guard)
+    resolved: list[str] = field(default_factory=list)  # what the store changed (memrl.memory.write_target)
 
 
 @dataclass

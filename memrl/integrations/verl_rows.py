@@ -4,7 +4,7 @@ With ``memory.extractor: policy`` the leaf that carries an episode's memory writ
 rows: each write that has a step credit (:mod:`memrl.episode.credit`) is a row of its own, with its own reward
 (the credit) and its own GRPO group (``broadcast`` / ``used``: ``<group>/memory``; ``snapshot`` / ``local``:
 ``<group>/memory/<write>``), followed by the answer row (the episode reward, group = verl's ``uid``). The rows are
-exactly those of memrl's :class:`~memrl.data.batch.TrajectoryBatchBuilder` (``history_steps=drop``) after
+exactly those of memrl's :class:`~memrl.data.batch.TrajectoryBatchBuilder` (``untrained_steps=drop``) after
 :func:`memrl.train.roles.keep_roles`: they are built by the same function, :func:`memrl.data.batch.rows_from_episodes`.
 A write with no credit (a snapshot write that was not sampled, an alternative that was not applied under
 ``broadcast``) is not a row: it trains nothing in memrl either.
@@ -68,7 +68,7 @@ def leaf_rows(leaf: EpisodeTrajectory, roles: Sequence[str], duplicates: str = "
     if not any(s.turn_role is TurnRole.TARGET for s in leaf.steps):
         return []
     out = []
-    for row in rows_from_episodes([leaf], BatchConfig(history_steps="drop")):
+    for row in rows_from_episodes([leaf], BatchConfig(untrained_steps="drop")):
         role, _ = step_credit_fields(row.meta)
         if role is None or role not in roles:
             continue

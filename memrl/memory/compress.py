@@ -16,6 +16,7 @@ from typing import Protocol
 
 from memrl.memory.config import MemoryConfig
 from memrl.memory.extract import TextGenerator, split_sentences, turn_caption
+from memrl.memory.stopwords import SALIENCE_STOP_WORDS
 from memrl.registry import Registry
 from memrl.templates import load_template
 from memrl.types import TurnSpec
@@ -25,73 +26,6 @@ logger = logging.getLogger(__name__)
 TokenCounter = Callable[[Sequence[str]], list[int]]
 
 _WORD = re.compile(r"[A-Za-z0-9']+")
-# Frequent words that carry no memory; salience counts the rest.
-_STOP = frozenset(
-    [
-        "a",
-        "an",
-        "and",
-        "are",
-        "as",
-        "at",
-        "be",
-        "been",
-        "but",
-        "by",
-        "can",
-        "could",
-        "did",
-        "do",
-        "does",
-        "for",
-        "from",
-        "had",
-        "has",
-        "have",
-        "hey",
-        "hi",
-        "how",
-        "i",
-        "i'm",
-        "if",
-        "in",
-        "is",
-        "it",
-        "it's",
-        "just",
-        "like",
-        "me",
-        "my",
-        "no",
-        "not",
-        "of",
-        "oh",
-        "ok",
-        "okay",
-        "on",
-        "or",
-        "so",
-        "that",
-        "the",
-        "then",
-        "there",
-        "they",
-        "this",
-        "to",
-        "too",
-        "was",
-        "we",
-        "were",
-        "what",
-        "when",
-        "with",
-        "wow",
-        "yeah",
-        "yes",
-        "you",
-        "your",
-    ]
-)
 
 
 @dataclass(frozen=True)
@@ -128,7 +62,7 @@ def salience(sentence: str) -> float:
     words = _WORD.findall(sentence)
     if not words:
         return 0.0
-    content = [w for w in words if w.lower() not in _STOP]
+    content = [w for w in words if w.lower() not in SALIENCE_STOP_WORDS]
     names = sum(1 for w in words[1:] if w[0].isupper())
     numbers = sum(1 for w in words if any(c.isdigit() for c in w))
     return (len(content) + 2.0 * names + 2.0 * numbers) / (len(words) ** 0.5)

@@ -30,19 +30,13 @@ import numpy as np
 from memrl.formats import extract_answer
 from memrl.memory.compress import COMPRESSORS, CompressRequest
 from memrl.memory.config import MemoryConfig
-from memrl.memory.context import question_speakers, select_passages
 from memrl.memory.embedder import Embedder, build_embedder, window_chunks
 from memrl.memory.extract import ExtractionRequest, FactDecision, RuleExtractor, TextGenerator
 from memrl.memory.extractors import EXTRACTORS
+from memrl.memory.passages import ContextItem
 from memrl.memory.policy_writes import WriteResult, write_batch
-from memrl.memory.retrieval import (
-    RETRIEVERS,
-    Query,
-    as_history,
-    attach_history,
-    supersede_rescore,
-    time_rescore,
-)
+from memrl.memory.rescore import Question, rescore
+from memrl.memory.retrieval import RETRIEVERS, Query
 from memrl.memory.store import FACT_STORES, FactRecord, FactStore, FactStoreError, NewFact
 from memrl.types import MemoryOp, MemoryOpType, TurnRole, TurnSpec
 
@@ -50,6 +44,9 @@ logger = logging.getLogger(__name__)
 
 # FactRecord.extra key of a turn memory.keep_turns stored verbatim (not a fact any writer wrote).
 VERBATIM = "verbatim"
+# Current facts shown per turn to an extractor that needs them and does not set ``neighbour_count``: the llm
+# extractor, and the policy writer's plain ``extract`` (MemorySystem.write_batch shows memory.write_neighbours).
+EXTRACTOR_NEIGHBOURS = 5
 
 
 @dataclass(frozen=True)
@@ -63,6 +60,12 @@ class RetrievedFact:
     source_ids: tuple[str, ...]
     score: float
 
+    @classmethod
+    def of(cls, item: ContextItem) -> RetrievedFact:
+        """A retrieved window or passage, named by its lead fact."""
+        lead = item.lead
+        return cls(lead.fact_id, item.text, lead.speaker, lead.timestamp, item.source_ids, item.score)
+
 
 def renamed(ops: Sequence[MemoryOp], ids: dict[int, int]) -> list[MemoryOp]:
     """``ops`` with their fact ids renamed by ``ids`` (a copied namespace's); ids not in it are kept (a fact
@@ -71,6 +74,11 @@ def renamed(ops: Sequence[MemoryOp], ids: dict[int, int]) -> list[MemoryOp]:
         dataclasses.replace(op, fact_ids=tuple(ids.get(f, f) for f in op.fact_ids)) if op.fact_ids else op
         for op in ops
     ]
+
+
+def _nth(values: Sequence[Any] | None, i: int) -> Any:
+    """``values[i]``, or None when no values were given."""
+    return None if values is None else values[i]
 
 
 class MemoryManager:
@@ -174,7 +182,7 @@ class MemorySystem:
         neighbours: list[tuple[FactRecord, ...]] = [() for _ in items]
         # An extractor may say how it looks facts up (the gold one sees what the policy writer would see);
         # neighbours are current facts, nearest first, as the policy writer's are.
-        k = getattr(self.extractor, "neighbour_count", self.cfg.llm_neighbours)
+        k = getattr(self.extractor, "neighbour_count", EXTRACTOR_NEIGHBOURS)
         if self.extractor.needs_neighbours and k:
             query = getattr(self.extractor, "neighbour_query", None) or (lambda t: t.text)
             qvecs = self.embedder.encode([query(t) for _, t in items])
@@ -318,8 +326,7 @@ class MemorySystem:
     def current_neighbours(self, mgr: MemoryManager, vecs, k: int) -> tuple[FactRecord, ...]:
         """The ``k`` current (not superseded) facts nearest to ``vecs[0]``, nearest first. SmolLM2-135M writes
         "UPDATE 0" far more often than any other id; nearest first, fact 0 is usually the one a change replaces
-        (listed in the order they were written, right-target updates fell from 0.72 to 0.17:
-        docs/experiments.md)."""
+        (listed in the order they were written, far fewer updates hit the right fact: docs/experiments.md)."""
         if k <= 0:
             return ()
         ns = mgr.episode_id
@@ -404,13 +411,13 @@ class MemorySystem:
         count_tokens: Callable[[str], int] | None = None,
     ) -> list[list[RetrievedFact]]:
         """The context for each (episode, query): ``k`` hits (default ``top_k``) with their neighbours, as
-        fixed windows or budgeted passages (:mod:`memrl.memory.context`); one encode call for all queries.
-        ``asked_at``: each query's date (the adapters' timestamp formats), for questions that say "two weeks
-        ago" or "in the past month". ``asked_by``: each query's speaker, whose own facts a first-person question
-        is about (:func:`~memrl.memory.context.question_speakers`). ``room``: each query's token budget for the
-        passages (what its prompt has left), counted by ``count_tokens`` (the policy's tokenizer; default the
-        embedder's), so that a passage is never chosen only to be cut from the prompt whole. Logs
-        ``MemoryOp(RETRIEVE)``."""
+        fixed windows or budgeted passages (:func:`memrl.memory.rescore.rescore`); one encode call for all
+        queries. ``asked_at``: each query's date (the adapters' timestamp formats), for questions that say "two
+        weeks ago" or "in the past month". ``asked_by``: each query's speaker, whose own facts a first-person
+        question is about (:func:`~memrl.memory.passages.question_speakers`). ``room``: each query's token
+        budget for the passages (what its prompt has left), counted by ``count_tokens`` (the policy's
+        tokenizer; default the embedder's), so that a passage is never chosen only to be cut from the prompt
+        whole. Logs ``MemoryOp(RETRIEVE)``."""
         if not items:
             return []
         for name, given in (("asked_at dates", asked_at), ("asked_by speakers", asked_by), ("rooms", room)):
@@ -422,19 +429,11 @@ class MemorySystem:
         for i, (mgr, query) in enumerate(items):
             q = Query(mgr.episode_id, query, None if vecs is None else vecs[i])
             ranked = self.retriever.rank(self.store, q, max(k, self.cfg.candidate_pool))
-            ordered = self.store.records(mgr.episode_id)
-            records = {r.fact_id: r for r in ordered}
-            ranked = time_rescore(ranked, records, query, self.cfg, None if asked_at is None else asked_at[i])
-            if self.cfg.superseded_in_prompt in ("attached", "earlier"):
-                earlier_only = self.cfg.superseded_in_prompt == "earlier"
-                ranked, shown = attach_history(ranked, records, query, earlier_only=earlier_only)
-                ordered = [shown[r.fact_id] for r in ordered if r.fact_id in shown]
-            else:
-                ranked = supersede_rescore(ranked, records, query, self.cfg.superseded_weight)
-                ordered = [as_history(r) for r in ordered]
-            speakers = question_speakers(query, ordered, None if asked_by is None else asked_by[i])
-            fit = None if room is None else room[i]
-            hits = self._context(mgr, ranked, ordered, k, speakers, fit, count_tokens)
+            question = Question(query, _nth(asked_at, i), _nth(asked_by, i))
+            facts = self.store.records(mgr.episode_id)
+            tokens = self._fact_tokens(mgr.episode_id, count_tokens)
+            passages = rescore(ranked, facts, question, self.cfg, k=k, tokens=tokens, room=_nth(room, i))
+            hits = [RetrievedFact.of(p) for p in passages]
             mgr._log(
                 [
                     MemoryOp(
@@ -451,19 +450,11 @@ class MemorySystem:
             out.append(hits)
         return out
 
-    def _context(
-        self,
-        mgr: MemoryManager,
-        ranked,
-        ordered,
-        k: int,
-        speakers: set[str],
-        room: int | None = None,
-        count_tokens: Callable[[str], int] | None = None,
-    ) -> list[RetrievedFact]:
-        """The ranking → the retrieved items (:mod:`memrl.memory.context`: windows or budgeted passages)."""
-        n = self.cfg.neighbour_turns
-        lengths = self._lengths.setdefault(mgr.episode_id, {})
+    def _fact_tokens(
+        self, namespace: str, count_tokens: Callable[[str], int] | None
+    ) -> Callable[[FactRecord], int]:
+        """A fact's length as shown, by ``count_tokens`` (default the embedder's), memoised per namespace."""
+        lengths = self._lengths.setdefault(namespace, {})
         unit = "embedder" if count_tokens is None else "prompt"
         count = count_tokens or (lambda text: self.embedder.count_tokens([text])[0])
 
@@ -474,27 +465,7 @@ class MemorySystem:
                 hit = lengths[(unit, rec.fact_id)] = (rec.text, count(rec.text))
             return hit[1]
 
-        items = select_passages(
-            ranked,
-            ordered,
-            k,
-            n,
-            tokens=tokens,
-            speakers=speakers,
-            speaker_weight=self.cfg.speaker_weight,
-            max_tokens=room,
-        )
-        return [
-            RetrievedFact(
-                fact_id=it.lead.fact_id,
-                text=it.text,
-                speaker=it.lead.speaker,
-                timestamp=it.lead.timestamp,
-                source_ids=it.source_ids,
-                score=it.score,
-            )
-            for it in items
-        ]
+        return tokens
 
     # -- generation → memory --------------------------------------------------------------------------
     def update_memory_batch(self, items: Sequence[tuple[MemoryManager, str, str]]) -> list[list[MemoryOp]]:

@@ -3,7 +3,7 @@
 The writer (:class:`~memrl.memory.writer.PolicyWriter`) reads the new turns and the current facts nearest them and
 replies with operations; here its replies meet the store. For each write, ``n`` replies are sampled in one
 generate call, every reply's operations are resolved against the facts it was shown
-(:mod:`memrl.memory.update_guard`), reply 0 is applied to the episode's own store and, for step credit that
+(:mod:`memrl.memory.write_target`), reply 0 is applied to the episode's own store and, for step credit that
 scores alternatives (:mod:`memrl.episode.snapshot`), each reply also goes to its own fork of the store, all forks
 taken before anything is applied. A :class:`WriteResult` records what the writer read and wrote.
 """
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from memrl.memory.store import FactRecord
-from memrl.memory.update_guard import resolve_batch
+from memrl.memory.write_target import resolve_batch
 from memrl.memory.writer import WriteRequest, turn_line
 from memrl.types import MemoryOp, TurnSpec
 
@@ -97,12 +97,12 @@ def _use_order(samples, fork: bool = True) -> list:
 
 
 def _resolve(system: Any, items, requests, samples) -> list[list[Any]]:
-    """Every reply's writes resolved against the facts its write was shown (:mod:`memrl.memory.update_guard`)."""
+    """Every reply's writes resolved against the facts its write was shown (:mod:`memrl.memory.write_target`)."""
     cfg = system.cfg
     out, counts = resolve_batch(
         [mgr.episode_id for mgr, _ in items], [r.neighbours for r in requests], samples,
         system.encode_chunked, system.store.chunk_vectors,
-        target=cfg.update_target, floor=cfg.update_floor, ceiling=cfg.add_ceiling,
+        target=cfg.update_target, floor=cfg.update_min_cosine, ceiling=cfg.add_supersede_cosine,
     )  # fmt: skip
     system.metrics.update(+counts)
     return out

@@ -73,6 +73,9 @@ class NewFact:
     extra: dict = field(default_factory=dict, compare=False)
 
 
+Ranked = list[tuple[int, float]]
+"""``(fact_id, score)`` pairs, higher = better, best first: what a search or a retriever returns."""
+
 FactVectors = np.ndarray | Sequence[np.ndarray]
 """``[n_facts, dim]`` (one vector per fact), or one ``[n_chunks_i, dim]`` array per fact (chunked facts)."""
 

@@ -1,7 +1,7 @@
 """A persistent cache of greedy memory writes: a frozen writer writes each prompt once, across runs.
 
-A policy writer (:mod:`memrl.memory.writer`) writes LoCoMo's ~600 turns per conversation one call at a time:
-~80 min for the eight test conversations on 2 CPU cores. Greedy writes are a function of the writer's weights and
+A policy writer (:mod:`memrl.memory.writer`) writes a long conversation one call at a time, which takes long on
+CPU cores. Greedy writes are a function of the writer's weights and
 its prompt, so evaluating another answer policy over the same writer, training the answer role over the memory a
 frozen writer builds (``train.roles: [answer]`` writes greedily), or a rerun, writes nothing new.
 

@@ -17,7 +17,7 @@ UPDATE/ADD without text) becomes a NOOP whose reason is logged, and counts again
 (:mod:`memrl.episode.credit`); a reply never crashes a run. An UPDATE *supersedes* the fact it names: the old
 fact stays in the store as history with the date it stopped being true, and the new value is a fact of its own
 (``FactDecision.supersede``), so "where did I live before?" stays answerable while retrieval prefers the
-current value (:func:`memrl.memory.retrieval.supersede_rescore`).
+current value (:func:`memrl.memory.superseded.supersede_rescore`).
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ class WriteSample:
     logprobs: tuple[float, ...]
     text: str
     ops: ParsedOps
-    # What reaches the store where it differs from what was written (memrl.memory.update_guard); None: the same.
+    # What reaches the store where it differs from what was written (memrl.memory.write_target); None: the same.
     resolved: tuple[FactDecision, ...] | None = None
 
     @property

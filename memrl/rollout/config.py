@@ -27,27 +27,19 @@ class TreeConfig:
     ``entropy`` ranks a node by the mean entropy of the first ``entropy_window`` tokens generated after it.
     Branches generate to their stop in one call: the segment nodes are laid out once a branch has finished, and a
     fork continues from the owner's final state cropped to the node (one generate call and one kept KV state per
-    branch, instead of one per segment). Segment nodes are the only branch points: the shipped training config
-    (``configs/synthetic_tree.yaml``) and the learning results (README, docs/experiments.md) use them, and on the
-    embedded tiny model's own task (the synthetic memory task trained on) forks at any sampled token
-    (TreeRL-style, removed) used more tokens per leaf (0.85 vs 0.83 of a chain, ``memrl bench rollout``, 32
-    prompts, 16 leaves, mean of 4 sampling seeds). Token forks were cheaper on the random-init model (0.47 vs
-    0.52), the tiny model's LoCoMo-style prompt (0.78 vs 0.83) and SmolLM2 at 8 prompts (0.67 vs 0.72); see
-    docs/experiments.md.
+    branch, instead of one per segment). Segment nodes are the only branch points: forks at any sampled token
+    (TreeRL-style) saved few tokens and cost more on the task trained on (docs/experiments.md).
 
     Each tree starts its next round as soon as its own branches have all ended, and the new forks join the rows
     still decoding (one generation stream, :mod:`memrl.policy.stream`), so no tree waits for another tree's
-    slowest branch (measured: ~11 % fewer sequential decode steps than stepping every tree's round together).
+    slowest branch (fewer sequential decode steps than stepping every tree's round together).
 
     ``expansion_policy`` is ``random`` (the default) or ``entropy`` (branch where entropy is high; where the
     backend returns no top-k log-probs, the sampled tokens' surprisal stands in for it) or ``tool_call`` (branch
     right after a tool call's opening tag, so siblings share the prefix and differ in the program; random nodes
-    in a tree that made no call) or a dotted path. Random
-    is the default because it measured at least as good: with SmolLM2-135M on the synthetic task (16 prompts x 16
-    leaves x 3 seeds, two tree shapes) random forks matched or beat entropy forks on best-of-16, mean reward and
-    mixed groups in all six comparisons, at 1-5 % more tokens. The answer is written early (first gold mention at
-    response token 7, median) while entropy peaks in the rambling tail (entropy forks at token 41, median; random
-    at 34), so entropy forks rarely change the answer (docs/benchmarks.md, rollout).
+    in a tree that made no call) or a dotted path. Random is the default because it measured at least as good as
+    entropy: the answer is written early while entropy peaks in the rambling tail, so entropy forks rarely change
+    the answer (docs/benchmarks.md, rollout).
     ``initial_rollouts_rule`` (:data:`memrl.rollout.expansion.INITIAL_ROLLOUT_RULES`) lets the number of initial
     chains differ per prompt: ``static`` (default) or ``disagreement`` (twice the chains where the first ones
     disagree, fewer forks to keep the same number of leaves).

@@ -63,8 +63,8 @@ def normalized_entropy(top_logprobs: Sequence[Mapping[int, float]]) -> float:
 
 def token_entropies(tops: Sequence[Mapping[int, float]]) -> list[float]:
     """The normalised entropy of every position (:func:`normalized_entropy` is their mean), vectorised:
-    token-level tree search needs it for every sampled token, and one Python pass per token cost ~6 % of a tree
-    rollout's wall time with a small model."""
+    token-level tree search needs it for every sampled token, and one Python pass per token is a visible share of
+    a tree rollout's wall time with a small model."""
     out = [0.0] * len(tops)
     by_k: dict[int, list[int]] = {}
     for i, top in enumerate(tops):

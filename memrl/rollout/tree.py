@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from memrl.formats import TOOL_TAGS, extract_answer
 from memrl.policy.base import PolicyClient
-from memrl.rollout.base import STRATEGIES, AgentState, RolloutRequest, RolloutResult, ToolRunner
+from memrl.rollout.base import STRATEGIES, AgentState, RolloutLeaves, RolloutRequest, ToolRunner
 from memrl.rollout.branch import Branch
 from memrl.rollout.config import RolloutConfig
 from memrl.rollout.engine import Engine, EngineHooks
@@ -347,7 +347,7 @@ def _tree_path(leaf: TreeNode) -> tuple[PathNode, ...]:
 @STRATEGIES.register("tree")
 def tree_rollout(
     requests: Sequence[RolloutRequest], policy: PolicyClient, tools: ToolRunner | None, cfg: RolloutConfig
-) -> RolloutResult:
+) -> RolloutLeaves:
     metrics = RolloutMetrics()
     engine_ref: list[Engine] = []
     hooks = TreeHooks(cfg, engine_ref)
@@ -373,7 +373,7 @@ def tree_rollout(
         _lay_segment_nodes(t, cfg, engine.tokenizer.decode)
     leaves = [_sample_leaves(t, hooks, cfg.n, rng) for t in trees]
     _tree_metrics(metrics, trees, leaves, cfg)
-    return RolloutResult(leaves=leaves, metrics=metrics.summary())
+    return RolloutLeaves(leaves=leaves, metrics=metrics.summary())
 
 
 def _grow_per_tree(engine: Engine, trees: list[Tree], cfg: RolloutConfig) -> None:

@@ -1,7 +1,7 @@
 """Tools for target turns: parsers (``PARSERS``), tools (``TOOLS``: python sandbox, memory search) and the
 parallel :class:`ToolExecutor` with per-tool metrics.
 
-    calls = PARSERS.get(cfg.tools.parser)(turn_text)          # list[ToolCall], malformed → parse_error
+    calls = PARSERS.get(cfg.rollout.tool_parser)(turn_text)         # list[ToolCall], malformed → parse_error
     with ToolExecutor(cfg.tools) as tools:
         results = tools.execute([(c, ToolContext(memory=mgr)) for c in calls])   # list[ToolResult], in order
         tools.metrics()                                       # {"tools/python/calls": ..., ...}

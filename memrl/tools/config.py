@@ -82,7 +82,7 @@ class SandboxConfig:
 
 @dataclass
 class ToolsConfig:
-    """``enabled`` tools by registry name; ``parser`` by registry name (``tag`` | ``hermes``).
+    """``enabled`` tools by registry name (the call syntax is the rollout's: ``rollout.tool_parser``).
 
     ``max_output_chars`` bounds the observation fed back to the model (head and tail kept, marker between).
     ``neutralize`` lists extra literal strings (e.g. a tokenizer's special tokens) escaped in tool output so
@@ -91,7 +91,6 @@ class ToolsConfig:
     """
 
     enabled: list[str] = field(default_factory=lambda: ["python", "search"])
-    parser: str = "tag"
     max_output_chars: int = 1024
     max_parallel: int = 8  # calls in flight in the executor (python calls additionally wait for the pool)
     max_infra_retries: int = 2  # a call whose infrastructure fails (not its code) is retried with backoff

@@ -85,27 +85,23 @@ class WarmStartConfig:
     the first ``episodes`` training episodes (0 = off), ``batch_size`` replies per optimizer step, ``epochs``
     passes. ``role`` is what it imitates: ``memory``, the gold memory writes (needs gold operations in the data:
     the synthetic task has them); ``answer``, the gold answer of each target turn, demonstrated as
-    ``train.replay.demonstrations`` demonstrates it (``gold_program``: a python call of the question's gold
-    program, its result and the answer), on the prompt the episode's own ingested memory gives
+    ``train.replay.demonstrations`` demonstrates it, on the prompt the episode's own ingested memory gives
     (:mod:`memrl.train.warm_start_answer`). The check and ``balance_ops`` are the writer's.
 
     ``balance_ops``: weight each write by ``1/sqrt`` of how many writes make its decision (ADD, UPDATE, NOOP, …),
-    normalised to mean 1. UPDATEs are ~1 write in 8; unweighted, one run in three settled on the majority and
-    ADDed the changes it was shown beside the stale fact.
+    normalised to mean 1, so the rare UPDATE is not drowned out by the majority decision.
 
     ``check_episodes``: the training episodes after the imitated ones, written greedily by the warm-started writer
-    and scored against their gold operations (``warm_start/check_*`` metrics; 0 = no check). ``min_recall``: a
-    gold decision whose recall on them is below this gets a class-balanced pass (each decision as many writes as
-    the rarest has), then the check again, at most :data:`~memrl.train.warm_start.BALANCED_PASSES` times; the
-    writer keeps the checked state with the best lowest recall. With it, a warm start that settled on ADD and
-    learned no UPDATE (one run in four) is caught on episodes it did not imitate, not on the test split.
+    and scored against their gold operations (``warm_start/check_*`` metrics; 0 = no check). A gold decision whose
+    recall there is below ``min_recall`` gets a class-balanced pass (each decision as many writes as the rarest
+    has), then the check again, at most :data:`~memrl.train.warm_start.BALANCED_PASSES` times; the writer keeps
+    the checked state with the best lowest recall. A writer that learned no UPDATE is so caught on episodes it did
+    not imitate, not on the test split.
 
-    ``loss_agg``: how the SFT loss averages token log-probs (a name of the RL loss's aggregations).
-    ``seq-mean-token-mean`` (default) averages each write's tokens, then the writes: the decision word weighs
-    ``1/len`` of its reply, fine while replies are short and alike (the synthetic task's ~7 tokens). Where an ADD's
-    fact is ~23 tokens and a NOOP 2 (LoCoMo's observations), that weighs a NOOP's decision ~10x an ADD's and the
-    writer settled on NOOP for all 369 turns of a held-out conversation; ``token-mean`` counts every reply token
-    once across the step (as SFT trainers do), so each decision word weighs the same."""
+    ``loss_agg``: how the SFT loss averages token log-probs. ``seq-mean-token-mean`` (default) averages each
+    write's tokens, then the writes: fine while replies are short and alike. Where they are not (a long ADD, a
+    two-token NOOP), the short reply's decision word weighs more; ``token-mean`` counts every reply token once
+    across the step (as SFT trainers do), so each decision word weighs the same."""
 
     episodes: int = 0
     batch_size: int = 8
@@ -196,8 +192,8 @@ class TrainConfig:
     ppo_mini_batches: int = 1
     micro_batch_size: int = 8
     # Shared prompts of at least this many tokens are forwarded with activation checkpointing, layer by layer (the
-    # backward pass recomputes each layer instead of keeping its activations: ~0.4 GB per layer on a 7.9 K-token
-    # prompt; exact, at one more prompt forward). None: never (short prompts fit and run faster without).
+    # backward pass recomputes each layer instead of keeping its activations, which grow with the prompt; exact, at
+    # one more prompt forward). None: never (short prompts fit and run faster without).
     checkpoint_prompt_tokens: int | None = None
     lora: LoraConfig = field(default_factory=LoraConfig)
     replay: ReplayConfig = field(default_factory=ReplayConfig)

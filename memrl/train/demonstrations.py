@@ -1,7 +1,7 @@
 """Gold demonstrations: off-policy expert traces for the replay SFT term (``train.replay.demonstrations: gold``).
 
-Strict exact match needs the ``<answer>…</answer>`` tag. An instruct model that never writes it (SmolLM2-135M:
-0 of 256 samples at temperature 1.0) earns no strictly right episode, so GRPO cannot discover the tag and replay
+Strict exact match needs the ``<answer>…</answer>`` tag. An instruct model that never writes it (as SmolLM2-135M
+does not) earns no strictly right episode, so GRPO cannot discover the tag and replay
 SFT, which imitates a group's best *right* trajectory, has nothing to imitate. As in SFT-then-RL cold starts and
 LUFFY (off-policy expert traces mixed into GRPO), a replayed group whose best episode is below
 ``train.replay.min_reward`` gets a demonstration instead: the exact prompt the policy saw at the target turn, then

@@ -69,7 +69,7 @@ def side_scores(inputs: list, episodes: list) -> dict[str, float]:
     return out
 
 
-def evaluate(
+def evaluate_held_out(
     res: Any,
     inputs: list | None = None,
     desc: str | None = None,

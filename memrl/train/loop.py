@@ -37,7 +37,7 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from memrl.config import Config
 from memrl.data.buffer import (
-    RolloutResult,
+    DrawnGroups,
     group_episodes,
     has_reward_signal,
     read_rollout_dump,
@@ -57,9 +57,9 @@ from memrl.train.checkpoint import (
     save_checkpoint,
 )
 from memrl.train.config import TrainConfig
-from memrl.train.evaluate import SIDE_METRICS, evaluate
+from memrl.train.evaluate import SIDE_METRICS, evaluate_held_out
 from memrl.train.metrics import MetricsLogger, plot_curves
-from memrl.train.replay import ReplayBuffer
+from memrl.train.replay import ReplayBuffer, ReplaySample
 from memrl.train.roles import active_roles, keep_roles, memory_rollout_metrics
 from memrl.train.setup import TrainResources, build_resources, publish_adapter
 from memrl.types import BatchInput, EpisodeStatus, EpisodeTrajectory
@@ -95,7 +95,7 @@ class StepResult:
     episodes: list[EpisodeTrajectory]
 
 
-def _draw(res: TrainResources, step: int) -> RolloutResult:
+def _draw(res: TrainResources, step: int) -> DrawnGroups:
     """This step's rollout: live through the buffer, or replayed from ``train.train_only``'s dump."""
     cfg = res.cfg
     if cfg.train.train_only is None:
@@ -112,24 +112,53 @@ def _draw(res: TrainResources, step: int) -> RolloutResult:
         )
     episodes = read_rollout_dump(path)
     chosen = select_groups(res.buffer.group_filter, episodes, cfg.data.prompts_per_batch)
-    return RolloutResult(chosen.kept, episodes, dropped=chosen.dropped)
+    return DrawnGroups(chosen.kept, episodes, dropped=chosen.dropped)
 
 
 def run_step(res: TrainResources, step: int, counters: dict[str, float]) -> StepResult:
     """One iteration: draw groups (rollout, filter, refill) → build batch → update → publish weights."""
-    cfg = res.cfg
-    t0 = time.perf_counter()
-    decoded_before = res.runner.metrics.get(DECODED, 0.0)
-    phases_before = {k: res.runner.metrics.get(k, 0.0) for k in PHASE_TIMES}
+    before = RunnerMark.take(res)
     rollout = _draw(res, step)
-    episodes, usable = rollout.episodes, rollout.usable
-    t_rollout = time.perf_counter() - t0
+    metrics = step_metrics(res, rollout, before)
+    replay = _replay_sample(res, step)
+    if trainable := _trainable(res, step, rollout):
+        t0 = time.perf_counter()
+        batch = res.builder.build(trainable)
+        metrics.update(res.updater.update(batch, replay=replay))
+        metrics["time/update_s"] = time.perf_counter() - t0
+        publish_adapter(res, step)
+    if res.replay is not None:
+        res.replay.add(rollout.usable)
+    counters["generated_tokens"] = counters.get("generated_tokens", 0.0) + metrics["rollout/generated_tokens"]
+    counters["episodes"] = counters.get("episodes", 0.0) + len(rollout.episodes)
+    return StepResult(metrics, rollout.episodes)
+
+
+@dataclass(frozen=True)
+class RunnerMark:
+    """The runner's cumulative counters and the clock before a rollout: a step's metrics are the differences."""
+
+    t0: float
+    decoded: float
+    phases: dict[str, float]
+
+    @classmethod
+    def take(cls, res: TrainResources) -> RunnerMark:
+        t0 = time.perf_counter()
+        m = res.runner.metrics
+        return cls(t0, m.get(DECODED, 0.0), {k: m.get(k, 0.0) for k in PHASE_TIMES})
+
+
+def step_metrics(res: TrainResources, rollout: DrawnGroups, before: RunnerMark) -> dict[str, float]:
+    """The rollout's ``rollout/*``, ``time/*`` (rollout and its phases), memory and tool-use metrics."""
+    t_rollout = time.perf_counter() - before.t0
+    episodes, runner = rollout.episodes, res.runner.metrics
     trainable = [ep for group in rollout.groups for ep in group]
     masked = sum(sum(s.response_mask) for e in episodes for s in e.steps)
     # The budget counts tokens the model decoded: a tree decodes a shared prefix once for all its leaves.
-    generated = res.runner.metrics.get(DECODED, decoded_before + masked) - decoded_before
-    groups = group_episodes(usable)
-    metrics: dict[str, float] = {
+    generated = runner.get(DECODED, before.decoded + masked) - before.decoded
+    groups = group_episodes(rollout.usable)
+    return {
         "rollout/episodes": float(len(episodes)),
         "rollout/failed": float(sum(e.status is EpisodeStatus.FAILED for e in episodes)),
         "rollout/reward_mean": float(np.mean([e.reward for e in episodes])) if episodes else 0.0,
@@ -140,33 +169,35 @@ def run_step(res: TrainResources, step: int, counters: dict[str, float]) -> Step
         "rollout/sampling_rounds": float(rollout.rounds),
         "time/rollout_s": t_rollout,
         # The step profile: memory writes (ingest, snapshot scoring included) and answer generation.
-        **{name: res.runner.metrics.get(k, 0.0) - phases_before[k] for k, name in PHASE_TIMES.items()},
+        **{name: runner.get(k, 0.0) - before.phases[k] for k, name in PHASE_TIMES.items()},
         **memory_rollout_metrics(episodes),
         # How answers used the tools: calls per answer, failed calls, rollbacks, gold calls, copied results.
-        **(tool_use_metrics(episodes_tool_use(episodes)) if cfg.tools.enabled else {}),
+        **(tool_use_metrics(episodes_tool_use(episodes)) if res.cfg.tools.enabled else {}),
     }
-    replay_sample = None
-    if res.replay is not None and cfg.train.replay.batch_size > 0 and len(res.replay):
-        replay_sample = dataclasses.replace(
-            res.replay.sample(cfg.train.replay.batch_size), roles=tuple(active_roles(cfg.train, step))
-        )
+
+
+def _replay_sample(res: TrainResources, step: int) -> ReplaySample | None:
+    """This step's replay rows (``train.replay``), drawn every step the buffer holds some, trained or not."""
+    cfg = res.cfg
+    if res.replay is None or cfg.train.replay.batch_size <= 0 or not len(res.replay):
+        return None
+    sample = res.replay.sample(cfg.train.replay.batch_size)
+    return dataclasses.replace(sample, roles=tuple(active_roles(cfg.train, step)))
+
+
+def _trainable(res: TrainResources, step: int, rollout: DrawnGroups) -> list[EpisodeTrajectory]:
+    """The kept groups' episodes, cut to the roles ``step`` trains; none under ``train.rollout_only``."""
+    cfg = res.cfg
     if cfg.train.rollout_only:
-        pass
-    elif trainable := keep_roles(trainable, active_roles(cfg.train, step)):
-        t1 = time.perf_counter()
-        batch = res.builder.build(trainable)
-        metrics.update(res.updater.update(batch, replay=replay_sample))
-        metrics["time/update_s"] = time.perf_counter() - t1
-        publish_adapter(res, step)
-    elif usable:
+        return []
+    kept = [ep for group in rollout.groups for ep in group]
+    if trainable := keep_roles(kept, active_roles(cfg.train, step)):
+        return trainable
+    if rollout.usable:
         logger.info("step %d: no group passed data.group_filter=%s; no update", step, cfg.data.group_filter)
     else:
-        logger.warning("step %d: no usable episode (all %d failed); no update", step, len(episodes))
-    if res.replay is not None:
-        res.replay.add(usable)
-    counters["generated_tokens"] = counters.get("generated_tokens", 0.0) + generated
-    counters["episodes"] = counters.get("episodes", 0.0) + len(episodes)
-    return StepResult(metrics, episodes)
+        logger.warning("step %d: no usable episode (all %d failed); no update", step, len(rollout.episodes))
+    return []
 
 
 def _budget_left(tc: TrainConfig, counters: dict[str, float]) -> bool:
@@ -213,7 +244,7 @@ def _eval(
 ) -> dict[str, float]:
     # Evaluation gets its own fixed seed, so it never shifts the training stream.
     seed_everything(step_seed(res.cfg.seed, step, EVAL_STREAM), res)
-    return evaluate(res, inputs, desc=desc, leave=leave, save_dir=save_dir)
+    return evaluate_held_out(res, inputs, desc=desc, leave=leave, save_dir=save_dir)
 
 
 def _start_eval(res: TrainResources, progress: bool = False) -> dict[str, float]:
@@ -255,7 +286,7 @@ def start_eval_key(res: TrainResources) -> str:
 
 def episodes_digest(inputs: list[BatchInput]) -> str:
     h = hashlib.sha256()
-    for bi in inputs:  # a frozen dataclass's repr spells every field (10x faster than asdict + json here)
+    for bi in inputs:  # a frozen dataclass's repr spells every field, and is cheaper than asdict + json
         h.update(repr(bi).encode("utf-8", "surrogateescape"))
     return h.hexdigest()
 

@@ -6,8 +6,8 @@ chain, the leaves of a tree; they arrive adjacent) run the prompt once; its KV c
 responses, which are forwarded as a ``[k, R]`` right-padded block on top of it. Gradients flow through the
 cache into the prompt's forward, so the result equals running each sequence in full, at about ``1/k`` of the
 prompt cost. It is the trainer's only layout because GRPO groups share long prompts: padded rows forward every
-prompt ``k`` times and a packed row's attention covers the whole row, so on ``synthetic_chain``'s batch shape
-``memrl bench batch`` measured shared prefixes 6.2x cheaper in CPU time than padded rows (docs/benchmarks.md).
+prompt ``k`` times and a packed row's attention covers the whole row (``memrl bench batch`` compares them,
+docs/benchmarks.md).
 A micro-batch's aligned tensors cover ``[last prompt token, response...]`` (``[k, R + 1]``): prompt tokens
 carry no loss. Rows whose prompts differ but start alike (memory writes and their instructions) are gathered the
 same way over their longest common prefix, their differing prompt tails padded in the block
@@ -108,7 +108,7 @@ def _without_spliced_logprobs(old: torch.Tensor, meta) -> torch.Tensor:
     return old
 
 
-def unpack(batch: PackedBatch, seq_adv: torch.Tensor, weights: torch.Tensor) -> list[SeqRecord]:
+def seq_records(batch: PackedBatch, seq_adv: torch.Tensor, weights: torch.Tensor) -> list[SeqRecord]:
     """Split ``batch`` into sequences. ``seq_adv`` and ``weights`` are ``[num_steps]``."""
     out = []
     for i in range(batch.num_steps):
@@ -222,7 +222,7 @@ def _prompt_groups(records: Sequence[SeqRecord]) -> list[list[SeqRecord]]:
 
 
 # Rows of distinct prompts are batched over their common prefix only when it is at least this long: memory writes
-# share ~156 tokens of instructions, so one forward of them replaces one per write; rows that share only the chat
+# share a long block of instructions, so one forward of them replaces one per write; rows that share only the chat
 # template's first tokens would pay more in padded tails than the prefix saves.
 MIN_COMMON_PREFIX = 64
 
@@ -297,8 +297,8 @@ def _shared_prefix_logits(model: torch.nn.Module, mb: MicroBatch, keep: int) -> 
     """Prompt (minus its last token) once with a cache, then the ``[k, R + 1]`` block on top of it."""
     k, width = mb.input_ids.shape
     p = mb.prefix_ids.shape[1]
-    # One logit, not the prompt's: no loss reads the prefix's logits, and over the 49 K vocabulary they cost as much
-    # compute as the rest of the model and, for a 7.9 K-token LoCoMo prompt, 1.5 GB that ran a 24 GB machine out.
+    # One logit, not the prompt's: no loss reads the prefix's logits, and over a large vocabulary they cost as much
+    # compute as the rest of the model, and on a long prompt more memory than the machine has.
     min_tokens = getattr(model, PROMPT_CHECKPOINT_ATTR, None)
     checkpointing = min_tokens is not None and p >= min_tokens and torch.is_grad_enabled()
     with checkpointed_layers(model) if checkpointing else contextlib.nullcontext():
@@ -363,8 +363,8 @@ class _KVRecorder:
 def checkpointed_layers(model: torch.nn.Module) -> Iterator[None]:
     """Within the block, each decoder layer that receives a cache runs under (non-reentrant) activation
     checkpointing: only its input is kept for the backward pass, which recomputes the layer. Backpropagating
-    through a 7.9 K-token prompt otherwise keeps ~0.4 GB of activations per layer, ~13 GB for SmolLM2's 30, more
-    than a 24 GB machine has beside the rollout. transformers' own checkpointing drops the cache, which the
+    through a long prompt (a LoCoMo one) otherwise keeps every layer's activations, more than a CPU machine has
+    beside the rollout. transformers' own checkpointing drops the cache, which the
     responses on top of the prompt need, so the layer writes its keys and values into a stand-in
     (:class:`_KVRecorder`) inside the checkpoint, and they go into the real cache outside it: a recompute in the
     backward pass then leaves the cache alone. Exact: the gradients are those of the plain forward."""

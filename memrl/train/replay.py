@@ -39,9 +39,9 @@ from memrl.train.microbatch import (
     SeqRecord,
     forward_logits,
     model_device,
+    seq_records,
     split_micro_batches,
     token_logprobs,
-    unpack,
 )
 from memrl.train.roles import label_adapters, step_role
 from memrl.types import EpisodeStatus, EpisodeTrajectory, PackedBatch
@@ -181,7 +181,7 @@ def replay_loss(model: torch.nn.Module, sample: ReplaySample, cfg: TrainConfig) 
         rewards = targets.rewards
     coef = rc.sft_weight * is_sft + rc.rft_weight * rewards * (1.0 - is_demo)
     # The row coefficient rides in the advantage slot: loss_tok = -coef · logp, mean per sequence.
-    records = unpack(batch, coef, torch.ones(batch.num_steps))
+    records = seq_records(batch, coef, torch.ones(batch.num_steps))
     label_adapters(records, batch.step_meta, model)
     agg = LOSS_AGGREGATIONS.get("seq-mean-token-mean")
     device = model_device(model)

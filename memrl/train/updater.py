@@ -32,10 +32,10 @@ from memrl.train.microbatch import (
     SeqRecord,
     forward_logits,
     model_device,
+    seq_records,
     split_micro_batches,
     token_entropy,
     token_logprobs,
-    unpack,
 )
 from memrl.train.roles import label_adapters, role_metrics
 from memrl.train.tree_advantages import tree_local_advantages
@@ -78,7 +78,7 @@ class PolicyUpdater:
         cfg = self.cfg
         if cfg.kl_coef == 0 and cfg.entropy_coef == 0 and cfg.tree_local_weight <= 0:
             weights = weights * signal_weights(scores, batch.group_ids, weights)
-        records = unpack(batch, adv, weights)
+        records = seq_records(batch, adv, weights)
         label_adapters(records, batch.step_meta, self.model)
         local_abs = self._add_tree_local(batch, scores, weights, records)
         # Rows without a counted token (flat groups above, dropped duplicates) add nothing: not forwarded.

@@ -1,6 +1,6 @@
 """Imitation warm start of the memory writer: supervised steps on gold memory writes before reinforcement learning.
 
-The untrained policy follows the memory-operation format in almost no write (SmolLM2-135M: 0 of 72), so the RL
+The untrained policy follows the memory-operation format in almost no write, so the RL
 signal of its writes is mostly the format term, and the gold operations that the replay SFT term adds reach the
 writer a few rows per update. As in SFT-then-RL cold starts (DeepSeek-R1) and Memory-R1's recipe, the warm start
 first imitates the writes a perfect writer makes on training episodes whose turns carry gold operations
@@ -102,9 +102,9 @@ def gold_writes(memory: MemorySystem, inputs: Sequence[BatchInput], chunk: int) 
 
 
 def op_weights(demos: Sequence[Demonstration]) -> list[Demonstration]:
-    """``demos`` weighted by ``1/sqrt(count of their decision)``, normalised to mean 1: the rare decision (UPDATE,
-    ~1 write in 8 on the synthetic task) weighs about twice a common one, not the 4x of full inverse frequency,
-    which would trade ADD recall for it."""
+    """``demos`` weighted by ``1/sqrt(count of their decision)``, normalised to mean 1: the rare decision (UPDATE)
+    weighs more than a common one, but less than full inverse frequency would give it, which would trade ADD
+    recall for it."""
     counts = Counter(d.decision for d in demos)
     raw = [counts[d.decision] ** -0.5 for d in demos]
     scale = len(raw) / sum(raw) if raw else 1.0
@@ -247,8 +247,7 @@ def warm_start(res, progress: bool = False) -> dict[str, float]:
     return metrics
 
 
-# A failed check's balanced passes: ~41 SFT steps each on the synthetic recipe (109 writes per decision), ~3.5
-# minutes on 2 CPU cores, taken from the RL phase's budget.
+# A failed check's balanced passes, each taken from the RL phase's budget.
 BALANCED_PASSES = 2
 CHECKED_DECISIONS = ("ADD", "UPDATE", "NOOP")
 

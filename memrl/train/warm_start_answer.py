@@ -1,8 +1,7 @@
 """Imitation warm start of the answer role: SFT on gold answers (or gold programs) before reinforcement learning.
 
 The replay SFT term demonstrates a group's gold answer only when the group found no right one, a few rows per
-update (2 of 18 on the tool recipe): a policy that never calls the python tool meets a demonstrated call about
-twice per step, and the policy gradient of the groups with varied rewards (lookups, where answering at once wins)
+update: a policy that never calls the python tool meets a demonstrated call rarely, and the policy gradient of the groups with varied rewards (lookups, where answering at once wins)
 outweighs it, so GRPO removed the call it was shown (docs/results.md, "Arithmetic over memory through the python
 tool"). As in SFT-then-RL cold starts (DeepSeek-R1, ReTool), the answer role first imitates, on the first
 ``train.warm_start.episodes`` training episodes:

@@ -129,12 +129,12 @@ def test_bench_takes_the_writers_settings_from_a_run_config(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(
         "data: {options: {phrasing: varied}}\nepisode: {ingest_chunk_turns: 3}\n"
-        "memory: {extractor: policy, write_neighbours: 4, update_target: nearest, update_floor: 0.6}\n"
+        "memory: {extractor: policy, write_neighbours: 4, update_target: nearest, update_min_cosine: 0.6}\n"
     )
-    args = parse_args(["--config", str(cfg), "--extractor", "rule", "update_floor=0.5"])
+    args = parse_args(["--config", str(cfg), "--extractor", "rule", "update_min_cosine=0.5"])
     assert (args.phrasing, args.chunk) == ("varied", 3)
     assert args.overrides["write_neighbours"] == 4 and args.overrides["update_target"] == "nearest"
-    assert args.overrides["update_floor"] == 0.5  # a key=value override wins over the file
+    assert args.overrides["update_min_cosine"] == 0.5  # a key=value override wins over the file
     assert "extractor" not in args.overrides  # --extractor names it
     assert parse_args(["--config", str(cfg), "--chunk", "1"]).chunk == 1
     plain = parse_args([])

@@ -13,7 +13,7 @@ from tests.episode.test_report_table import REAL_EVAL
 
 @pytest.fixture
 def fake_eval(monkeypatch):
-    """``evaluate`` answers with a real eval.json at once (the table and JSON output are under test)."""
+    """``evaluate_ablations`` answers with a real eval.json at once (the table and JSON output are under test)."""
     report = json.loads(REAL_EVAL.read_text())
     seen = []
 
@@ -21,7 +21,7 @@ def fake_eval(monkeypatch):
         seen.append(out_dir)
         return report
 
-    monkeypatch.setattr(evaluate_module, "evaluate", fake)
+    monkeypatch.setattr(evaluate_module, "evaluate_ablations", fake)
     return report, seen
 
 

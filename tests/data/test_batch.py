@@ -9,7 +9,7 @@ from memrl.data.batch import (
     BatchError,
     TrajectoryBatchBuilder,
     select_steps,
-    unpack,
+    unpack_steps,
     validate_batch,
 )
 from memrl.data.config import BatchConfig
@@ -83,8 +83,8 @@ def test_packed_layout_has_no_padding_and_restarting_positions():
     assert batch.attention_mask.sum() == 12 and batch.prompts is None
 
 
-def test_history_steps_can_be_kept_masked():
-    batch = TrajectoryBatchBuilder(BatchConfig(history_steps="mask")).build(sample_episodes())
+def test_untrained_steps_can_be_kept_masked():
+    batch = TrajectoryBatchBuilder(BatchConfig(untrained_steps="mask")).build(sample_episodes())
     assert batch.step_ids == ["h", "a", "b", "c"]
     assert batch.response_mask[0].tolist() == [0, 0, 0]  # never trained
     assert batch.token_level_rewards[0].abs().sum() == 0 and batch.rewards[0] == 0
@@ -109,7 +109,7 @@ def test_length_limits_raise_or_truncate_visibly():
     cut = TrajectoryBatchBuilder(
         BatchConfig(max_prompt_len=3, max_response_len=2, on_overflow="truncate", layout="packed")
     ).build(eps)
-    rows = unpack(cut)
+    rows = unpack_steps(cut)
     assert rows[0].prompt_ids == (3, 4, 5) and rows[0].response_ids == (6, 7)  # prompt keeps its tail
     assert cut.truncated.tolist() == [True, False]
     status = TrajectoryBatchBuilder().build([episode("e2", [step("t", [1], [2])], status="truncated")])
@@ -132,7 +132,8 @@ def test_select_keeps_rows_in_the_asked_order_and_layout():
     batch = TrajectoryBatchBuilder(BatchConfig(layout="packed")).build(sample_episodes())
     padded = select_steps(batch, [2, 0], layout="padded")
     assert padded.layout == "padded"
-    assert padded.step_ids == ["c", "a"] and unpack(padded) == [unpack(batch)[2], unpack(batch)[0]]
+    rows = unpack_steps(batch)
+    assert padded.step_ids == ["c", "a"] and unpack_steps(padded) == [rows[2], rows[0]]
     assert padded.rewards.tolist() == [batch.rewards[2].item(), batch.rewards[0].item()]
     part = select_steps(batch, [1, 2])
     assert part.layout == "packed" and part.step_ids == ["b", "c"]
@@ -177,9 +178,9 @@ def test_pack_then_unpack_is_identity(eps, layout):
         for s in e.steps
         if s.turn_role.value == "target"
     ]
-    assert [tuple(u) for u in unpack(batch)] == expected
+    assert [tuple(u) for u in unpack_steps(batch)] == expected
     other = "packed" if layout == "padded" else "padded"
-    assert unpack(select_steps(batch, range(batch.num_steps), layout=other)) == unpack(batch)
+    assert unpack_steps(select_steps(batch, range(batch.num_steps), layout=other)) == unpack_steps(batch)
     # every target row carries its episode reward, on at most one token
     rewards = {e.episode_id: e.reward for e in eps}
     assert batch.rewards.tolist() == [rewards[x] for x in batch.episode_ids]
@@ -187,4 +188,4 @@ def test_pack_then_unpack_is_identity(eps, layout):
 
 
 def _has_mask(batch) -> torch.Tensor:
-    return torch.tensor([any(u.response_mask) for u in unpack(batch)], dtype=torch.float32)
+    return torch.tensor([any(u.response_mask) for u in unpack_steps(batch)], dtype=torch.float32)

@@ -10,7 +10,7 @@ import pytest
 
 from memrl.config import load_config
 from memrl.data.adapters import load_dataset
-from memrl.data.batch import TrajectoryBatchBuilder, unpack
+from memrl.data.batch import TrajectoryBatchBuilder, unpack_steps
 from memrl.episode.build import build_runner
 from memrl.episode.pipeline import run_episodes
 from memrl.policy import make_policy
@@ -71,7 +71,7 @@ def test_batch_runs_and_lines_up_with_packed_batch(policy_and_cfg):
     batch = TrajectoryBatchBuilder(cfg.data.batch).build(trajs)
     targets = [(t, s) for t in trajs for s in t.steps if s.turn_role is TurnRole.TARGET]
     assert batch.num_steps == len(targets)
-    for row, (_traj, step) in zip(unpack(batch), targets, strict=True):
+    for row, (_traj, step) in zip(unpack_steps(batch), targets, strict=True):
         assert list(row.prompt_ids) == list(step.prompt_ids)
         assert list(row.response_ids) == list(step.response_ids)
         assert list(row.response_mask) == list(step.response_mask)

@@ -97,7 +97,7 @@ def _eval_cfg(model_dir: str, out: str, *extra: str):
             "rollout.temperature=0.0",
             "rollout.max_response_tokens=8",
             "episode.batch_size=3",
-            "episode.history_steps=none",
+            "episode.record_history_turns=false",
             "episode.eval_metrics=[exact_match, token_f1, format]",
             "memory.top_k=4",  # as configs/synthetic.yaml: a few one-turn facts, no summary
             "memory.neighbour_turns=0",
@@ -124,7 +124,7 @@ def _responses(out, ablations=("memory", "no_memory")) -> dict:
 def test_evaluate_runs_every_ablation_and_accounts_tokens(tiny_llama_dir, tmp_path):
     import json
 
-    from memrl.episode.evaluate import ABLATIONS, evaluate
+    from memrl.episode.evaluate import ABLATIONS, evaluate_ablations
 
     # An 800-token window holds about half of a synthetic history (~1,000 byte tokens, 18 turns).
     cfg = _eval_cfg(
@@ -133,7 +133,7 @@ def test_evaluate_runs_every_ablation_and_accounts_tokens(tiny_llama_dir, tmp_pa
         "episode.eval_ablations=[memory, no_memory, full_context]",
         "policy.max_model_len=800",
     )
-    report = evaluate(cfg, progress=False)
+    report = evaluate_ablations(cfg, progress=False)
     assert json.loads((tmp_path / "eval.json").read_text()) == json.loads(json.dumps(report))
     assert set(report["ablations"]) == set(ABLATIONS) == {"memory", "no_memory", "full_context"}
     mem, bare, full = (report["ablations"][a] for a in ("memory", "no_memory", "full_context"))
@@ -158,10 +158,10 @@ def test_evaluate_runs_every_ablation_and_accounts_tokens(tiny_llama_dir, tmp_pa
 
 @pytest.mark.slow  # starts Ray and 2 actors per ablation, each loading torch, MiniLM and the model
 def test_evaluate_on_ray_actors_equals_in_process(tiny_llama_dir, tmp_path, ray_local):
-    from memrl.episode.evaluate import evaluate
+    from memrl.episode.evaluate import evaluate_ablations
 
-    local = evaluate(_eval_cfg(tiny_llama_dir, str(tmp_path / "local")), progress=False)
-    on_ray = evaluate(
+    local = evaluate_ablations(_eval_cfg(tiny_llama_dir, str(tmp_path / "local")), progress=False)
+    on_ray = evaluate_ablations(
         _eval_cfg(
             tiny_llama_dir,
             str(tmp_path / "ray"),

@@ -11,7 +11,7 @@ from transformers import ByT5Tokenizer
 
 from memrl.config import load_config
 from memrl.data.adapters import load_dataset
-from memrl.data.batch import TrajectoryBatchBuilder, unpack
+from memrl.data.batch import TrajectoryBatchBuilder, unpack_steps
 from memrl.data.config import BatchConfig
 from memrl.episode.build import build_runner
 from memrl.episode.credit import written_ids
@@ -50,7 +50,7 @@ def _cfg(*extra):
             "memory.write_max_tokens=400",
             "memory.top_k=4",
             "memory.neighbour_turns=0",
-            "episode.history_steps=none",
+            "episode.record_history_turns=false",
             "episode.ingest_chunk_turns=6",
             "episode.memory_credit.format_weight=0.0",
             "episode.memory_credit.op_weight=0.0",
@@ -117,7 +117,7 @@ def test_used_credit_reaches_exactly_the_writes_whose_facts_were_in_the_prompt(u
 def test_memory_rows_round_trip_through_the_batch_builder(used_run):
     _, trajs = used_run
     batch = TrajectoryBatchBuilder(BatchConfig(layout="packed")).build(trajs)
-    rows = {r.step_id: r for r in unpack(batch)}
+    rows = {r.step_id: r for r in unpack_steps(batch)}
     for traj in trajs:
         for step, credit in _writes(traj):
             row = rows[step.step_id]

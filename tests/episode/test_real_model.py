@@ -6,7 +6,7 @@ from __future__ import annotations
 
 def test_smollm2_answers_from_memory_and_strict_em_needs_the_tag(smollm2_policy, smollm2_dir, tmp_path):
     from memrl.config import load_config
-    from memrl.episode.evaluate import evaluate
+    from memrl.episode.evaluate import evaluate_ablations
 
     cfg = load_config(
         "configs/synthetic.yaml",
@@ -18,10 +18,10 @@ def test_smollm2_answers_from_memory_and_strict_em_needs_the_tag(smollm2_policy,
             "tools.enabled=[]",
             "rollout.max_response_tokens=24",
             "episode.batch_size=8",
-            "episode.history_steps=none",
+            "episode.record_history_turns=false",
         ],
     )
-    report = evaluate(cfg, policy=smollm2_policy, progress=False)
+    report = evaluate_ablations(cfg, policy=smollm2_policy, progress=False)
     mem, bare = report["ablations"]["memory"], report["ablations"]["no_memory"]
     assert mem["episodes"] == bare["episodes"] == 8 and mem["failed"] == bare["failed"] == 0
     # The retrieved facts carry the answers: content accuracy rises with memory.

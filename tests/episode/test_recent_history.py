@@ -42,7 +42,7 @@ def runner():
             "rollout.n=1",
             f"rollout.max_response_tokens={RESPONSE}",
             "episode.context=recent_history",
-            "episode.history_steps=turn",
+            "episode.record_history_turns=true",
         ],
     )
     policy = ScriptedPolicy(ByT5Tokenizer(), lambda ctx: "<answer>80</answer>")

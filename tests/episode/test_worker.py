@@ -23,7 +23,7 @@ def _cfg(model_dir: str, *extra: str):
             "rollout.n=1",
             "rollout.max_response_tokens=8",
             "episode.batch_size=2",
-            "episode.history_steps=none",
+            "episode.record_history_turns=false",
             *extra,
         ],
     )

@@ -122,7 +122,7 @@ def test_an_evaluation_of_policy_written_memory_reports_its_writes(tmp_path):
     """Real episodes, MiniLM and FAISS, a scripted writer that ADDs every statement and never UPDATEs: the report
     holds every one-turn write, and the changes it ADDed show as UPDATE → ADD."""
     from memrl.config import load_config
-    from memrl.episode.evaluate import evaluate
+    from memrl.episode.evaluate import evaluate_ablations
     from memrl.episode.report_table import render_eval
     from memrl.testing.scripted import ScriptedPolicy
     from tests.episode.test_memory_writes import script
@@ -139,12 +139,12 @@ def test_an_evaluation_of_policy_written_memory_reports_its_writes(tmp_path):
             "memory.extractor=policy",
             "memory.write_max_tokens=64",
             "memory.neighbour_turns=0",
-            "episode.history_steps=none",
+            "episode.record_history_turns=false",
             "episode.ingest_chunk_turns=1",
             "episode.eval_ablations=[memory, no_memory]",
         ],
     )
-    report = evaluate(cfg, policy=ScriptedPolicy(ByT5Tokenizer(), script), progress=False)
+    report = evaluate_ablations(cfg, policy=ScriptedPolicy(ByT5Tokenizer(), script), progress=False)
     q = report["ablations"]["memory"]["memory_writes"]
     assert (
         q["writes"]
@@ -169,7 +169,7 @@ def test_an_evaluation_on_the_held_out_chats_splits_questions_and_writes_by_kind
     """``memrl eval`` on the chats by name (configs/chats_eval_writer.yaml, one chat): scores per question kind,
     and the writes' faithfulness per turn kind. The scripted writer copies the turns it ADDs: nothing invented."""
     from memrl.config import load_config
-    from memrl.episode.evaluate import evaluate
+    from memrl.episode.evaluate import evaluate_ablations
     from memrl.testing.scripted import ScriptedPolicy
     from tests.episode.test_memory_writes import script
 
@@ -182,7 +182,7 @@ def test_an_evaluation_on_the_held_out_chats_splits_questions_and_writes_by_kind
             "memory.write_cache=false",
         ],  # fmt: skip
     )
-    report = evaluate(cfg, policy=ScriptedPolicy(ByT5Tokenizer(), script), progress=False)
+    report = evaluate_ablations(cfg, policy=ScriptedPolicy(ByT5Tokenizer(), script), progress=False)
     memory = report["ablations"]["memory"]
     assert report["dataset"] == "chats"
     assert memory["group_sizes"] == {"before": 3, "never_changed": 3, "now": 3}  # scored per question kind

@@ -25,7 +25,7 @@ def _view(out, writer, *overrides):
         None,
         [
             "data.options={num_episodes: 1}", "tools.enabled=[]", "rollout.n=1", "rollout.max_response_tokens=48",
-            "memory.extractor=policy", "memory.top_k=4", "memory.neighbour_turns=0", "episode.history_steps=none",
+            "memory.extractor=policy", "memory.top_k=4", "memory.neighbour_turns=0", "episode.record_history_turns=false",
             *overrides, f"output_dir={out}",
         ],
     )  # fmt: skip
@@ -80,7 +80,7 @@ def test_an_update_the_store_resolved_shows_what_it_changed(tmp_path):
             f"UPDATE 0 {line[4:]}" if shown and line != "NOOP" else line for line in [script(ctx)]
         )
 
-    view = _view(tmp_path, updater, "memory.update_floor=1.0", "episode.ingest_chunk_turns=1")
+    view = _view(tmp_path, updater, "memory.update_min_cosine=1.0", "episode.ingest_chunk_turns=1")
     resolved = [w for w in view.writes if w.resolved]
     assert resolved and all(w.reply.startswith("UPDATE 0") for w in resolved)
     assert all(op.op.value == "ADD" for w in resolved for op in w.ops)

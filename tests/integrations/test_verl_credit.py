@@ -32,7 +32,7 @@ from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories  
 
 from memrl.config import load_config  # noqa: E402
 from memrl.data.adapters import load_dataset  # noqa: E402
-from memrl.data.batch import TrajectoryBatchBuilder, unpack  # noqa: E402
+from memrl.data.batch import TrajectoryBatchBuilder, unpack_steps  # noqa: E402
 from memrl.data.config import BatchConfig  # noqa: E402
 from memrl.episode.build import build_runner  # noqa: E402
 from memrl.integrations import verl_credit  # noqa: E402
@@ -59,7 +59,7 @@ def _cfg(credit: str, roles: str = "[answer,memory]", advantage: str = "grpo"):
             "memory.write_max_tokens=400",
             "memory.top_k=4",
             "memory.neighbour_turns=0",
-            "episode.history_steps=none",
+            "episode.record_history_turns=false",
             "episode.ingest_chunk_turns=6",
             "episode.reward=char_similarity",
             f"episode.memory_credit.name={credit}",
@@ -142,7 +142,7 @@ def test_verl_trains_the_rows_and_advantages_of_memrl_train(credit, advantage, p
     batch = TrajectoryBatchBuilder(BatchConfig()).build(keep_roles(episodes, cfg.train.roles))
     weights = sample_weights(batch.step_meta, cfg.train.duplicates)
     adv = compute_advantages(cfg.train.advantage, batch.rewards, batch.group_ids, weights)
-    expected = {row.step_id: (row, float(adv[i])) for i, row in enumerate(unpack(batch))}
+    expected = {row.step_id: (row, float(adv[i])) for i, row in enumerate(unpack_steps(batch))}
     assert any("/memory" in g for g in batch.group_ids), "the run wrote no credited memory"
     assert any(a != 0 for _, a in expected.values())
 

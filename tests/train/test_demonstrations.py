@@ -17,7 +17,7 @@ from memrl.testing.models import byte_tokenizer
 from memrl.train.config import LoraConfig, ReplayConfig, TrainConfig
 from memrl.train.demonstrations import GoldDemonstrations
 from memrl.train.lora import attach_lora, trainable_parameters
-from memrl.train.microbatch import collate, forward_logits, token_logprobs, unpack
+from memrl.train.microbatch import collate, forward_logits, seq_records, token_logprobs
 from memrl.train.replay import ReplayBuffer, replay_loss
 from memrl.types import EpisodeTrajectory
 from tests.train.train_fixtures import make_episodes, tiny_llama
@@ -143,7 +143,8 @@ def test_none_keeps_replay_as_it_was():
     coef = 1.0 * is_best + 0.5 * rewards
     ref = 0.0
     with torch.no_grad():
-        for mb in (collate([rec]) for rec in unpack(sample.batch, coef, torch.ones(8))):  # each row alone
+        for rec in seq_records(sample.batch, coef, torch.ones(8)):
+            mb = collate([rec])  # each row alone
             logp = token_logprobs(forward_logits(model, mb), mb.input_ids)
             ref += float((-mb.adv * logp * mb.loss_mask).sum() / mb.loss_mask.sum())
     assert loss.item() == pytest.approx(ref / 8, rel=1e-5)

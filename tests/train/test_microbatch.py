@@ -18,9 +18,9 @@ from memrl.train.microbatch import (
     collate_common,
     collate_shared,
     forward_logits,
+    seq_records,
     split_micro_batches,
     token_logprobs,
-    unpack,
 )
 from memrl.types import EpisodeStatus, EpisodeTrajectory, StepTrajectory
 from tests.train.train_fixtures import VOCAB, make_episodes, tiny_llama
@@ -85,7 +85,7 @@ def ragged_episodes() -> list[EpisodeTrajectory]:
 def _alone(model, batch) -> dict[int, torch.Tensor]:
     """Response-token log-probs of each row, run as its own sequence (no padding, no packing, no cache)."""
     out = {}
-    for i, rec in enumerate(unpack(batch, torch.ones(batch.num_steps), torch.ones(batch.num_steps))):
+    for i, rec in enumerate(seq_records(batch, torch.ones(batch.num_steps), torch.ones(batch.num_steps))):
         logits = model(input_ids=rec.ids.unsqueeze(0)).logits
         out[i] = token_logprobs(logits, rec.ids.unsqueeze(0))[0, rec.prompt_len :]
     return out
@@ -94,7 +94,7 @@ def _alone(model, batch) -> dict[int, torch.Tensor]:
 def _per_row(model, batch, path: str) -> dict[int, torch.Tensor]:
     """Response-token log-probs of each row through ``path``'s micro-batches (small ones: many of them)."""
     # A sequence advantage of 1 marks exactly the response tokens on both paths (loss_mask misses masked ones).
-    records = unpack(batch, torch.ones(batch.num_steps), torch.ones(batch.num_steps))
+    records = seq_records(batch, torch.ones(batch.num_steps), torch.ones(batch.num_steps))
     out = {}
     for mb in _micro(records, path):
         logp = token_logprobs(forward_logits(model, mb), mb.input_ids)
@@ -123,7 +123,7 @@ def test_shared_prefix_gives_the_padded_reference_gradient():
     grads = {}
     for path in PATHS:
         model = tiny_llama()
-        records = unpack(batch, torch.ones(batch.num_steps), torch.ones(batch.num_steps))
+        records = seq_records(batch, torch.ones(batch.num_steps), torch.ones(batch.num_steps))
         for mb in _micro(records, path):
             (-(token_logprobs(forward_logits(model, mb), mb.input_ids) * mb.loss_mask).sum()).backward()
         grads[path] = torch.cat([p.grad.flatten() for p in model.parameters()])
@@ -152,7 +152,7 @@ def test_a_long_prompt_is_checkpointed_layer_by_layer_with_the_same_gradient_and
     prompt = [random.Random(5).randrange(3, VOCAB) for _ in range(96)]
     episodes = [_episode(f"e{i}", "g", _step(f"s{i}", prompt, [5 + i, 6, 7 + i])) for i in range(3)]
     batch = TrajectoryBatchBuilder().build(episodes)
-    records = unpack(batch, torch.ones(batch.num_steps), torch.ones(batch.num_steps))
+    records = seq_records(batch, torch.ones(batch.num_steps), torch.ones(batch.num_steps))
     plain = _shared_prefix_pass(tiny_llama(), records)
     model = tiny_llama()
     setattr(model, PROMPT_CHECKPOINT_ATTR, 64)  # the 95-token shared prefix is long enough
@@ -172,7 +172,7 @@ def test_checkpointing_refuses_a_model_without_decoder_layers():
 
 def test_one_token_prompts_and_groups_of_one_get_micro_batches_of_their_own():
     batch = TrajectoryBatchBuilder().build(ragged_episodes())
-    records = unpack(batch, torch.ones(batch.num_steps), torch.ones(batch.num_steps))
+    records = seq_records(batch, torch.ones(batch.num_steps), torch.ones(batch.num_steps))
     micro = split_micro_batches(records, max_rows=MAX_ROWS)
     by_step = {batch.step_ids[mb.rows[0]]: mb for mb in micro}
     # The ragged episode's 11 steps all have other prompts than their neighbours: 11 groups of one.
@@ -186,7 +186,7 @@ def test_one_token_prompts_and_groups_of_one_get_micro_batches_of_their_own():
 
 def test_shared_prefix_micro_batches_are_one_prompt_group_of_at_most_max_rows():
     batch = TrajectoryBatchBuilder().build(make_episodes(n_groups=2, n_per_group=4, shared_prompt=True))
-    records = unpack(batch, torch.zeros(batch.num_steps), torch.ones(batch.num_steps))
+    records = seq_records(batch, torch.zeros(batch.num_steps), torch.ones(batch.num_steps))
     micro = split_micro_batches(records, max_rows=3)
     assert [mb.rows for mb in micro] == [[0, 1, 2], [3], [4, 5, 6], [7]]
     for mb in micro:
@@ -197,7 +197,7 @@ def test_shared_prefix_micro_batches_are_one_prompt_group_of_at_most_max_rows():
 
 def test_shared_prefix_refuses_rows_with_another_prompt():
     batch = TrajectoryBatchBuilder().build(make_episodes(n_groups=2, n_per_group=1, shared_prompt=True))
-    records = unpack(batch, torch.zeros(2), torch.ones(2))
+    records = seq_records(batch, torch.zeros(2), torch.ones(2))
     with pytest.raises(ValueError, match="row 1 has another prompt than row 0"):
         collate_shared(records)
 
@@ -300,7 +300,7 @@ def test_rows_of_distinct_prompts_that_start_alike_share_one_micro_batch():
         _episode("b", "gb", writes[2], stranger, writes[3]),
     ]
     batch = TrajectoryBatchBuilder().build(episodes)
-    records = unpack(batch, torch.ones(batch.num_steps), torch.ones(batch.num_steps))
+    records = seq_records(batch, torch.ones(batch.num_steps), torch.ones(batch.num_steps))
     micro = split_micro_batches(records, max_rows=3)
     named = [[batch.step_ids[r] for r in mb.rows] for mb in micro]
     answer_ids = [batch.step_ids[i] for i in range(2, 5)]

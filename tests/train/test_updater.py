@@ -11,7 +11,7 @@ from memrl.data.batch import TrajectoryBatchBuilder
 from memrl.data.config import BatchConfig
 from memrl.train.config import LoraConfig, TrainConfig, WarmStartConfig
 from memrl.train.lora import adapter_state, attach_lora, save_adapter
-from memrl.train.microbatch import collate, token_logprobs, unpack
+from memrl.train.microbatch import collate, seq_records, token_logprobs
 from memrl.train.updater import PolicyUpdater
 from memrl.types import MemoryWrite, StepMeta, StepRole, TurnRole
 from tests.train.train_fixtures import make_episodes, tiny_llama
@@ -67,7 +67,7 @@ def test_rollout_logprobs_match_training_forward(temperature):
     model = tiny_llama().eval()
     eps = make_episodes(n_groups=1, n_per_group=3)
     batch = _build(eps, "packed")
-    recs = unpack(batch, torch.zeros(batch.num_steps), torch.ones(batch.num_steps))
+    recs = seq_records(batch, torch.zeros(batch.num_steps), torch.ones(batch.num_steps))
     lp = _packed_logprobs(model, recs, temperature)
     cu = batch.cu_seqlens
     batch.old_log_probs = (lp * (batch.response_mask > 0)).float()
@@ -104,7 +104,7 @@ def test_rollback_spliced_tokens_use_log_probs_under_the_final_context():
         for e in eps
     ]
     batch = _build(eps, "packed")
-    recs = unpack(batch, torch.zeros(batch.num_steps), torch.ones(batch.num_steps))
+    recs = seq_records(batch, torch.zeros(batch.num_steps), torch.ones(batch.num_steps))
     assert all(torch.isnan(r.old_logp[r.prompt_len : r.prompt_len + 2]).all() for r in recs)
     assert not any(torch.isnan(r.old_logp[r.prompt_len + 2 :]).any() for r in recs)
     lp = _packed_logprobs(model, recs)
@@ -130,7 +130,7 @@ def test_recomputed_old_logprobs_are_those_of_each_sequence_run_alone():
     cover only each sequence's tail: they must land on the sequence's own response tokens."""
     model = attach_lora(tiny_llama(), LoraConfig(r=4, alpha=8))
     batch = _build(make_episodes(shared_prompt=True), "packed")
-    recs = unpack(batch, torch.zeros(batch.num_steps), torch.ones(batch.num_steps))
+    recs = seq_records(batch, torch.zeros(batch.num_steps), torch.ones(batch.num_steps))
     PolicyUpdater(model, _cfg(ppo_epochs=2, micro_batch_size=3))._recompute_old_logp(recs)
     alone, cu = _packed_logprobs(model.eval(), recs)[0], batch.cu_seqlens.tolist()
     for i, rec in enumerate(recs):
@@ -237,7 +237,7 @@ def test_duplicate_leaves_get_no_gradient():
     upd = PolicyUpdater(model, _cfg())
     metrics = upd.update(batch)
     assert metrics["train/duplicates"] == 1.0
-    recs = unpack(batch, torch.ones(4), torch.tensor([1.0, 1.0, 1.0, 0.0]))
+    recs = seq_records(batch, torch.ones(4), torch.tensor([1.0, 1.0, 1.0, 0.0]))
     assert recs[3].loss_mask.sum() == 0 and recs[0].loss_mask.sum() > 0
 
 

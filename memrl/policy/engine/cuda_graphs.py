@@ -2,8 +2,8 @@
 
 A decode step of a model as small as SmolLM2-135M is bound by kernel launches, not by the GPU: ~1,000 launches
 a step (30 layers of norms, projections, RoPE and attention), each a few microseconds of host time, for a few
-microseconds of GPU work each (docs/benchmarks.md measured 72,314 launches in 72 steps: 0.19 s of GPU time in
-1.16 s of wall). A CUDA graph records one step's launches once and replays them with a single call.
+microseconds of GPU work each (docs/benchmarks.md measures it). A CUDA graph records one step's launches once
+and replays them with a single call.
 
 A graph needs fixed shapes and fixed memory, so a captured step works on static buffers:
 

@@ -46,7 +46,7 @@ CHAT_PREVIEW = (
     {"role": "user", "content": "What is 2 + 2?"},
 )
 # Fields of a model's generation_config that change what transformers' generate writes (memrl's engine samples
-# with policy.temperature and policy.top_p only).
+# with each request's temperature and top_p only: rollout.temperature, rollout.top_p).
 SAMPLING_FIELDS = (
     "do_sample",
     "temperature",

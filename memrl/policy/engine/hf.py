@@ -4,7 +4,9 @@ The loop runs ``model(...)`` over a KV cache with pre-allocated capacity (:mod:`
 can report per-token logprobs and top-k alternatives, honour stop strings / stop ids per sequence and resume from
 the states of cached prefixes (:mod:`memrl.policy.engine.radix_cache`: every finished row leaves its states there, and a
 request continues from the longest cached prefix of its token ids). Not thread-safe: serialise calls (``memrl
-serve`` does).
+serve`` does). LoRA adapters (loading, switching, folding) live in :mod:`memrl.policy.engine.adapters` and
+scoring given responses in :mod:`memrl.policy.engine.score`; :class:`HFPolicy` hands its public methods for both
+to them.
 
 Batch layout (``B`` rows = requests x ``n``): row ``i`` reuses ``c_i`` cached prompt positions and computes the
 ``r_i`` remaining ones. The batch cache is ``[B, heads, C, head_dim]`` with ``C = max c_i``, each row's cached
@@ -18,17 +20,19 @@ sits at the position it would have without padding (RoPE keys stored in the cach
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import torch
 
-from memrl.policy.base import MEMORY_ADAPTER, GenerationRequest, SamplingParams, adapter_active
+from memrl.policy.base import GenerationRequest, SamplingParams
 from memrl.policy.config import PolicyConfig
+from memrl.policy.engine import score
+from memrl.policy.engine.adapters import LoraAdapters
 from memrl.policy.engine.architecture import check_servable, text_config
 from memrl.policy.engine.batching import DecodeBatch, DecodeRow
 from memrl.policy.engine.continuous import HFStream
@@ -41,7 +45,6 @@ from memrl.policy.engine.kv_cache import (
     shared_prefix_cache,
 )
 from memrl.policy.engine.load import (
-    attach_adapter,
     attention_implementation,
     enable_shared_attention,
     eos_ids,
@@ -49,10 +52,8 @@ from memrl.policy.engine.load import (
     model_max_len,
     pad_id,
 )
-from memrl.policy.engine.lora_merge import LoraFold
 from memrl.policy.engine.radix_cache import PrefixStates, RadixCache, shared_prefix_groups
 from memrl.policy.engine.sampling import StopChecker, choose_tokens
-from memrl.policy.engine.score import score_padded, score_row
 from memrl.policy.engine.sliding_window import causal_bool_mask, positions_kwargs
 from memrl.policy.engine.speculative import drafts_for, speculative_step
 from memrl.policy.errors import PolicyError
@@ -64,16 +65,14 @@ logger = logging.getLogger(__name__)
 # Requests of one call whose prompts share at least this many leading tokens get that prefix computed once (see
 # HFPolicy._share_prompts), when the radix cache does not hold it yet. Shorter common prefixes are mostly the
 # template's opening instructions, shared by unrelated prompts: sharing them saves little and costs one more
-# sequential forward before the real prefill, plus a copy of the cached state into every row's cache. 256 tokens
-# is about half a second of SmolLM2-135M prefill on CPU per request; a conversation slice shared by its questions
-# (LoCoMo, recent_history: ~7,500 tokens) is far above it.
+# sequential forward before the real prefill, plus a copy of the cached state into every row's cache. A
+# conversation slice shared by its questions (LoCoMo under recent_history) is far above it.
 MIN_SHARED_PREFIX = 256
 # On CPU, rows of different lengths are prefilled one by one (no padding, causal kernel) and then decoded together:
-# a single prompt already keeps the matmuls busy, so padding is pure extra work (16 prompts of 330-600 tokens:
-# 0.38 s as one padded batch vs 0.23 s one by one). Short tails (tool results and fork points after a cached
-# prefix) are cheaper in one padded forward than one forward per row (32 continuations of ~10 tokens: 0.057 s
-# batched vs 0.099 s one by one), so one-by-one prefill starts where some row computes this many positions. On an
-# accelerator one padded batch fills the device: always batched there.
+# a single prompt already keeps the matmuls busy, so padding is pure extra work. Short tails (tool results and fork
+# points after a cached prefix) are cheaper in one padded forward than one forward per row, so one-by-one prefill
+# starts where some row computes this many positions (docs/internals.md, Prefill). On an accelerator one padded
+# batch fills the device: always batched there.
 RAGGED_MIN_TOKENS = 64
 
 
@@ -106,7 +105,6 @@ class HFPolicy:
         self.device = torch.device(cfg.device)
         # Every finished row leaves its states here; requests continue from their longest cached prefix.
         self.prefix_cache = RadixCache(cfg.prefix_cache_tokens)
-        self._adapter_caches: dict[str, RadixCache] = {}  # the other adapters' (use_adapter)
         self._seed_source = torch.Generator().manual_seed(cfg.seed)
         self.pad_id = pad_id(tokenizer)
         self.eos_ids = eos_ids(model, tokenizer)
@@ -122,7 +120,8 @@ class HFPolicy:
         # Model forwards: calls, rows (sum of batch sizes), tokens fed, seconds (host time: exact on CPU, launch
         # time on an asynchronous device). Benchmarks split a speed-up into fewer forwards vs cheaper ones with it.
         self.forward_stats: Counter[str] = Counter()
-        self._fold: LoraFold | None = None  # see _own_forward
+        # LoRA weights, per-adapter prefix caches and the folded adapter (memrl.policy.engine.adapters).
+        self.adapters = LoraAdapters(self)
         # Decode steps replayed from captured CUDA graphs (memrl.policy.engine.cuda_graphs).
         # Not for sliding-window models: a captured step's mask carries no window.
         self._graphs = (
@@ -137,72 +136,28 @@ class HFPolicy:
         cfg = cfg or PolicyConfig(device=str(next(model.parameters()).device))
         return cls(cfg, model=model, tokenizer=tokenizer)
 
-    # ------------------------------------------------------------------ weights
+    # ------------------------------------------------------------------ weights (memrl.policy.engine.adapters)
 
     def load_adapter(self, path: str | Path) -> None:
         """Hot-swap LoRA weights from a PEFT adapter directory (attaching the adapter on first call)."""
-        from peft import PeftModel, load_peft_weights
-
-        path = str(path)
-        if not isinstance(self.model, PeftModel):
-            self.model = attach_adapter(self.model, path).to(self.device).eval()
-        else:
-            self.set_adapter_state(load_peft_weights(path, device=str(self.device)))
-            if MEMORY_ADAPTER in self.model.peft_config:
-                writer = load_peft_weights(str(Path(path) / MEMORY_ADAPTER), device=str(self.device))
-                self.set_adapter_state(writer, MEMORY_ADAPTER)
-        self.invalidate_cache()
+        self.adapters.load(path)
 
     def set_adapter_state(self, weights: Mapping[str, torch.Tensor], adapter: str = "default") -> None:
         """Load in-memory LoRA weights (PEFT state-dict names, as ``get_peft_model_state_dict`` returns)."""
-        from peft import PeftModel, set_peft_model_state_dict
-
-        if not isinstance(self.model, PeftModel):
-            raise PolicyError("set_adapter_state: no LoRA adapter is attached; call load_adapter(path) first")
-        result = set_peft_model_state_dict(self.model, dict(weights), adapter_name=adapter)
-        unexpected = list(getattr(result, "unexpected_keys", []) or [])
-        if unexpected:
-            raise PolicyError(
-                f"adapter weights do not match the attached adapter; unexpected keys {unexpected[:5]}"
-            )
-        self.invalidate_cache()
+        self.adapters.set_state(weights, adapter)
 
     def invalidate_cache(self) -> None:
         """Forget cached prefix states; call after changing the model's weights in place."""
         self.prefix_cache.clear()
-        for cache in self._adapter_caches.values():
-            cache.clear()
-        if self._fold is not None:
-            self._fold.restore()  # the LoRA weights changed: fold them in anew at the next forward
+        self.adapters.weights_changed()
 
-    def _own_forward(self):
-        """Around the policy's own forwards: the active LoRA adapter folded into the base weights, where
-        ``policy.merge_lora`` is on (:mod:`memrl.policy.engine.lora_merge`)."""
-        if not self.cfg.merge_lora:
-            return contextlib.nullcontext()
-        if self._fold is None or self._fold.model is not self.model:  # load_adapter may wrap a new PeftModel
-            # One fold per model: policies sharing a model (a benchmark's arms) each stashing "base" weights that
-            # another had already folded would restore a folded model as the base, and fold the delta twice.
-            shared = getattr(self.model, "memrl_lora_fold", None)
-            self._fold = shared if shared is not None and shared.model is self.model else LoraFold(self.model)
-        return self._fold.forward()
+    def use_adapter(self, name: str) -> AbstractContextManager[None]:
+        """Generate with LoRA adapter ``name`` inside the ``with`` block, from that adapter's own prefix cache."""
+        return self.adapters.use(name)
 
-    @contextlib.contextmanager
-    def use_adapter(self, name: str):
-        """Generate with LoRA adapter ``name`` inside the block (a model without it is left as it is), from that
-        adapter's own prefix cache. Per ``generate`` call: the runner writes memory and answers in separate phases."""
-        model = self.model
-        if name not in getattr(model, "peft_config", {}) or model.active_adapter == name:
-            yield
-            return
-        cache = self.prefix_cache
-        self._adapter_caches.setdefault(model.active_adapter, cache)
-        self.prefix_cache = self._adapter_caches.setdefault(name, RadixCache(self.cfg.prefix_cache_tokens))
-        try:
-            with adapter_active(model, name):
-                yield
-        finally:
-            self.prefix_cache = cache
+    def _own_forward(self) -> AbstractContextManager[None]:
+        """Around the policy's own forwards: the active LoRA adapter folded in where ``policy.merge_lora`` is on."""
+        return self.adapters.own_forward()
 
     # ------------------------------------------------------------------ generation
 
@@ -379,7 +334,7 @@ class HFPolicy:
         mask = None
         if batch.padded:
             # One query per row sees every cached position, so its 4-D mask is just the padding mask; handing it
-            # over ready-made skips transformers' per-step mask construction (~1 ms per step, +35 %, on CPU).
+            # over ready-made skips transformers' per-step mask construction, a large share of a CPU decode step.
             mask = batch.mask.bool()[:, None, None, :] if self.bool_decode_mask else batch.mask
         if self._graphs is not None and self._graphs.supports(batch):
             t0 = time.perf_counter()
@@ -563,48 +518,15 @@ class HFPolicy:
     def _num_layers(self) -> int:
         return int(text_config(self.model.config).num_hidden_layers)
 
-    # ------------------------------------------------------------------ scoring
+    # ------------------------------------------------------------------ scoring (memrl.policy.engine.score)
 
-    @torch.inference_mode()
     def logprobs(
         self, sequences: Sequence[tuple[Sequence[int], Sequence[int]]], *, temperature: float = 1.0
     ) -> list[list[float]]:
         """log p(response_i | prompt, response_<i) under ``logits / temperature`` for each pair."""
-        if temperature <= 0:
-            raise PolicyError(f"logprobs: temperature must be > 0, got {temperature}")
-        if self._score_from_cache:
-            # Each prompt's states stay in the prefix cache: the forks of one memory write, scored on the same
-            # question, build prompts that differ only from the forked fact on (snapshot credit).
-            return [
-                score_row(self, list(map(int, p)), list(map(int, r)), temperature, keep_prompt=True)[0]
-                for p, r in sequences
-            ]
-        step = self.cfg.score_batch_size
-        return [
-            lps
-            for start in range(0, len(sequences), step)
-            for lps, _, _ in score_padded(self, sequences[start : start + step], temperature)
-        ]
+        return score.logprobs(self, sequences, temperature)
 
-    @property
-    def _score_from_cache(self) -> bool:
-        """Scoring runs one unpadded row at a time from the prefix cache (CPU, as prefill does: RAGGED_MIN_TOKENS);
-        an accelerator scores a padded batch of whole sequences."""
-        return self.ragged_prefill and self.prefix_cache.budget_tokens > 0
-
-    @torch.inference_mode()
-    def greedy_logprobs(
-        self, sequences: Sequence[tuple[Sequence[int], Sequence[int]]]
-    ) -> list[tuple[list[float], list[int], list[float]]]:
-        """Per (prompt, response): log p of each response token, the greedy (argmax) token at each of its positions
-        and that token's log p. The response is what greedy decoding of the prompt writes exactly when the two
-        agree everywhere (up to floating-point ties): one forward checks a reply that decoding would take a call
-        per token to write (:mod:`memrl.memory.write_cache` checks another writer's cached reply so); where they
-        first differ, the greedy token there continues the greedy reply."""
-        if self._score_from_cache:
-            return [score_row(self, list(map(int, p)), list(map(int, r)), 1.0) for p, r in sequences]
-        step = self.cfg.score_batch_size
-        out: list[tuple[list[float], list[int], list[float]]] = []
-        for start in range(0, len(sequences), step):
-            out.extend(score_padded(self, sequences[start : start + step], 1.0))
-        return out
+    def greedy_logprobs(self, sequences: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[score.Scored]:
+        """Per (prompt, response): log p of each response token, the argmax token at each of its positions and
+        that token's log p (:func:`memrl.policy.engine.score.greedy_logprobs`)."""
+        return score.greedy_logprobs(self, sequences)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 # Tokens compared per slice in common_prefix_len: equal blocks are skipped by one C-level comparison each, since
-# prompts of one conversation share thousands of tokens and a Python loop costs ~1 ms per thousand.
+# prompts of one conversation share thousands of tokens, too many for a Python loop.
 _BLOCK = 64
 
 

@@ -36,8 +36,8 @@ def choose_tokens(
     ``logits``: ``[B, V]`` next-token logits; ``params[i]`` belongs to row ``i``, whose sampled token is drawn
     with the uniform ``counter_uniform(seeds[i], steps[i])`` (``steps[i]`` = tokens the row generated so far).
     The draw depends on the row alone, never on how rows are batched, and all rows sample in a few batched
-    ops (a per-row ``torch.multinomial`` with its own generator cost ~30 us per token on CPU, and would be a
-    kernel launch per row per step on a GPU).
+    ops (a per-row ``torch.multinomial`` with its own generator costs a call per row per token on CPU, and would be
+    a kernel launch per row per step on a GPU).
     """
     temps = [p.temperature if p.temperature > 0 else 1.0 for p in params]
     temps = torch.tensor(temps, dtype=torch.float32, device=logits.device)
@@ -150,8 +150,8 @@ class StopChecker:
         self._prefilter = not any(c.isspace() for c in self._finals)
         self._ascii = all(s.isascii() for s in self.stop)
         # A stop string is found at the step that completes it, so it lies within the last few tokens: decoding
-        # only those keeps a check O(1) instead of O(output) (a 192-token output decoded 192 times cost more
-        # than its forward passes). A token carries at least one byte; a character at most 4; +4 for slack.
+        # only those keeps a check O(1) instead of O(output) (decoding the whole output at every step can cost
+        # more than the forward passes). A token carries at least one byte; a character at most 4; +4 for slack.
         self._window = 4 * (longest + 4)
 
     def check(self, out_ids: Sequence[int]) -> tuple[bool, str | int | None]:

@@ -1,14 +1,15 @@
 """Scoring responses with the HF backend: log-probs of given tokens and the argmax at each of their positions.
 
-On CPU one row at a time from the prefix cache (:func:`score_row`), as prefill runs there (one unpadded row per
-prompt, from its longest cached prefix); on an accelerator one padded batch of whole sequences
-(:func:`score_padded`). Used by :meth:`~memrl.policy.engine.hf.HFPolicy.logprobs` and
-:meth:`~memrl.policy.engine.hf.HFPolicy.greedy_logprobs`.
+:func:`logprobs` and :func:`greedy_logprobs` are the scoring API (:meth:`~memrl.policy.engine.hf.HFPolicy.logprobs`
+and :meth:`~memrl.policy.engine.hf.HFPolicy.greedy_logprobs` call them). On CPU they score one row at a time from
+the prefix cache (:func:`score_row`), as prefill runs there (one unpadded row per prompt, from its longest cached
+prefix); on an accelerator one padded batch of whole sequences (:func:`score_padded`).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -23,11 +24,57 @@ HFPolicy = Any
 Scored = tuple[list[float], list[int], list[float]]
 
 
+@torch.inference_mode()
+def logprobs(
+    policy: HFPolicy, sequences: Sequence[tuple[Sequence[int], Sequence[int]]], temperature: float = 1.0
+) -> list[list[float]]:
+    """log p(response_i | prompt, response_<i) under ``logits / temperature`` for each pair."""
+    if temperature <= 0:
+        raise PolicyError(f"logprobs: temperature must be > 0, got {temperature}")
+    if scores_from_cache(policy):
+        # Each prompt's states stay in the prefix cache: the forks of one memory write, scored on the same
+        # question, build prompts that differ only from the forked fact on (snapshot credit).
+        return [
+            score_row(policy, list(map(int, p)), list(map(int, r)), temperature, keep_prompt=True)[0]
+            for p, r in sequences
+        ]
+    step = policy.cfg.score_batch_size
+    return [
+        lps
+        for start in range(0, len(sequences), step)
+        for lps, _, _ in score_padded(policy, sequences[start : start + step], temperature)
+    ]
+
+
+@torch.inference_mode()
+def greedy_logprobs(
+    policy: HFPolicy, sequences: Sequence[tuple[Sequence[int], Sequence[int]]]
+) -> list[Scored]:
+    """Per (prompt, response): log p of each response token, the greedy (argmax) token at each of its positions
+    and that token's log p. The response is what greedy decoding of the prompt writes exactly when the two agree
+    everywhere (up to floating-point ties): one forward checks a reply that decoding would take a call per token
+    to write (:mod:`memrl.memory.write_cache` checks another writer's cached reply so); where they first differ,
+    the greedy token there continues the greedy reply."""
+    if scores_from_cache(policy):
+        return [score_row(policy, list(map(int, p)), list(map(int, r)), 1.0) for p, r in sequences]
+    step = policy.cfg.score_batch_size
+    out: list[Scored] = []
+    for start in range(0, len(sequences), step):
+        out.extend(score_padded(policy, sequences[start : start + step], 1.0))
+    return out
+
+
+def scores_from_cache(policy: HFPolicy) -> bool:
+    """Scoring runs one unpadded row at a time from the prefix cache (CPU, as prefill does: see
+    :data:`memrl.policy.engine.hf.RAGGED_MIN_TOKENS`); an accelerator scores a padded batch of whole sequences."""
+    return policy.ragged_prefill and policy.prefix_cache.budget_tokens > 0
+
+
 def score_row(
     policy: HFPolicy, prompt: list[int], resp: list[int], temperature: float, keep_prompt: bool = False
 ) -> Scored:
     """:data:`Scored` of one (prompt, response) as decoding computes it (CPU): from the prompt's longest cached
-    prefix (a writer's instructions, ~1/3 of its prompt), in one unpadded forward over the rest and the response
+    prefix (a writer's instructions, say), in one unpadded forward over the rest and the response
     but its last token (whose logits predict nothing scored). Where the response first
     departs from the argmax, the states of the prompt and the response before that token are left in the prefix
     cache: decoding that continues from the argmax token there computes that one token, not the prompt again.

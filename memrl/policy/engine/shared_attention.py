@@ -120,10 +120,8 @@ def _gqa_sdpa(query, key, value, mask, dropout: float, scaling: float | None) ->
     return out.transpose(1, 2).contiguous()
 
 
-# Query rows per piece of a tail (see causal_tail_attention), and the longest tail cut into pieces. On 2 cores
-# (bf16, grouped key/value heads, a layer) a 434-token tail after 142 cached tokens took 5.4 ms in pieces against
-# 7.1 ms in one, and LoCoMo's test sample wrote in 742 s against 849 s; a 1,227-token tail took 26.1 ms in pieces
-# against 21.9 ms in one, and answering took 958 s against 856 s (docs/experiments.md).
+# Query rows per piece of a tail (see causal_tail_attention), and the longest tail cut into pieces: pieces make a
+# write's short tail faster and an answer's long one slower (docs/experiments.md).
 TAIL_PIECE_ROWS = 192
 TAIL_PIECES_UP_TO = 768
 

@@ -32,10 +32,9 @@ if TYPE_CHECKING:
 
 # The longest n-gram matched against earlier tokens (then shorter ones): vLLM's prompt_lookup_max default.
 MAX_NGRAM = 3
-# A checking step feeds at most this many positions (rows x (1 + draft)). On 2 CPU cores (SmolLM2-135M, bf16) a
-# step of 8 rows over ~450 cached positions took about as long with 0, 1, 2 or 4 drafted tokens a row: the weights
-# are read once either way. Wider steps turn compute bound (32 rows over 1,100: 220 ms plain, 298 ms with 1 drafted
-# token a row, 490 ms with 4), and an answer batch's drafts, mostly rejected, then cost more than they save.
+# A checking step feeds at most this many positions (rows x (1 + draft)). A narrow step costs about the same with
+# or without drafts (the weights are read once either way); a wide one turns compute bound, and an answer batch's
+# drafts, mostly rejected, then cost more than they save (docs/internals.md).
 MAX_CHECKED_POSITIONS = 24
 
 

@@ -1,4 +1,5 @@
-"""The HF backend against the model's own forward pass (random-init tiny Llama: real forward passes, seconds)."""
+"""The HF backend's decode engine against the model's own forward pass (random-init tiny Llama: real forward passes,
+seconds)."""
 
 from __future__ import annotations
 
@@ -11,44 +12,15 @@ from memrl.policy import BACKENDS, make_policy
 from memrl.policy.base import GenerationRequest, SamplingParams
 from memrl.policy.config import PolicyConfig
 from memrl.policy.engine.hf import RAGGED_MIN_TOKENS, HFPolicy
-from memrl.policy.engine.radix_cache import common_prefix_len
 from memrl.registry import RegistryError
 from memrl.testing import random_tiny_llama
 from memrl.types import FinishReason
-
-
-def enc(policy, text: str) -> tuple[int, ...]:
-    return tuple(policy.tokenizer.encode(text, add_special_tokens=False))
-
-
-def greedy(max_tokens=12, **kw) -> SamplingParams:
-    return SamplingParams(temperature=0.0, max_tokens=max_tokens, **kw)
-
-
-@torch.no_grad()
-def manual_greedy(model, prompt, steps):
-    ids = list(prompt)
-    for _ in range(steps):
-        ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt) :]
-
-
-@torch.no_grad()
-def forward_logsoftmax(model, prompt, out, temperature=1.0):
-    """log p(out_j | prompt, out_<j) from one full forward pass, ``[len(out), V]``."""
-    ids = torch.tensor([list(prompt) + list(out)])
-    logits = model(ids).logits[0, len(prompt) - 1 : -1]
-    return torch.log_softmax(logits / temperature, dim=-1)
+from tests.policy.engine.hf_fixtures import PROMPTS, enc, forward_logsoftmax, greedy, manual_greedy, peaked
 
 
 @pytest.fixture(scope="module")
 def peaked_policy():
-    """A random tiny Llama with larger weights, so its greedy outputs vary instead of repeating one byte."""
-    model, tok = random_tiny_llama(seed=3, initializer_range=0.3)
-    return HFPolicy.from_model(model, tok, PolicyConfig(model="random-peaked", seed=0))
-
-
-PROMPTS = ("Alice: I moved to Lisbon in May.", "Q?", "Bob bought a red bike; what colour is it?")
+    return peaked()
 
 
 def test_greedy_equals_manual_argmax_loop(peaked_policy):
@@ -72,95 +44,6 @@ def test_logprobs_and_top_logprobs_match_forward(peaked_policy, temperature):
         vals, ids = ref[j].topk(4)
         assert list(top) == ids.tolist()
         assert torch.allclose(torch.tensor(list(top.values())), vals, atol=1e-4)
-
-
-def test_training_time_logprobs_match_forward(peaked_policy):
-    pairs = [(enc(peaked_policy, p), enc(peaked_policy, " answer " * (i + 1))) for i, p in enumerate(PROMPTS)]
-    pairs.append((enc(peaked_policy, "x"), ()))
-    scores = peaked_policy.logprobs(pairs)
-    for (prompt, resp), got in zip(pairs, scores, strict=True):
-        assert len(got) == len(resp)
-        if resp:
-            ref = forward_logsoftmax(peaked_policy.model, prompt, resp)
-            want = ref[torch.arange(len(resp)), torch.tensor(resp)]
-            assert torch.allclose(torch.tensor(got), want, atol=1e-4)
-
-
-@pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_scoring_prompts_that_share_a_long_prefix_computes_it_once(temperature):
-    """The forks of one memory write build answer prompts that differ from the forked fact on: the second is
-    scored from the first's states, with the log-probs of a whole forward."""
-    model, tok = random_tiny_llama(seed=3, initializer_range=0.3)
-    policy = HFPolicy.from_model(model, tok, PolicyConfig(model="random-peaked", seed=0))
-    context = enc(policy, "Memory: Ann lives in Rome. Mia is a nurse. Tom bought a red bike. " * 2)
-    gold = enc(policy, " Rome")
-    pairs = [
-        (context + enc(policy, f" {fact} Q: where does Ann live?"), gold) for fact in ("Ann moved.", "NOOP")
-    ]
-    tokens = policy.forward_stats["check_tokens"]
-    scores = policy.logprobs(pairs, temperature=temperature)
-    common = common_prefix_len(*(p for p, _ in pairs))
-    assert common >= len(context)
-    fed = policy.forward_stats["check_tokens"] - tokens  # each prompt and its reply but the last token
-    assert fed == sum(len(p) + len(r) - 1 for p, r in pairs) - common  # the second fed from its own tail on
-    for (prompt, resp), got in zip(pairs, scores, strict=True):
-        ref = forward_logsoftmax(model, prompt, resp, temperature)
-        assert torch.allclose(torch.tensor(got), ref[torch.arange(len(resp)), torch.tensor(resp)], atol=1e-4)
-
-
-def test_greedy_logprobs_says_which_replies_greedy_decoding_writes(peaked_policy):
-    prompts = [enc(peaked_policy, p) for p in PROMPTS]
-    outs = peaked_policy.generate([GenerationRequest(p, greedy(10)) for p in prompts])
-    replies = [o[0].token_ids for o in outs]
-    changed = (replies[0][:4] + ((replies[0][4] + 1) % 256,) + replies[0][5:],)
-    scored = peaked_policy.greedy_logprobs([*zip(prompts, replies, strict=True), (prompts[0], changed[0])])
-    for (lps, argmax, argmax_lps), out in zip(scored[:3], outs, strict=True):
-        assert argmax == list(out[0].token_ids)
-        assert torch.allclose(torch.tensor(lps), torch.tensor(out[0].logprobs), atol=1e-4)
-        assert torch.allclose(torch.tensor(argmax_lps), torch.tensor(lps))  # greedy: the argmax is the token
-    lps, argmax, argmax_lps = scored[3]
-    # the changed token is not greedy: the argmax there is the decoded one, with its log-prob
-    assert argmax[:5] == list(replies[0][:5]) and argmax != list(changed[0])
-    assert argmax_lps[4] == pytest.approx(outs[0][0].logprobs[4], abs=1e-4) and lps[4] < argmax_lps[4]
-
-
-def test_a_draft_check_reads_the_cached_prompt_and_decoding_resumes_where_the_draft_departs():
-    """The check computes only what the prefix cache lacks, gives what a check of the whole prompt gives, and
-    leaves the states up to the first token the draft gets wrong: decoding on from the greedy token there
-    computes one position and writes the greedy reply's tail."""
-    model, tok = random_tiny_llama(seed=3, initializer_range=0.3)
-    policy = HFPolicy.from_model(model, tok, PolicyConfig(model="random-peaked", seed=0))
-    uncached = HFPolicy.from_model(model, tok, PolicyConfig(model="random-peaked", prefix_cache_tokens=0))
-    shared = enc(policy, "You keep the memory of a conversation. Write one line per new message. " * 2)
-    prompts = [shared + enc(policy, p) for p in PROMPTS]
-    [[first]] = policy.generate([GenerationRequest(prompts[0], greedy(10))])  # leaves prompts[0] + reply
-    outs = uncached.generate([GenerationRequest(p, greedy(10)) for p in prompts])
-    replies = [list(o[0].token_ids) for o in outs]
-    assert replies[0] == list(first.token_ids)
-    bad = replies[2][:3] + [(replies[2][3] + 1) % 256] + replies[2][4:]
-    pairs = [(prompts[1], replies[1]), (prompts[2], bad)]
-    tokens = policy.forward_stats["check_tokens"]
-    got = policy.greedy_logprobs(pairs)
-    # the instructions and the whole first prompt were cached: only each prompt's own tail and reply are fed
-    assert policy.forward_stats["check_tokens"] - tokens == sum(
-        len(p) - len(shared) + len(r) - 1 for p, r in pairs
-    )
-    want = uncached.greedy_logprobs(pairs)
-    for (lps, best, best_lps), (w_lps, w_best, w_best_lps) in zip(got, want, strict=True):
-        assert best == w_best
-        assert torch.allclose(torch.tensor(lps), torch.tensor(w_lps), atol=1e-4)
-        assert torch.allclose(torch.tensor(best_lps), torch.tensor(w_best_lps), atol=1e-4)
-    assert got[0][1] == replies[1] and got[1][1][:4] == replies[2][:4]
-    head = [*bad[:3], got[1][1][3]]
-    assert policy.prefix_cache.match_length(prompts[2] + tuple(bad[:3])) == len(prompts[2]) + 3
-    assert policy.prefix_cache.match_length(prompts[1] + tuple(replies[1])) < len(
-        prompts[1]
-    )  # taken: kept nothing
-    tokens = policy.forward_stats["tokens"]
-    [[tail]] = policy.generate([GenerationRequest(prompts[2] + tuple(head), greedy(10 - len(head)))])
-    assert head + list(tail.token_ids) == replies[2]
-    prefill = policy.forward_stats["tokens"] - tokens - (len(tail.token_ids) - 1)  # minus the decode steps
-    assert prefill == 1
 
 
 def test_left_padding_does_not_change_results(peaked_policy):
@@ -352,34 +235,6 @@ def test_context_overflow_aborts_that_request_only():
     assert b.finish_reason is FinishReason.ABORT and b.token_ids == ()
 
 
-def test_lora_adapter_generation_and_hot_swap(tmp_path):
-    from peft import LoraConfig, get_peft_model
-
-    model, tok = random_tiny_llama(seed=1, initializer_range=0.3)
-    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
-    policy = HFPolicy.from_model(peft_model, tok, PolicyConfig(model="x"))
-    prompt = enc(policy, PROMPTS[0])
-    [[base]] = policy.generate([GenerationRequest(prompt, greedy(10))])  # lora_B = 0: no-op
-    with torch.no_grad():
-        for name, param in peft_model.named_parameters():
-            if "lora_B" in name:
-                param.normal_(0, 0.5)
-    peft_model.save_pretrained(tmp_path / "adapter")
-    with torch.no_grad():
-        for name, param in peft_model.named_parameters():
-            if "lora_B" in name:
-                param.zero_()
-    policy.load_adapter(tmp_path / "adapter")  # hot swap: weights change, cached prefixes are dropped
-    [[swapped]] = policy.generate([GenerationRequest(prompt, greedy(10))])
-    assert swapped.cached_tokens == 0
-    assert list(swapped.token_ids) == manual_greedy(policy.model, prompt, 10)
-    ref = forward_logsoftmax(policy.model, prompt, swapped.token_ids)
-    assert not torch.allclose(torch.tensor(base.logprobs), torch.tensor(swapped.logprobs), atol=1e-3)
-    assert torch.allclose(
-        torch.tensor(swapped.logprobs), ref[torch.arange(10), torch.tensor(swapped.token_ids)], atol=1e-4
-    )
-
-
 def test_registry_and_chat_template(tiny_hf_policy):
     assert {"hf", "vllm", "openai"} <= set(BACKENDS.names())
     with pytest.raises(RegistryError, match="valid choices: .*hf, openai") as err:
@@ -406,51 +261,3 @@ def test_forward_stats_count_every_model_forward(peaked_policy):
     assert stats["rows"] == 3 * 6
     assert stats["tokens"] == 3 * longest + 3 * 5
     assert stats["seconds"] > 0
-
-
-def _per_role_model(seed: int = 1):
-    """A tiny Llama with two adapters, the writer's ("memory") perturbed so the two play differently."""
-    from memrl.train.config import LoraConfig
-    from memrl.train.lora import attach_lora
-
-    model, tok = random_tiny_llama(seed=seed, initializer_range=0.3)
-    model = attach_lora(model, LoraConfig(r=4, alpha=8, target_modules=["q_proj", "v_proj"]), per_role=True)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_B.memory" in name:
-                param.normal_(0, 0.5)
-    return model.eval(), tok
-
-
-def test_use_adapter_generates_with_the_writers_adapter_and_its_own_prefix_cache():
-    model, tok = _per_role_model()
-    policy = HFPolicy.from_model(model, tok, PolicyConfig(model="x"))
-    prompt = enc(policy, PROMPTS[0])
-    req = GenerationRequest(prompt, greedy(10))
-    [[answer]] = policy.generate([req])
-    with policy.use_adapter("memory"):
-        assert model.active_adapter == "memory"
-        [[write]] = policy.generate([req])
-        expected = manual_greedy(model, prompt, 10)
-    assert model.active_adapter == "default"
-    assert list(write.token_ids) == expected != list(answer.token_ids)
-    assert write.cached_tokens == 0  # the answer adapter's cached prompt states are not the writer's
-    [[again]] = policy.generate([req])
-    assert again.token_ids == answer.token_ids and again.cached_tokens > 0
-    with policy.use_adapter("nope"):  # an adapter the model lacks leaves it as it is
-        assert model.active_adapter == "default"
-
-
-def test_lora_path_with_a_writer_adapter_loads_both(tmp_path):
-    from memrl.train.lora import adapter_state, save_adapter
-
-    trained, tok = _per_role_model()
-    save_adapter(trained, tmp_path / "adapter")
-    assert (tmp_path / "adapter" / "memory" / "adapter_model.safetensors").is_file()
-    bare, _ = random_tiny_llama(seed=1, initializer_range=0.3)
-    policy = HFPolicy.from_model(bare, tok, PolicyConfig(model="x"))
-    policy.load_adapter(tmp_path / "adapter")
-    assert set(policy.model.peft_config) == {"default", "memory"}
-    for name in ("default", "memory"):
-        want, got = adapter_state(trained, name), adapter_state(policy.model, name)
-        assert want.keys() == got.keys() and all(torch.equal(want[k], got[k]) for k in want)

@@ -136,13 +136,13 @@ def test_switching_adapters_back_and_forth_folds_each_once_per_weight_version():
         with policy.use_adapter("memory"):
             assert _greedy(policy).token_ids == write.token_ids
         assert _greedy(policy).token_ids == answer.token_ids
-    fold = policy._fold
+    fold = policy.adapters.fold
     assert fold.folds == 2  # the answer's adapter and the writer's, once each
     with torch.no_grad():  # an update of the writer's adapter, in place
         for name, param in model.named_parameters():
             if "lora_B" in name and ".memory." in name:
                 param.normal_(0, 0.3)
-    for cache in (policy.prefix_cache, *policy._adapter_caches.values()):
+    for cache in (policy.prefix_cache, *policy.adapters.caches.values()):
         cache.clear()  # stale states; the fold is left to the version counters (no invalidate_cache)
     with policy.use_adapter("memory"):
         changed = _greedy(policy)
@@ -174,5 +174,5 @@ def test_policies_sharing_a_model_share_one_fold():
     b = HFPolicy.from_model(model, tok, PolicyConfig(model="x", prefix_cache_tokens=0))
     outs = [_greedy(p).token_ids for p in (a, b, a, b)]
     assert outs == [outs[0]] * 4 and list(outs[0]) == _manual_greedy(model, tok)
-    a._fold.restore()
-    assert a._fold is b._fold and _same(_base_weights(model), original)
+    a.adapters.fold.restore()
+    assert a.adapters.fold is b.adapters.fold and _same(_base_weights(model), original)

@@ -1,30 +1,29 @@
-"""Where a policy-written UPDATE or ADD lands: ``memory.update_target``, ``update_floor`` and ``add_ceiling``.
+"""Where a policy-written UPDATE or ADD lands: ``memory.update_target``, ``update_min_cosine`` and
+``add_supersede_cosine``.
 
 The writer names the fact an UPDATE supersedes by a shown id, and SmolLM2-135M gets the id wrong more often than
-the text: on held-out synthetic chats about 9 % of its UPDATEs of a changed value name another shown fact, and
-for most of those the shown fact nearest the written text is the right one. Its commonest error is worse: a
-new fact written as ``UPDATE 0``, which retires a fact that is still true. Such a write restates nothing that
-was shown: its text is far from every shown fact, where a real change of value stays close to the fact it
-replaces (same person, same attribute).
+the text: some of its UPDATEs of a changed value name another shown fact, and for most of those the shown fact
+nearest the written text is the right one. Its commonest error is worse: a new fact written as ``UPDATE 0``,
+which retires a fact that is still true. Such a write restates nothing that was shown: its text is far from
+every shown fact, where a real change of value stays close to the fact it replaces (same person, same attribute).
 
 So, where a config asks for it, the store (not the writer) resolves each UPDATE by its text's cosine similarity
 to the shown facts, before the write is applied:
 
 * ``update_target: nearest`` supersedes the shown fact nearest the new text, whatever id was written
   (``written``, the default, keeps the writer's id);
-* ``update_floor: f`` (> 0) turns an UPDATE whose text is under ``f`` to every shown fact into an ADD: the new
-  fact is kept and nothing true is retired;
-* ``add_ceiling: c`` (> 0) turns an ADD whose text is at least ``c`` to a shown fact into an UPDATE of that fact:
-  the writer's other error, a change written as a new fact beside the stale one ("ADD Leo has 7 siblings." with
-  "Leo has 2 siblings." shown), differs from the fact it replaces in the value alone.
+* ``update_min_cosine: f`` (> 0, the floor) turns an UPDATE whose text is under ``f`` to every shown fact into
+  an ADD: the new fact is kept and nothing true is retired;
+* ``add_supersede_cosine: c`` (> 0, the ceiling) turns an ADD whose text is at least ``c`` to a shown fact into
+  an UPDATE of that fact: the writer's other error, a change written as a new fact beside the stale one ("ADD
+  Leo has 7 siblings." with "Leo has 2 siblings." shown), differs from the fact it replaces in the value alone.
 * ``update_target: frame`` first reads the words: a write that says what a shown fact says with another value
   (:func:`same_frame`: "Halima does surfing." against "Halima does badminton.") supersedes that fact, as an
   UPDATE or an ADD, whatever its cosine; other writes are resolved as under ``nearest``. MiniLM puts a
-  person's two sports, cities or languages at 0.59–0.76: around the floor that keeps a new fact's UPDATE from
-  retiring a true one, and mostly under the ceiling, so a third of the changes stayed ADDs beside the stale
-  value. The rule's known miss: one person's two true values of a relation that holds many ("Ann has a dog
-  called Rex." and "Ann has a dog called Bo.") read as a change; a writer that names the relation per value
-  avoids it.
+  person's two sports, cities or languages around the floor and mostly under the ceiling, so by cosine alone
+  many changes would stay ADDs beside the stale value. The rule's known miss: one person's two true values of a
+  relation that holds many ("Ann has a dog called Rex." and "Ann has a dog called Bo.") read as a change; a
+  writer that names the relation per value avoids it.
 
 The writer's own reply is what its step is scored and trained on (:func:`memrl.memory.gold.ops_score`); the
 resolution changes only what reaches the store, and each change is counted in ``memory/update_retargeted``,

@@ -1,4 +1,4 @@
-"""Turning a ranking of facts into the retrieved context: fixed windows, or passages chosen under a budget.
+"""Turning a ranking of facts into the retrieved passages: fixed windows, or passages chosen under a budget.
 
 With ``neighbour_turns = 0`` the context is the first ``k`` ranked facts, one item each. With ``n > 0`` it is
 built from the conversation around the hits:
@@ -13,10 +13,7 @@ built from the conversation around the hits:
 3. **Selection.** Facts are taken by value while the budget allows; adjacent ones form one passage (texts
    joined on one line), passages are returned best first.
 
-Measured (``memrl bench memory``, the same context share as fixed ±1 windows, ~5 % of the history's tokens):
-LoCoMo evidence recall@10 0.796 → 0.852 (0.825 without the speaker prior); LongMemEval ``_S``-like session
-recall@10 (56 questions) 0.949 → 0.979 with the relative-date ranges of :mod:`memrl.memory.retrieval`, 0.987
-with the asker prior (188 questions: 0.988); see docs/benchmarks.md.
+Within the same context share as fixed windows, passages find more of the evidence (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -25,14 +22,11 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from memrl.memory.store import FactRecord
-
-Ranked = list[tuple[int, float]]
+from memrl.memory.store import FactRecord, Ranked
 
 WINDOW_SEPARATOR = " | "  # joins the facts of a window or passage; never a newline
-# A hit lends its neighbours half its score per step away (0.5, 0.25 at distances 1, 2). On LoCoMo an evidence
-# turn sits one turn from a hit about as often as two turns away (the same speaker's next turn); decays of
-# 0.4-0.7 per step scored within 0.01 of each other on both benchmarks.
+# A hit lends its neighbours half its score per step away: on LoCoMo an evidence turn sits one turn from a hit
+# about as often as two turns away (the same speaker's next turn), and nearby decays score about the same.
 SPREAD = 0.5
 _WORD = re.compile(r"[a-z0-9]+")
 
@@ -85,10 +79,9 @@ _FIRST_PERSON = frozenset(["i", "me", "my", "mine", "myself"])
 def question_speakers(query: str, ordered: Sequence[FactRecord], asked_by: str | None = None) -> set[str]:
     """The speakers a question is about: those it names, and its asker ``asked_by`` when it speaks in the first
     person ("How many plants did I buy?", "Can you recommend a book I would like?"). A question about oneself
-    is answered by what one said: on LongMemEval (the user asks about their own sessions) this prior lifts
-    session recall@10 0.965 -> 0.988 and multi-session 0.935 -> 0.976, where the assistant's long topical
-    replies otherwise take the budget (docs/benchmarks.md). Sparing questions that say "you" ("What did you
-    recommend?") scored lower (0.983): the preference questions ask "you" about what "I" like."""
+    is answered by what one said, where the assistant's long topical replies otherwise take the budget
+    (LongMemEval's questions are the user's about their own sessions). Questions that also say "you" ("What
+    did you recommend?") get the prior too: the preference questions ask "you" about what "I" like."""
     speakers = named_speakers(query, ordered)
     words = set(_WORD.findall(query.lower()))
     if asked_by and words & _FIRST_PERSON and any(r.speaker == asked_by for r in ordered):

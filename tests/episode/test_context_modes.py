@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from memrl.episode.config import EpisodeConfig
-from memrl.episode.contexts import CONTEXT_MODES, ContextMode, context_mode
+from memrl.episode.context_modes import CONTEXT_MODES, ContextMode, context_mode
 from memrl.episode.runner import EpisodeRunner
 from memrl.episode.snapshot import SnapshotHost
 

@@ -1,4 +1,4 @@
-"""Where a written UPDATE lands (memrl.memory.update_guard), with the real MiniLM and FAISS store."""
+"""Where a written UPDATE lands (memrl.memory.write_target), with the real MiniLM and FAISS store."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from memrl.memory.extract import FactDecision
 from memrl.memory.llm import policy_text_generator
 from memrl.memory.manager import MemorySystem
 from memrl.memory.store import FactRecord
-from memrl.memory.update_guard import resolve_updates, same_frame, similarity
+from memrl.memory.write_target import resolve_updates, same_frame, similarity
 from memrl.testing.models import byte_tokenizer
 from memrl.testing.scripted import ScriptedPolicy
 from memrl.types import MemoryOpType, TurnRole, TurnSpec
@@ -51,7 +51,9 @@ def _seeded(minilm, second_reply, **cfg):
 
 def test_an_update_far_from_every_shown_fact_is_kept_as_an_add_and_retires_nothing(minilm):
     system, mgr, res = _seeded(
-        minilm, lambda text: f"UPDATE {shown_id(text, FACTS[0])} Ann has a dog named Rex.", update_floor=0.67
+        minilm,
+        lambda text: f"UPDATE {shown_id(text, FACTS[0])} Ann has a dog named Rex.",
+        update_min_cosine=0.67,
     )
     assert [o.op for o in res.ops] == [ADD]
     assert sorted(r.text for r in system.current_facts(mgr)) == sorted([*FACTS, "Ann has a dog named Rex."])
@@ -64,7 +66,7 @@ def test_an_update_far_from_every_shown_fact_is_kept_as_an_add_and_retires_nothi
 
 def test_a_change_of_value_above_the_floor_still_supersedes(minilm):
     system, mgr, res = _seeded(
-        minilm, lambda text: f"UPDATE {shown_id(text, FACTS[0])} Ann lives in Rome.", update_floor=0.67
+        minilm, lambda text: f"UPDATE {shown_id(text, FACTS[0])} Ann lives in Rome.", update_min_cosine=0.67
     )
     assert [o.op for o in res.ops] == [UPDATE] and res.samples[0].resolved is None
     assert sorted(r.text for r in system.current_facts(mgr)) == ["Ann lives in Rome.", FACTS[1]]
@@ -88,7 +90,7 @@ def test_nearest_target_supersedes_the_shown_fact_nearest_the_text_not_the_writt
 
 
 def test_an_add_at_the_ceiling_supersedes_the_shown_fact_it_restates_with_a_new_value(minilm):
-    system, mgr, res = _seeded(minilm, lambda text: "ADD Ann lives in Rome.", add_ceiling=0.75)
+    system, mgr, res = _seeded(minilm, lambda text: "ADD Ann lives in Rome.", add_supersede_cosine=0.75)
     assert [o.op for o in res.ops] == [UPDATE]
     assert sorted(r.text for r in system.current_facts(mgr)) == ["Ann lives in Rome.", FACTS[1]]
     assert [r.text for r in mgr.facts() if r.superseded] == [FACTS[0]]  # kept as history
@@ -96,7 +98,7 @@ def test_an_add_at_the_ceiling_supersedes_the_shown_fact_it_restates_with_a_new_
     assert res.samples[0].resolved[0].extra["resolved"].startswith("ADD kept as an UPDATE")
     assert system.metrics["memory/add_as_update"] == 1 and "memory/update_retargeted" not in system.metrics
     # A new fact stays an ADD under the ceiling; without one, the change stays beside the stale fact.
-    system, mgr, res = _seeded(minilm, lambda text: "ADD Ann has a dog named Rex.", add_ceiling=0.75)
+    system, mgr, res = _seeded(minilm, lambda text: "ADD Ann has a dog named Rex.", add_supersede_cosine=0.75)
     assert [o.op for o in res.ops] == [ADD] and not any(r.superseded for r in mgr.facts())
     system, mgr, _ = _seeded(minilm, lambda text: "ADD Ann lives in Rome.")
     assert len(system.current_facts(mgr)) == 3
@@ -120,10 +122,14 @@ def test_resolution_embeds_a_batch_s_update_texts_in_one_call_and_nothing_withou
         return list(counting.calls)
 
     plain = run("UPDATE 0 Ann lives in Rome.")  # the neighbour lookup, then the written facts
-    assert run("UPDATE 0 Ann lives in Rome.", update_target="nearest", update_floor=0.6) == [3, 3, 3]
+    assert run("UPDATE 0 Ann lives in Rome.", update_target="nearest", update_min_cosine=0.6) == [3, 3, 3]
     assert plain == [3, 3]
-    assert run("ADD Ann likes Rome.", update_target="nearest", update_floor=0.6) == [3, 3]
-    assert run("ADD Ann likes Rome.", add_ceiling=0.75) == [3, 3, 3]  # under a ceiling ADDs are read too
+    assert run("ADD Ann likes Rome.", update_target="nearest", update_min_cosine=0.6) == [3, 3]
+    assert run("ADD Ann likes Rome.", add_supersede_cosine=0.75) == [
+        3,
+        3,
+        3,
+    ]  # under a ceiling ADDs are read too
     shown = (FactRecord(0, "ep", FACTS[0]),)
     adds = (FactDecision(ADD, text="Ann likes tea."),)
     assert resolve_updates(adds, shown, [], lambda fid: None, target="nearest", floor=0.9) == adds
@@ -138,8 +144,8 @@ def test_similarity_takes_the_best_pair_of_chunks():
     ("cfg", "message"),
     [
         ({"update_target": "closest"}, "expected one of ('written', 'nearest', 'frame')"),
-        ({"update_floor": 1.5}, "[0, 1]"),
-        ({"add_ceiling": -0.1}, "memory.add_ceiling=-0.1: must be a cosine in [0, 1]"),
+        ({"update_min_cosine": 1.5}, "[0, 1]"),
+        ({"add_supersede_cosine": -0.1}, "memory.add_supersede_cosine=-0.1: must be a cosine in [0, 1]"),
     ],
 )
 def test_bad_settings_name_what_is_expected(cfg, message):

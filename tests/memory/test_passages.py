@@ -1,8 +1,8 @@
-"""Context selection from a ranking: fixed windows and budgeted passages (memrl.memory.context)."""
+"""Passages from a ranking: fixed windows and budgeted passages (memrl.memory.passages)."""
 
 from __future__ import annotations
 
-from memrl.memory.context import SPREAD, fixed_windows, named_speakers, question_speakers, select_passages
+from memrl.memory.passages import SPREAD, fixed_windows, named_speakers, question_speakers, select_passages
 from memrl.memory.store import FactRecord
 
 # Ten turns of one conversation; lengths in tokens are the number of words.
