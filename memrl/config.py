@@ -53,6 +53,15 @@ REMOVED: dict[str, str] = {
     "memory.dense_weight": "hybrid retrieval fuses ranks with fixed weights (dense 0.5, BM25 1.0)",
     "memory.bm25_weight": "hybrid retrieval fuses ranks with fixed weights (dense 0.5, BM25 1.0)",
     "memory.llm_neighbours": "the llm extractor shows the 5 current facts nearest each turn",
+    "memory.superseded_weight": "a fixed 0.5: a superseded fact whose successor is not a candidate scores half",
+    "memory.candidate_pool": "a fixed 100: each retriever ranks max(top_k, 100) candidates before fusion",
+    "memory.time_weight": "a fixed 0.05: the bonus of facts dated in the year/month a question names",
+    "memory.speaker_weight": "a fixed 1.0: facts said by the speaker a question is about count double",
+    "rollout.tree.initial_rollouts_rule": "every tree grows rollout.tree.initial_rollouts chains (static)",
+    "rollout.tree.entropy_window": "a fixed 8: entropy expansion averages the 8 tokens after a node",
+    "episode.fact_order": "retrieved facts are rendered oldest first (the latest value of an attribute last)",
+    "episode.memory_credit.size_weight": "the writer's reward has no memory-size penalty",
+    "train.duplicates": "duplicate tree leaves are always dropped (weight 0, not in group statistics)",
 }
 
 

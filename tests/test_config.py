@@ -188,6 +188,25 @@ def test_every_config_key_is_a_stable_or_an_experiment_knob():
     assert all(STABLE.values()) and all(EXPERIMENT.values())
 
 
+def test_every_key_no_recipe_sets_says_why_it_stays():
+    from memrl.config import file_layers, leaf_keys
+    from memrl.config_knobs import NO_RECIPE, no_recipe_reason
+
+    recipes = sorted(Path(__file__).parents[1].glob("configs/*.yaml"))
+    set_by_recipes = {
+        key
+        for recipe in recipes
+        for _, layer in file_layers(recipe)
+        for key in leaf_keys({k: v for k, v in layer.items() if k != "replace"}, Config)
+    }
+    unset = set(_leaves(Config())) - set_by_recipes
+    assert sorted(k for k in unset if not no_recipe_reason(k)) == [], (
+        "set it in a recipe, name why in NO_RECIPE, or remove it"
+    )
+    stale = [n for n in NO_RECIPE if not any(k == n or (n.endswith(".") and k.startswith(n)) for k in unset)]
+    assert stale == [], "NO_RECIPE names keys a recipe now sets, or that no longer exist"
+
+
 def test_the_quickstart_trains_on_the_prompt_memrl_eval_scores_and_evaluates_held_out_episodes():
     """configs/quickstart.yaml's adapter is meant for `memrl eval --config configs/synthetic.yaml
     policy.lora_path=...`: same model, tools, memory and prompt settings; its own before/after evaluation is on

@@ -77,7 +77,7 @@ class ArithmeticTools:
 
 def evidence_prompts(tok, episodes, tools: Sequence[str], facts_per_prompt: int = 4) -> list[tuple[int, ...]]:
     """Target-turn prompt ids: each episode's gold evidence turns plus its latest other turns up to
-    ``facts_per_prompt`` facts, one rule-extractor fact per turn, in the default fact order."""
+    ``facts_per_prompt`` facts, one rule-extractor fact per turn, oldest first."""
     from memrl.episode.config import EpisodeConfig
     from memrl.episode.prompt import PromptBuilder, order_facts
     from memrl.memory.extract import rule_fact_texts
@@ -97,7 +97,7 @@ def evidence_prompts(tok, episodes, tools: Sequence[str], facts_per_prompt: int 
             for i, t in picked
             for text in rule_fact_texts(t)[:1]
         ]
-        prompts.append(builder.build(ep.final_query, order_facts(facts, cfg.fact_order), "", list(tools)).ids)
+        prompts.append(builder.build(ep.final_query, order_facts(facts), "", list(tools)).ids)
     return prompts
 
 

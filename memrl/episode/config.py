@@ -42,9 +42,8 @@ class MemoryCreditConfig:
 
     ``name``: ``broadcast`` | ``used`` | ``snapshot`` | ``local``. The per-step terms: ``format_weight`` (every line
     a valid operation), ``op_weight`` (times the F1 of the operations against the dataset's gold ones, where it
-    has them; 0 = outcome only), ``size_weight`` (current facts per history turn read), ``unsupported_weight``
-    (subtracted from a write that wrote a fact the turns it read do not support,
-    :mod:`memrl.memory.faithfulness`; 0 = off). ``snapshot_k``
+    has them; 0 = outcome only), ``unsupported_weight`` (subtracted from a write that wrote a fact the turns it
+    read do not support, :mod:`memrl.memory.faithfulness`; 0 = off). ``snapshot_k``
     alternatives are sampled at up to ``snapshot_writes`` writes per episode (those that read an evidence turn
     first; per history under ``snapshot_questions: all``, whose episodes share one trunk) for ``snapshot``, at
     every write for ``local``. ``snapshot_score``: what each snapshot alternative's
@@ -59,7 +58,6 @@ class MemoryCreditConfig:
     name: str = "used"
     format_weight: float = 0.2
     op_weight: float = 0.5
-    size_weight: float = 0.0
     unsupported_weight: float = 0.0
     snapshot_k: int = 4
     snapshot_writes: int = 2
@@ -81,13 +79,10 @@ class MemoryCreditConfig:
             raise ValueError(
                 f"episode.memory_credit.snapshot_k must be >= 2 (a group), got {self.snapshot_k}"
             )
-        if self.name == "local" and not (
-            self.format_weight or self.op_weight or self.size_weight or self.unsupported_weight
-        ):
+        if self.name == "local" and not (self.format_weight or self.op_weight or self.unsupported_weight):
             raise ValueError(
                 "episode.memory_credit.name=local scores each write by its per-step terms alone, and "
-                "format_weight, op_weight, size_weight and unsupported_weight are all 0: every write would "
-                "score 0"
+                "format_weight, op_weight and unsupported_weight are all 0: every write would score 0"
             )
         if self.unsupported_weight < 0:
             raise ValueError(
@@ -100,9 +95,6 @@ class MemoryCreditConfig:
             )
 
 
-FACT_ORDERS = ("time", "score")
-
-
 @dataclass
 class EpisodeConfig:
     """Prompting, reward and rollout workers (owned by memrl.episode).
@@ -113,8 +105,8 @@ class EpisodeConfig:
     a call does not make one.
     ``prompt_token_budget`` bounds the target-turn prompt; over budget the lowest-scored facts are cut (and
     recorded in ``StepMeta.cut_fact_ids``), never the question.
-    ``fact_order``: ``time`` renders retrieved facts oldest first (the latest value of an attribute comes last;
-    what a capable LLM reasons over best), ``score`` most relevant first (a small model copies from the top).
+    Retrieved facts are rendered oldest first: the latest value of an attribute comes last, what a capable LLM
+    reasons over best.
     ``context`` is what the target-turn prompt carries: ``memory`` (retrieved facts + summary), ``none`` (the
     question alone: the no-memory ablation) or ``recent_history`` (the most recent raw history turns, rendered
     like facts, oldest first, as many as fit ``policy.max_model_len`` minus ``rollout.max_response_tokens`` and a
@@ -138,7 +130,6 @@ class EpisodeConfig:
     prompt_template: str = "target_turn.j2"
     prompt_token_budget: int = 1536
     tool_example: bool = False
-    fact_order: str = "time"
     context: str = "memory"
     use_summary: bool = True
     batch_size: int = 16
@@ -159,8 +150,6 @@ class EpisodeConfig:
             context_mode(self.context)  # the modes: memrl.episode.context_modes
         except (KeyError, TypeError) as exc:
             raise ValueError(f"episode.context: {exc}") from exc
-        if self.fact_order not in FACT_ORDERS:
-            raise ValueError(f"episode.fact_order={self.fact_order!r}; valid: {', '.join(FACT_ORDERS)}")
         if not isinstance(self.record_history_turns, bool):
             raise ValueError(
                 f"episode.record_history_turns must be true or false, got {self.record_history_turns!r}"

@@ -21,7 +21,6 @@ How the terms combine (:func:`step_rewards`), for a step that has an outcome sha
 
     reward = o + format_weight · [every line was a valid operation]
                + op_weight · op_score (its operations against the dataset's, where the dataset knows them)
-               - size_weight · (current facts after the write / history turns read so far)
                - unsupported_weight · [a written fact is invented: a name or value the turns read lack]
 
 ``op_score`` (:func:`memrl.memory.gold.ops_score`) is the F1 of the write's operations against the gold ones, so a
@@ -181,8 +180,6 @@ def step_rewards(inp: CreditInput, cfg: MemoryCreditConfig) -> list[float | None
         reward = float(share) + cfg.format_weight * float(not write.format_errors)
         if write.op_score is not None and cfg.op_weight:
             reward += cfg.op_weight * write.op_score
-        if cfg.size_weight:
-            reward -= cfg.size_weight * (write.facts_after or 0) / max(1, write.turns_read)
         if cfg.unsupported_weight and write.unsupported_facts:
             reward -= cfg.unsupported_weight
         out.append(reward)

@@ -90,21 +90,14 @@ class BuiltPrompt:
         return len(self.ids)
 
 
-def order_facts(facts: Sequence[Any], order: str) -> list[Any]:
-    """Retrieved facts in prompt order: ``time`` = oldest first (fact ids grow with ingest order, so the latest
-    value of an attribute comes last), ``score`` = most relevant first (ties: oldest first)."""
+def order_facts(facts: Sequence[Any]) -> list[Any]:
+    """Retrieved facts in prompt order, oldest first: fact ids grow with ingest order, so the latest value of an
+    attribute comes last."""
 
     def fid(f: Any) -> Any:
         return f.get("id") if isinstance(f, Mapping) else getattr(f, "fact_id", getattr(f, "id", None))
 
-    def score(f: Any) -> float:
-        return float(f.get("score", 0.0) if isinstance(f, Mapping) else getattr(f, "score", 0.0))
-
-    if order == "time":
-        return sorted(facts, key=fid)
-    if order == "score":
-        return sorted(facts, key=lambda f: (-score(f), fid(f)))
-    raise ValueError(f"fact order {order!r}; valid: time, score")
+    return sorted(facts, key=fid)
 
 
 class PromptBuilder:

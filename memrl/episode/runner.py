@@ -371,7 +371,7 @@ class EpisodeRunner(SnapshotHost):
                 count_tokens=None if self.recent is not None else self.prompt_tokens,
             )
             for st, mark, facts in zip(live, marks, hits, strict=True):
-                st.retrieved = order_facts(facts, self.cfg.fact_order)
+                st.retrieved = order_facts(facts)
                 st.retrieve_ops = [
                     dataclasses.replace(op, turn_id=st.inp.target.turn_id)
                     for op in st.manager.ops_since(mark)

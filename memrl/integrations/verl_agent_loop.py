@@ -388,7 +388,7 @@ class MemrlAgentLoop(AgentLoopBase):
             else service.cfg.train.roles
         )
         target_step(got.traj)  # validates the leaf: one target step
-        rows = leaf_rows(got.traj, roles, service.cfg.train.duplicates)
+        rows = leaf_rows(got.traj, roles)
         return [self.row_output(got, row) for row in rows]
 
     def output(self, got: _Leaf) -> AgentLoopOutput:

@@ -60,7 +60,7 @@ class VerlRow:
         return self.row.group_id
 
 
-def leaf_rows(leaf: EpisodeTrajectory, roles: Sequence[str], duplicates: str = "drop") -> list[VerlRow]:
+def leaf_rows(leaf: EpisodeTrajectory, roles: Sequence[str]) -> list[VerlRow]:
     """The rows of one leaf that train the roles in ``roles``, in step order (writes first, then the answer).
 
     Rows come from :func:`rows_from_episodes` as memrl's own batch builds them; rows of other roles are dropped
@@ -72,8 +72,7 @@ def leaf_rows(leaf: EpisodeTrajectory, roles: Sequence[str], duplicates: str = "
         role, _ = step_credit_fields(row.meta)
         if role is None or role not in roles:
             continue
-        drop = duplicates == "drop" and row.meta.is_duplicate
-        out.append(VerlRow(row, role, 0.0 if drop else 1.0))
+        out.append(VerlRow(row, role, 0.0 if row.meta.is_duplicate else 1.0))
     return out
 
 

@@ -59,8 +59,6 @@ class MemoryConfig:
     update_target: str = "written"
     update_min_cosine: float = 0.0
     add_supersede_cosine: float = 0.0
-    # Score factor of a fact an UPDATE superseded, unless the query asks about the past ("before", "used to").
-    superseded_weight: float = 0.5
     # How superseded facts reach the answer's prompt (memrl.memory.superseded): "separate" facts of their own;
     # "attached" to their current successor, shown as "Earlier (until DATE): old. Now: new." to a question about
     # the past; "earlier": as attached, without "Now: ...".
@@ -72,16 +70,9 @@ class MemoryConfig:
     # --- retrieval ---
     retrieval: str = "hybrid"  # dense | bm25 | hybrid
     top_k: int = 10
-    candidate_pool: int = 100  # per-retriever candidates before fusion
     # Context around the hits (memrl.memory.passages). 0: the top_k facts alone. n > 0: passages of adjacent
     # facts chosen by value within the tokens that +-n windows around the top_k hits would take.
     neighbour_turns: int = 1
-    # Bonus for facts dated in the year/month the query names; facts in the range its relative time names ("two
-    # weeks ago") score 1 + time_query.RANGE_BOOST times as much. 0 disables both.
-    time_weight: float = 0.05
-    # Passages: facts said by a speaker the query is about (one it names, or its asker when it says "I"/"my")
-    # are worth (1 + speaker_weight) times as much. No effect with neighbour_turns = 0.
-    speaker_weight: float = 1.0
 
     def __post_init__(self) -> None:
         if self.embedder_dtype not in EMBEDDER_DTYPES:
@@ -93,7 +84,6 @@ class MemoryConfig:
         for name in (
             "embed_batch_size",
             "top_k",
-            "candidate_pool",
             "hnsw_m",
             "ivf_nlist",
             "summary_token_budget",
@@ -103,11 +93,6 @@ class MemoryConfig:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"memory.{name}={getattr(self, name)}: must be >= 1")
-        if self.candidate_pool < self.top_k:
-            raise ValueError(
-                f"memory.candidate_pool={self.candidate_pool} < memory.top_k={self.top_k}: "
-                "raise candidate_pool (fusion needs at least top_k candidates per retriever)"
-            )
         if self.update_target not in UPDATE_TARGETS:
             raise ValueError(f"memory.update_target={self.update_target!r}: expected one of {UPDATE_TARGETS}")
         if self.superseded_in_prompt not in SUPERSEDED_IN_PROMPT:
@@ -117,6 +102,6 @@ class MemoryConfig:
         for name in ("update_min_cosine", "add_supersede_cosine"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"memory.{name}={getattr(self, name)}: must be a cosine in [0, 1] (0: off)")
-        for name in ("neighbour_turns", "write_neighbours", "time_weight", "speaker_weight"):
+        for name in ("neighbour_turns", "write_neighbours"):
             if getattr(self, name) < 0:
                 raise ValueError(f"memory.{name}={getattr(self, name)}: must be >= 0")

@@ -37,7 +37,7 @@ from memrl.memory.passages import ContextItem
 from memrl.memory.policy_writes import WriteResult, write_batch
 from memrl.memory.rescore import Question, rescore
 from memrl.memory.retrieval import RETRIEVERS, Query
-from memrl.memory.store import FACT_STORES, FactRecord, FactStore, FactStoreError, NewFact
+from memrl.memory.store import CANDIDATE_POOL, FACT_STORES, FactRecord, FactStore, FactStoreError, NewFact
 from memrl.types import MemoryOp, MemoryOpType, TurnRole, TurnSpec
 
 logger = logging.getLogger(__name__)
@@ -428,7 +428,7 @@ class MemorySystem:
         out = []
         for i, (mgr, query) in enumerate(items):
             q = Query(mgr.episode_id, query, None if vecs is None else vecs[i])
-            ranked = self.retriever.rank(self.store, q, max(k, self.cfg.candidate_pool))
+            ranked = self.retriever.rank(self.store, q, max(k, CANDIDATE_POOL))
             question = Question(query, _nth(asked_at, i), _nth(asked_by, i))
             facts = self.store.records(mgr.episode_id)
             tokens = self._fact_tokens(mgr.episode_id, count_tokens)

@@ -9,7 +9,7 @@ built from the conversation around the hits:
    candidate ``d ≤ 2n`` facts away (ingest order): evidence sits next to what matches the question (the
    question a turn answers, the same speaker's next turn), and a stretch that several hits point at is worth
    more than an isolated lucky match. Facts said by a speaker the question is about (one it names, or its
-   asker when it says "I", :func:`question_speakers`) are worth ``1 + speaker_weight`` times as much.
+   asker when it says "I", :func:`question_speakers`) are worth ``1 + SPEAKER_WEIGHT`` times as much.
 3. **Selection.** Facts are taken by value while the budget allows; adjacent ones form one passage (texts
    joined on one line), passages are returned best first.
 
@@ -28,6 +28,9 @@ WINDOW_SEPARATOR = " | "  # joins the facts of a window or passage; never a newl
 # A hit lends its neighbours half its score per step away: on LoCoMo an evidence turn sits one turn from a hit
 # about as often as two turns away (the same speaker's next turn), and nearby decays score about the same.
 SPREAD = 0.5
+# Facts said by a speaker the question is about count double: the evidence for a question about someone is
+# mostly what they said themselves (docs/experiments.md).
+SPEAKER_WEIGHT = 1.0
 _WORD = re.compile(r"[a-z0-9]+")
 
 
@@ -97,7 +100,6 @@ def select_passages(
     *,
     tokens: Callable[[FactRecord], int],
     speakers: set[str] = frozenset(),
-    speaker_weight: float = 0.0,
     max_tokens: int | None = None,
 ) -> list[ContextItem]:
     """Passages worth the most under the budget of ``fixed_windows(ranked, ordered, k, n)`` (module docstring),
@@ -115,10 +117,9 @@ def select_passages(
         for d in range(-2 * n, 2 * n + 1):
             if 0 <= p + d < len(ordered):
                 value[p + d] = value.get(p + d, 0.0) + score * SPREAD ** abs(d)
-    if speakers and speaker_weight:
-        for p in value:
-            if ordered[p].speaker in speakers:
-                value[p] *= 1.0 + speaker_weight
+    for p in value:
+        if ordered[p].speaker in speakers:
+            value[p] *= 1.0 + SPEAKER_WEIGHT
     chosen: list[int] = []
     used = 0
     for p in sorted(value, key=lambda q: (-value[q], q)):

@@ -1,9 +1,8 @@
 """From a retriever's ranking to the passages a question is given: the rescoring pipeline after retrieval.
 
-In order: time expressions (:mod:`memrl.memory.time_query`, ``memory.time_weight``), superseded facts
-(:mod:`memrl.memory.superseded`, ``memory.superseded_in_prompt`` / ``superseded_weight``), the speakers the
-question is about, and passages under a token budget (:mod:`memrl.memory.passages`, ``memory.neighbour_turns``
-and ``speaker_weight``).
+In order: time expressions (:mod:`memrl.memory.time_query`), superseded facts (:mod:`memrl.memory.superseded`,
+``memory.superseded_in_prompt``), the speakers the question is about, and passages under a token budget
+(:mod:`memrl.memory.passages`, ``memory.neighbour_turns``).
 """
 
 from __future__ import annotations
@@ -42,13 +41,13 @@ def rescore(
     records, in ingest order): ``k`` hits with their neighbours. ``tokens`` gives a fact's length as shown;
     ``room`` caps the passages' tokens (what the prompt has left)."""
     records = {r.fact_id: r for r in facts}
-    ranked = time_rescore(ranked, records, question.text, cfg, question.asked_at)
+    ranked = time_rescore(ranked, records, question.text, question.asked_at)
     if cfg.superseded_in_prompt in ("attached", "earlier"):
         earlier_only = cfg.superseded_in_prompt == "earlier"
         ranked, shown = attach_history(ranked, records, question.text, earlier_only=earlier_only)
         ordered = [shown[r.fact_id] for r in facts if r.fact_id in shown]
     else:
-        ranked = supersede_rescore(ranked, records, question.text, cfg.superseded_weight)
+        ranked = supersede_rescore(ranked, records, question.text)
         ordered = [as_history(r) for r in facts]
     speakers = question_speakers(question.text, ordered, question.asked_by)
     return select_passages(
@@ -58,6 +57,5 @@ def rescore(
         cfg.neighbour_turns,
         tokens=tokens,
         speakers=speakers,
-        speaker_weight=cfg.speaker_weight,
         max_tokens=room,
     )

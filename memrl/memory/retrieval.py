@@ -19,7 +19,7 @@ from rank_bm25 import BM25Okapi
 
 from memrl.memory.config import MemoryConfig
 from memrl.memory.stopwords import QUERY_STOP_WORDS
-from memrl.memory.store import FactStore, Ranked
+from memrl.memory.store import CANDIDATE_POOL, FactStore, Ranked
 from memrl.registry import Registry
 
 # BM25's term saturation (the usual 1.5) and a weaker length normalisation than the usual 0.75: a long turn is
@@ -126,12 +126,11 @@ class HybridRetriever:
     needs_vectors = True
 
     def __init__(self, cfg: MemoryConfig) -> None:
-        self.cfg = cfg
         self.dense = DenseRetriever()
         self.bm25 = Bm25Retriever(cfg)
 
     def rank(self, store: FactStore, query: Query, k: int) -> Ranked:
-        pool = max(k, self.cfg.candidate_pool)
+        pool = max(k, CANDIDATE_POOL)
         return rrf(
             [
                 (self.dense.rank(store, query, pool), DENSE_WEIGHT),

@@ -76,6 +76,10 @@ class NewFact:
 Ranked = list[tuple[int, float]]
 """``(fact_id, score)`` pairs, higher = better, best first: what a search or a retriever returns."""
 
+# Candidates a retriever ranks before fusion and rescoring (and HNSW's search depth): rescoring can lift a fact
+# from well below top_k, so it needs more than top_k to choose from.
+CANDIDATE_POOL = 100
+
 FactVectors = np.ndarray | Sequence[np.ndarray]
 """``[n_facts, dim]`` (one vector per fact), or one ``[n_chunks_i, dim]`` array per fact (chunked facts)."""
 
@@ -160,7 +164,7 @@ def _flat(dim: int, cfg: MemoryConfig, train: np.ndarray) -> faiss.Index:
 
 def _hnsw(dim: int, cfg: MemoryConfig, train: np.ndarray) -> faiss.Index:
     index = faiss.IndexHNSWFlat(dim, cfg.hnsw_m, faiss.METRIC_INNER_PRODUCT)
-    index.hnsw.efSearch = max(64, cfg.candidate_pool)
+    index.hnsw.efSearch = CANDIDATE_POOL
     return index
 
 

@@ -14,6 +14,8 @@ import re
 from memrl.memory.store import FactRecord, Ranked
 
 _WORD = re.compile(r"[a-z0-9]+")
+# Score factor of a superseded fact whose successor is not a candidate: below current values, still findable.
+SUPERSEDED_WEIGHT = 0.5
 # Words of a question about the past: a superseded fact keeps its full score for these.
 _PAST_WORDS = frozenset(
     [
@@ -39,19 +41,20 @@ _PAST_QUESTION = re.compile(
 )
 
 
-def supersede_rescore(ranked: Ranked, records: dict[int, FactRecord], query: str, weight: float) -> Ranked:
+def supersede_rescore(ranked: Ranked, records: dict[int, FactRecord], query: str) -> Ranked:
     """Facts an UPDATE superseded (``extra["superseded_by"]``), for a query that does not ask about the past:
     one whose current successor is also a candidate is dropped, the others' scores are multiplied by
-    ``weight``. The current value answers "where does Mia live?"; the old one stays findable for "where did Mia
-    live before?" (validity intervals, as Zep's facts carry). Dropped, not only ranked lower: with both values
-    in its prompt, even marked "no longer true", SmolLM2-135M answered with the first listed, the older one."""
+    :data:`SUPERSEDED_WEIGHT`. The current value answers "where does Mia live?"; the old one stays findable for
+    "where did Mia live before?" (validity intervals, as Zep's facts carry). Dropped, not only ranked lower:
+    with both values in its prompt, even marked "no longer true", SmolLM2-135M answered with the first listed,
+    the older one."""
     if not any(records[f].superseded for f, _ in ranked):
         return ranked
     if _PAST_WORDS & set(_WORD.findall(query.lower())):
         return ranked
     candidates = {f for f, _ in ranked}
     out = [
-        (f, s * weight if records[f].superseded else s)
+        (f, s * SUPERSEDED_WEIGHT if records[f].superseded else s)
         for f, s in ranked
         if not records[f].superseded or _current(records, f) not in candidates
     ]

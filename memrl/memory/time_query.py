@@ -1,7 +1,7 @@
 """Time expressions in questions: the period a question names, and the rescoring that favours facts dated in it.
 
 A question names a period absolutely (``in May 2023``, ``2022``) or relative to the date it was asked (``two weeks
-ago``, ``in the past three months``, ``last month``). :func:`time_rescore` adds ``memory.time_weight`` to facts
+ago``, ``in the past three months``, ``last month``). :func:`time_rescore` adds :data:`TIME_WEIGHT` to facts
 dated in a named year/month and multiplies the score of facts dated in a relative period by
 ``1 + RANGE_BOOST``.
 """
@@ -11,7 +11,6 @@ from __future__ import annotations
 import datetime as dt
 import re
 
-from memrl.memory.config import MemoryConfig
 from memrl.memory.store import FactRecord, Ranked
 
 _MONTHS = [
@@ -44,9 +43,12 @@ _DATE_FORMATS = (
     (re.compile(r"\d{4}-\d{2}-\d{2}"), "%Y-%m-%d"),
 )
 
-# In-range facts are worth 1.5x: a boost in proportion to relevance. An additive bonus (as for named months)
-# lifts every in-range filler fact above the out-of-range evidence a question lists.
+# In-range facts are worth 1 + RANGE_BOOST times their score: a boost in proportion to relevance. An additive
+# bonus (as for named months) lifts every in-range filler fact above the out-of-range evidence a question lists.
 RANGE_BOOST = 0.5
+# Bonus of facts dated in the year/month a question names; fused scores run from about 0.01 to 0.14, so it lifts
+# a fact of that period over candidates of similar rank, not over a far better match.
+TIME_WEIGHT = 0.05
 
 
 def query_periods(text: str) -> tuple[set[str], set[str]]:
@@ -94,12 +96,12 @@ def relative_period(query: str, asked_at: str | None) -> tuple[dt.date, dt.date]
 
 
 def time_rescore(
-    ranked: Ranked, records: dict[int, FactRecord], query: str, cfg: MemoryConfig, asked_at: str | None = None
+    ranked: Ranked, records: dict[int, FactRecord], query: str, asked_at: str | None = None
 ) -> Ranked:
     """Multiply the fused score of facts dated in the range the query's relative time names from ``asked_at``
-    by ``1 + RANGE_BOOST``; add ``time_weight`` × (dated in the year/month the query names). ``time_weight = 0``
-    turns both off. Scores stay "higher = better"."""
-    if not ranked or cfg.time_weight == 0:
+    by ``1 + RANGE_BOOST``; add ``TIME_WEIGHT`` × (dated in the year/month the query names). Scores stay
+    "higher = better"."""
+    if not ranked:
         return ranked
     years, months = query_periods(query)
     period = relative_period(query, asked_at)
@@ -111,7 +113,7 @@ def time_rescore(
         if (years or months) and stamp:
             hit_year = not years or any(y in stamp for y in years)
             hit_month = not months or any(m in stamp for m in months)
-            bonus += cfg.time_weight * float(hit_year and hit_month)
+            bonus += TIME_WEIGHT * float(hit_year and hit_month)
         if period is not None:
             day = parse_date(rec.timestamp)
             if day is not None and period[0] <= day <= period[1]:

@@ -24,7 +24,8 @@ class TreeConfig:
     ``initial_rollouts + expansion_iterations * nodes_per_expansion * (beam_size - 1)``.
 
     Nodes sit between generation segments of at most ``segment_tokens`` model tokens (and after tool results);
-    ``entropy`` ranks a node by the mean entropy of the first ``entropy_window`` tokens generated after it.
+    ``entropy`` ranks a node by the mean entropy of the first tokens generated after it
+    (:data:`memrl.rollout.expansion.ENTROPY_WINDOW`).
     Branches generate to their stop in one call: the segment nodes are laid out once a branch has finished, and a
     fork continues from the owner's final state cropped to the node (one generate call and one kept KV state per
     branch, instead of one per segment). Segment nodes are the only branch points: forks at any sampled token
@@ -40,9 +41,6 @@ class TreeConfig:
     in a tree that made no call) or a dotted path. Random is the default because it measured at least as good as
     entropy: the answer is written early while entropy peaks in the rambling tail, so entropy forks rarely change
     the answer (docs/benchmarks.md, rollout).
-    ``initial_rollouts_rule`` (:data:`memrl.rollout.expansion.INITIAL_ROLLOUT_RULES`) lets the number of initial
-    chains differ per prompt: ``static`` (default) or ``disagreement`` (twice the chains where the first ones
-    disagree, fewer forks to keep the same number of leaves).
     Only response positions are branch points (a fork at the bare prompt would just be another chain); the
     root is used only when a tree has no other candidate.
     """
@@ -52,23 +50,15 @@ class TreeConfig:
     nodes_per_expansion: int = 1
     beam_size: int = 3
     expansion_policy: str = "random"
-    initial_rollouts_rule: str = "static"
     segment_tokens: int = 32
-    entropy_window: int = 8
 
     def __post_init__(self) -> None:
-        if self.initial_rollouts_rule != "static" and self.expansion_iterations == 0:
-            raise ValueError(
-                f"rollout.tree.initial_rollouts_rule={self.initial_rollouts_rule!r} takes its extra chains from the "
-                "tree's expansion rounds: it needs expansion_iterations >= 1"
-            )
         checks = (
             ("initial_rollouts", self.initial_rollouts, 1),
             ("expansion_iterations", self.expansion_iterations, 0),
             ("nodes_per_expansion", self.nodes_per_expansion, 1),
             ("beam_size", self.beam_size, 2),
             ("segment_tokens", self.segment_tokens, 1),
-            ("entropy_window", self.entropy_window, 1),
         )
         for name, value, low in checks:
             if value < low:

@@ -1,5 +1,4 @@
-"""Expansion policies: which tree nodes get new branches (registry ``EXPANSION_POLICIES``), and how many
-initial chains each tree gets (registry ``INITIAL_ROLLOUT_RULES``).
+"""Expansion policies: which tree nodes get new branches (registry ``EXPANSION_POLICIES``).
 
 A policy is ``policy(candidates, k, rng) -> list of k nodes`` (a node may repeat when there are fewer than
 ``k`` candidates). ``entropy`` follows ARPO/TreeRL: branch where the model was uncertain right after the node (top-k entropy, or
@@ -9,12 +8,6 @@ the sampled tokens' surprisal where a backend returns no top-k: :func:`output_en
 opening tag (``<python>``) in the branches it has grown (``TreeNode.at_call``), and forks continue from it, so
 siblings share everything up to the call and differ in its program. A policy that wants those nodes says so with
 the attribute ``call_nodes = True``; the others never see them, so their trees are as before.
-
-An initial-rollout rule is ``rule(answers, initial, budget) -> total initial chains`` in ``[initial, budget]``:
-called once per tree when its first ``initial`` chains have ended, with their extracted answers; the tree then
-gets the extra chains from its root, and its expansion rounds fork only what is left of its ``budget`` of
-leaves. So every tree still grows exactly ``leaves_per_tree`` branches, split differently between independent
-chains (breadth) and forks (depth) per prompt.
 """
 
 from __future__ import annotations
@@ -30,25 +23,10 @@ import numpy as np
 from memrl.registry import Registry
 
 ExpansionPolicy = Callable[[Sequence[Any], int, random.Random], list[Any]]
-InitialRolloutRule = Callable[[Sequence[str], int, int], int]
 
 EXPANSION_POLICIES: Registry[ExpansionPolicy] = Registry("expansion policy")
-INITIAL_ROLLOUT_RULES: Registry[InitialRolloutRule] = Registry("initial rollout rule")
-
-
-@INITIAL_ROLLOUT_RULES.register("static")
-def static_initial(answers: Sequence[str], initial: int, budget: int) -> int:
-    """Every tree keeps ``initial`` chains (the default)."""
-    return initial
-
-
-@INITIAL_ROLLOUT_RULES.register("disagreement")
-def disagreement_initial(answers: Sequence[str], initial: int, budget: int) -> int:
-    """Double the independent chains of a tree whose first chains disagree (normalised answers differ): the
-    model is unsure of the answer itself, so fresh samples explore more than forks of one wrong chain would; a
-    tree whose chains agree keeps ``initial`` and spends its budget on forks around them."""
-    distinct = {" ".join(a.lower().split()) for a in answers}
-    return min(budget, 2 * initial) if len(distinct) > 1 else initial
+# Tokens after a node whose mean entropy is the node's: the next few tokens are where a fork there would differ.
+ENTROPY_WINDOW = 8
 
 
 def normalized_entropy(top_logprobs: Sequence[Mapping[int, float]]) -> float:

@@ -1,7 +1,7 @@
 """``tree``: offline tree search, batched across every tree of every request.
 
 Phase 1 builds one tree per request (a root node = the prompt). Phase 2 grows ``initial_rollouts`` chains per
-tree (``initial_rollouts_rule`` may add chains to a tree once its first ones end, taken from its fork budget). Phase 3 runs ``expansion_iterations`` rounds: each picks ``nodes_per_expansion`` nodes per tree with the
+tree. Phase 3 runs ``expansion_iterations`` rounds: each picks ``nodes_per_expansion`` nodes per tree with the
 expansion policy and forks ``beam_size - 1`` new branches from each, which continue from the node's token state
 (the backend finds the shared prefix in its cache: it is not recomputed). Phase 4 samples exactly ``n`` leaves per tree
 (duplicating, flagged, only when the tree has fewer). All branches run on one generation stream, and a tree
@@ -23,13 +23,13 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from memrl.formats import TOOL_TAGS, extract_answer
+from memrl.formats import TOOL_TAGS
 from memrl.policy.base import PolicyClient
 from memrl.rollout.base import STRATEGIES, AgentState, RolloutLeaves, RolloutRequest, ToolRunner
 from memrl.rollout.branch import Branch
 from memrl.rollout.config import RolloutConfig
 from memrl.rollout.engine import Engine, EngineHooks
-from memrl.rollout.expansion import EXPANSION_POLICIES, INITIAL_ROLLOUT_RULES, output_entropies
+from memrl.rollout.expansion import ENTROPY_WINDOW, EXPANSION_POLICIES, output_entropies
 from memrl.rollout.metrics import RolloutMetrics
 from memrl.rollout.toolcalls import token_end
 from memrl.types import GenerationOutput, PathNode, StepTrajectory
@@ -84,7 +84,6 @@ class Tree:
     # expand.
     rng: random.Random = field(default_factory=random.Random)
     rounds: int = 0  # expansion rounds started
-    initial_settled: bool = False  # the initial-rollout rule has decided this tree's number of chains
 
 
 @dataclass(eq=False)
@@ -101,8 +100,7 @@ class _Link:
 class TreeHooks(EngineHooks):
     """Records nodes as branches pass segment boundaries; keeps the tree valid across rollbacks."""
 
-    def __init__(self, cfg: RolloutConfig, engine_ref: list[Engine]) -> None:
-        self.cfg = cfg
+    def __init__(self, engine_ref: list[Engine]) -> None:
         self._engine = engine_ref
 
     @functools.cached_property
@@ -116,7 +114,7 @@ class TreeHooks(EngineHooks):
             return
         # Every token's entropy: the segment nodes inside this output are laid out from them later.
         hs = output_entropies(out.top_logprobs, out.logprobs, self.vocab_size)
-        head = hs[: self.cfg.tree.entropy_window]
+        head = hs[:ENTROPY_WINDOW]
         link.node.entropy_sum += sum(head) / len(head)
         link.node.entropy_n += 1
         link.entropies.update(enumerate(hs, start))
@@ -270,9 +268,9 @@ def _lay_segment_nodes(
     tree: Tree, cfg: RolloutConfig, decode: Callable[[Sequence[int]], str] | None = None
 ) -> None:
     """Give each finished branch of ``tree`` the segment nodes a segment-by-segment run would have recorded, with
-    the same entropy (the first ``entropy_window`` tokens of the segment after the node); with ``decode`` and an
+    the same entropy (the first ``ENTROPY_WINDOW`` tokens of the segment after the node); with ``decode`` and an
     expansion policy that wants them (``call_nodes``), also a node right after each tool call's opening tag."""
-    seg, window = cfg.tree.segment_tokens, cfg.tree.entropy_window
+    seg, window = cfg.tree.segment_tokens, ENTROPY_WINDOW
     calls = decode is not None and getattr(
         EXPANSION_POLICIES.get(cfg.tree.expansion_policy), "call_nodes", False
     )
@@ -298,15 +296,11 @@ def _expand_tree(engine: Engine, tree: Tree, cfg: RolloutConfig) -> list[Branch]
     tree.rounds += 1
     _lay_segment_nodes(tree, cfg, engine.tokenizer.decode)
     candidates = _candidates(tree)
-    # Extra initial chains (initial_rollouts_rule) came out of this budget: fork only what is left of it.
-    left = cfg.tree.leaves_per_tree() - len(tree.branches)
-    per_node = cfg.tree.beam_size - 1
-    nodes = min(cfg.tree.nodes_per_expansion, -(-left // per_node))
     fresh: list[Branch] = []
-    for node in policy(candidates, nodes, tree.rng) if nodes > 0 else []:
+    for node in policy(candidates, cfg.tree.nodes_per_expansion, tree.rng):
         node.expansions += 1
         key = f"{node.uid}/x{it}.{node.expansions}"
-        for _ in range(min(per_node, left - len(fresh))):
+        for _ in range(cfg.tree.beam_size - 1):
             b = _fork(tree, node, f"{tree.tree_id}/x{it}.{len(tree.branches)}", key)
             tree.branches.append(b)
             fresh.append(b)
@@ -350,7 +344,7 @@ def tree_rollout(
 ) -> RolloutLeaves:
     metrics = RolloutMetrics()
     engine_ref: list[Engine] = []
-    hooks = TreeHooks(cfg, engine_ref)
+    hooks = TreeHooks(engine_ref)
     engine = Engine(policy, tools, cfg, metrics, hooks=hooks)
     engine_ref.append(engine)
     rng = random.Random(cfg.seed)
@@ -381,39 +375,16 @@ def _grow_per_tree(engine: Engine, trees: list[Tree], cfg: RolloutConfig) -> Non
     branches have all ended, and the new branches join the rows still decoding, so no tree waits for the slowest
     branch of another."""
 
-    budget = cfg.tree.leaves_per_tree()
-
     def refill(ended: list[Branch]) -> list[Branch]:
         fresh: list[Branch] = []
         for tree in {id(b.tree.tree): b.tree.tree for b in ended}.values():
-            if not all(b.state is AgentState.TERMINATED for b in tree.branches):
-                continue
-            if not tree.initial_settled:
-                tree.initial_settled = True
-                extra = _extra_initial_chains(engine, tree, cfg)
-                if extra:
-                    fresh += extra
-                    continue
-            if tree.rounds < cfg.tree.expansion_iterations and len(tree.branches) < budget:
+            if tree.rounds < cfg.tree.expansion_iterations and all(
+                b.state is AgentState.TERMINATED for b in tree.branches
+            ):
                 fresh += _expand_tree(engine, tree, cfg)
         return fresh
 
     engine.run_streaming([b for t in trees for b in t.branches], refill)
-
-
-def _extra_initial_chains(engine: Engine, tree: Tree, cfg: RolloutConfig) -> list[Branch]:
-    """The initial-rollout rule's verdict on a tree whose first chains have ended: extra fresh chains from its
-    root (one n-sample request), taken from the leaves its expansion rounds would otherwise fork."""
-    budget, have = cfg.tree.leaves_per_tree(), len(tree.branches)
-    rule = INITIAL_ROLLOUT_RULES.get(cfg.tree.initial_rollouts_rule)
-    answers = [extract_answer(engine.tokenizer.decode(b.tokens[b.prompt_len :])) for b in tree.branches]
-    total = min(budget, max(have, int(rule(answers, cfg.tree.initial_rollouts, budget))))
-    extra = [
-        _fork(tree, tree.root, f"{tree.tree_id}/c{i}", f"{tree.root.uid}/init+") for i in range(have, total)
-    ]
-    tree.branches += extra
-    engine.metrics.add("rollout/tree/extra_initial_chains", len(extra))
-    return extra
 
 
 def _tree_metrics(

@@ -116,12 +116,9 @@ def signal_weights(scores: torch.Tensor, group_ids: Sequence[str], weights: torc
     return torch.where((size > 1) & (std == 0), 0.0, 1.0).to(torch.float32)
 
 
-def sample_weights(step_meta: Sequence[StepMeta], duplicates: str = "drop") -> torch.Tensor:
-    """``[B]`` float weights: 0 for leaves flagged ``is_duplicate`` when ``duplicates == "drop"``, else 1."""
-    if duplicates not in ("drop", "keep"):
-        raise ValueError(f"duplicates must be 'drop' or 'keep', got {duplicates!r}")
-    drop = duplicates == "drop"
-    return torch.tensor([0.0 if (drop and m.is_duplicate) else 1.0 for m in step_meta])
+def sample_weights(step_meta: Sequence[StepMeta]) -> torch.Tensor:
+    """``[B]`` float weights: 0 for leaves flagged ``is_duplicate``, else 1."""
+    return torch.tensor([0.0 if m.is_duplicate else 1.0 for m in step_meta])
 
 
 def token_advantages(seq_adv: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:

@@ -164,8 +164,8 @@ class TrainConfig:
     dotted path. ``loss_agg`` is a name in :data:`memrl.train.losses.LOSS_AGGREGATIONS`
     (``token-mean``, ``seq-mean-token-sum``, ``seq-mean-token-mean``). ``kl_coef`` > 0 adds a KL penalty to the
     reference policy (``kl_reference``: the same model with the adapter disabled, or the warm start's adapter).
-    ``duplicates`` decides how leaves flagged ``StepMeta.is_duplicate`` count: ``drop`` (weight 0, not in group
-    statistics; default) or ``keep`` (ordinary samples, as verl would see them). Which groups train is
+    Leaves flagged ``StepMeta.is_duplicate`` get weight 0 and stay out of the group statistics
+    (:func:`memrl.train.advantages.sample_weights`). Which groups train is
     ``data.group_filter``'s decision (the buffer refills dropped groups); ``rollout/mixed_groups`` reports the
     share of groups whose rewards differ. ``tree_local_weight`` > 0 adds tree-local token advantages to tree
     leaves (node values from the tree's own leaves, see :mod:`memrl.train.tree_advantages`); 0 trains every token
@@ -186,7 +186,6 @@ class TrainConfig:
     # with, RUN/warm_start/adapter): RL then stays near what imitation taught.
     kl_reference: str = "base"
     entropy_coef: float = 0.0
-    duplicates: str = "drop"
     tree_local_weight: float = 0.0
     ppo_epochs: int = 1
     ppo_mini_batches: int = 1
@@ -250,8 +249,6 @@ class TrainConfig:
             )
         if self.tree_local_weight < 0:
             raise ValueError(f"train.tree_local_weight must be >= 0 (0 = off), got {self.tree_local_weight}")
-        if self.duplicates not in ("drop", "keep"):
-            raise ValueError(f"train.duplicates must be 'drop' or 'keep', got {self.duplicates!r}")
         for name in ("ppo_epochs", "ppo_mini_batches", "micro_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"train.{name} must be >= 1, got {getattr(self, name)}")

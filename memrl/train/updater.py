@@ -72,7 +72,7 @@ class PolicyUpdater:
     # ------------------------------------------------------------------ public
     def update(self, batch: PackedBatch, replay=None) -> dict[str, float]:
         """Apply the update for one batch; returns namespaced scalar metrics (``train/...``)."""
-        weights = sample_weights(batch.step_meta, self.cfg.duplicates)
+        weights = sample_weights(batch.step_meta)
         scores = torch.as_tensor(batch.rewards, dtype=torch.float32).flatten()
         adv = compute_advantages(self.cfg.advantage, scores, batch.group_ids, weights)
         cfg = self.cfg

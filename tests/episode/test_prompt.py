@@ -91,7 +91,7 @@ def test_fact_objects_and_bad_facts():
         as_prompt_fact({"text": "no id"})
 
 
-def test_fact_order_time_or_score_and_config_validation():
+def test_facts_are_ordered_oldest_first():
     from dataclasses import dataclass
 
     from memrl.episode.prompt import order_facts
@@ -102,14 +102,9 @@ def test_fact_order_time_or_score_and_config_validation():
         score: float
 
     facts = [Retrieved(7, 0.2), Retrieved(3, 0.9), Retrieved(5, 0.9), Retrieved(1, 0.1)]
-    assert [f.fact_id for f in order_facts(facts, "time")] == [1, 3, 5, 7]
-    assert [f.fact_id for f in order_facts(facts, "score")] == [3, 5, 7, 1]  # ties: oldest first
-    dicts = _facts(3, scores=[0.1, 0.8, 0.5])
-    assert [f["id"] for f in order_facts(dicts, "score")] == [101, 102, 100]
-    with pytest.raises(ValueError, match="valid: time, score"):
-        order_facts(facts, "recency")
-    with pytest.raises(ValueError, match="episode.fact_order='random'; valid: time, score"):
-        EpisodeConfig(fact_order="random")
+    assert [f.fact_id for f in order_facts(facts)] == [1, 3, 5, 7]
+    dicts = list(reversed(_facts(3, scores=[0.1, 0.8, 0.5])))
+    assert [f["id"] for f in order_facts(dicts)] == [100, 101, 102]
 
 
 def test_tool_example_shows_one_worked_python_call_in_the_response_format():

@@ -140,7 +140,7 @@ def test_verl_trains_the_rows_and_advantages_of_memrl_train(credit, advantage, p
 
     # memrl train
     batch = TrajectoryBatchBuilder(BatchConfig()).build(keep_roles(episodes, cfg.train.roles))
-    weights = sample_weights(batch.step_meta, cfg.train.duplicates)
+    weights = sample_weights(batch.step_meta)
     adv = compute_advantages(cfg.train.advantage, batch.rewards, batch.group_ids, weights)
     expected = {row.step_id: (row, float(adv[i])) for i, row in enumerate(unpack_steps(batch))}
     assert any("/memory" in g for g in batch.group_ids), "the run wrote no credited memory"

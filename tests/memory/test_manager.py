@@ -79,5 +79,3 @@ def test_system_save_and_reload_keeps_facts(minilm, tmp_path):
 def test_config_validation_has_fix_it_messages():
     with pytest.raises(ValueError, match="expected one of"):
         MemoryConfig(index="annoy")
-    with pytest.raises(ValueError, match="raise candidate_pool"):
-        MemoryConfig(top_k=50, candidate_pool=10)

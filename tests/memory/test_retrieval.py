@@ -24,9 +24,7 @@ def system(minilm):
     """One system per retrieval mode over the same history (one encode call each)."""
     systems = {}
     for mode in ("dense", "bm25", "hybrid"):
-        s = MemorySystem(
-            MemoryConfig(retrieval=mode, candidate_pool=10, top_k=3, neighbour_turns=0), embedder=minilm
-        )
+        s = MemorySystem(MemoryConfig(retrieval=mode, top_k=3, neighbour_turns=0), embedder=minilm)
         s.extract_facts_batch(
             [(s.manager("ep"), TurnSpec("history", x, i, sp, ts)) for i, sp, ts, x in HISTORY]
         )

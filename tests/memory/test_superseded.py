@@ -26,12 +26,12 @@ def _chain_records() -> dict[int, FactRecord]:
 def test_a_stale_fact_is_dropped_when_its_current_successor_is_a_candidate():
     records = _chain_records()
     ranked = [(0, 0.9), (2, 0.8), (3, 0.7), (1, 0.6)]
-    out = supersede_rescore(ranked, records, "Where does Ann live?", 0.5)
+    out = supersede_rescore(ranked, records, "Where does Ann live?")
     # Oslo and Paris lead (by a chain) to Rome, a candidate: gone. Bob's Cairo is not a candidate: Lima stays,
     # ranked at half its score.
     assert out == [(2, 0.8), (3, 0.35)]
     # A question about the past keeps every value, as ranked.
-    assert supersede_rescore(ranked, records, "Where did Ann live before?", 0.5) == ranked
+    assert supersede_rescore(ranked, records, "Where did Ann live before?") == ranked
 
 
 def test_attached_history_gives_now_the_current_value_and_before_the_earlier_ones():

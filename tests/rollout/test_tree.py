@@ -184,10 +184,9 @@ def test_segment_nodes_never_sit_inside_tool_output_and_restart_after_it(tok):
     assert {m for _, _, m in nodes} == {1}  # the result tokens (mask 0) are never resampled
 
 
-def test_disagreeing_prompts_get_more_initial_chains_and_still_exactly_n_leaves(tok):
-    """initial_rollouts_rule=disagreement: prompt #1's first chains answer differently, so its tree gets twice the
-    independent chains and fewer forks; prompt #0's agree and keep the static shape. Both grow the same number of
-    branches and return exactly n leaves."""
+def test_every_tree_keeps_its_initial_chains_and_exactly_n_leaves(tok):
+    """Prompt #1's first chains answer differently, prompt #0's agree: both trees keep ``initial_rollouts``
+    chains, grow the same number of branches and return exactly n leaves."""
 
     def script(ctx):
         if "A:" in ctx.text and ctx.text.split("A:", 1)[1]:
@@ -195,27 +194,11 @@ def test_disagreeing_prompts_get_more_initial_chains_and_still_exactly_n_leaves(
         agree = ctx.text.startswith("#0")
         return f"thinking it over <answer>{7 if agree else ctx.sample_index + (ctx.seed or 0)}</answer>"
 
-    def run(rule):
-        cfg = _cfg(8, 2, 2, 1, 4, seg=4)
-        cfg.tree.initial_rollouts_rule = rule
-        pol = ScriptedPolicy(tok, script)
-        result = run_rollout(_requests(tok, 2), pol, None, cfg)
-        return result
-
-    static, dynamic = run("static"), run("disagreement")
-    chains = lambda leaves: sum(1 for s in leaves if s.meta.branch_depth == 0)  # noqa: E731
-    assert [chains(x) for x in static.leaves] == [2, 2]
-    assert [chains(x) for x in dynamic.leaves] == [2, 4]  # tree widths differ per prompt
-    assert dynamic.metrics["rollout/tree/extra_initial_chains"] == 2
-    for result in (static, dynamic):
-        assert result.metrics["rollout/tree/leaves"] == 2 * 8
-        for leaves in result.leaves:
-            assert len(leaves) == 8 and not any(s.meta.is_duplicate for s in leaves)
-
-
-def test_dynamic_initial_rollouts_need_expansion_rounds():
-    with pytest.raises(ValueError, match="expansion_iterations >= 1"):
-        TreeConfig(initial_rollouts_rule="disagreement", expansion_iterations=0)
+    result = run_rollout(_requests(tok, 2), ScriptedPolicy(tok, script), None, _cfg(8, 2, 2, 1, 4, seg=4))
+    assert [sum(1 for s in x if s.meta.branch_depth == 0) for x in result.leaves] == [2, 2]
+    assert result.metrics["rollout/tree/leaves"] == 2 * 8
+    for leaves in result.leaves:
+        assert len(leaves) == 8 and not any(s.meta.is_duplicate for s in leaves)
 
 
 def _calling_script(head: str):
