@@ -25,6 +25,7 @@ BENCH_MODULES = (
     "episodes",
     "extract",
     "engines",
+    "parity",
     "attention",
 )
 

@@ -11,9 +11,9 @@ Workloads (token ids built here, once, so both engines read the very same prompt
   ``memrl bench rollout``), independent chains and tree search (tree: sampled only; a greedy tree forks
   duplicates);
 - ``train_step``: one training step's rollouts of ``configs/synthetic_memory.yaml`` (4 prompts x 8 episodes with
-  per-turn memory writes and the answer turns) with a LoRA adapter (random ``B``) published as training does after
-  an update: HF generates with it folded in, vLLM loads the saved adapter as a new LoRA request (``publish_s``).
-  One adapter for both roles (``train.role_adapters=shared``: vLLM serves one adapter per request) and the
+  per-turn memory writes and the answer turns) with the recipe's two adapters, one per role (random ``B``),
+  published as training does after an update: HF generates with them folded in, vLLM loads the saved adapters as
+  new LoRA requests (``publish_s``), the writes carrying the writer's and the answers the answer adapter's; the
   on-disk write cache off (``memory.write_cache=false``), in both arms.
 
 Each engine runs in a process of its own (:mod:`memrl.bench.engines_arm`): ``hf`` under this interpreter, ``vllm``
@@ -60,7 +60,7 @@ ENGINES = tuple(ARMS)
 WORKLOADS = ("writes_8", "writes_32", "answers_chain", "answers_tree", "train_step")
 MODES = ("greedy", "sampled")
 TRAIN_CONFIG = "configs/synthetic_memory.yaml"
-TRAIN_OVERRIDES = ("train.role_adapters=shared", "memory.write_cache=false", "train.warm_start.episodes=0")
+TRAIN_OVERRIDES = ("memory.write_cache=false", "train.warm_start.episodes=0")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -184,6 +184,20 @@ def check_engine(engine: str, python: str) -> str | None:
     return None
 
 
+def child_env(tmp: str) -> dict[str, str]:
+    """The environment of a child process under another interpreter: this checkout first on its path; vLLM's
+    sockets, compile caches and temp files in ``tmp`` (removed afterwards, so a run leaves nothing behind)."""
+    import memrl
+
+    src = str(Path(memrl.__file__).resolve().parents[1])
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    )
+    env.update(VLLM_RPC_BASE_PATH=tmp, VLLM_CACHE_ROOT=f"{tmp}/vllm-cache",
+               TORCHINDUCTOR_CACHE_DIR=f"{tmp}/inductor", TMPDIR=tmp)  # fmt: skip
+    return env
+
+
 def arm_failure(stderr: str, tail: int = 12) -> str:
     """What a failed arm said: its error lines (vLLM's engine core reports its root cause long before the
     client's ``EngineDeadError``) and the last ``tail`` lines."""
@@ -196,9 +210,6 @@ def run_arm(
     engine: str, python: str, spec: dict, threads: int, timeout_s: float, log_dir: str | None = None
 ) -> dict:
     """``spec`` through ``engine`` in a child process; its result, or ``{"error": ...}``."""
-    import memrl
-
-    src = str(Path(memrl.__file__).resolve().parents[1])
     with tempfile.TemporaryDirectory(prefix="memrl-bench-engines-") as tmp:
         spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "out.json"
         spec_path.write_text(
@@ -214,12 +225,7 @@ def run_arm(
             ),
             encoding="utf-8",
         )
-        env = dict(
-            os.environ, PYTHONPATH=os.pathsep.join([src, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-        )
-        # vLLM's sockets, compile caches and temp files go to this directory, removed after the arm.
-        env.update(VLLM_RPC_BASE_PATH=tmp, VLLM_CACHE_ROOT=f"{tmp}/vllm-cache",
-                   TORCHINDUCTOR_CACHE_DIR=f"{tmp}/inductor", TMPDIR=tmp)  # fmt: skip
+        env = child_env(tmp)
         cmd = [python, "-m", "memrl.bench.engines_arm", str(spec_path), str(out_path)]
         try:
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)

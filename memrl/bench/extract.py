@@ -52,6 +52,7 @@ from memrl.memory.embedder import Embedder, build_embedder
 from memrl.memory.extract import TextGenerator
 from memrl.memory.manager import MemorySystem
 from memrl.memory.write_scores import score_writes
+from memrl.policy.base import Capability, capabilities
 from memrl.types import BatchInput
 
 logger = logging.getLogger(__name__)
@@ -72,8 +73,10 @@ class CountingClient:
         self.tokenizer = inner.tokenizer
         self.prompt_tokens = 0
         self.completion_tokens = 0
-        # The writer switches to its own adapter through this (a per-role run's adapter/memory/).
-        if hasattr(inner, "use_adapter"):
+        # The writer switches to its own adapter through this (a per-role run's adapter/memory/); the counts
+        # would miss a draft check's forward, so the wrapper offers adapters only.
+        self.capabilities = capabilities(inner) & {Capability.ADAPTERS}
+        if self.capabilities:
             self.use_adapter = inner.use_adapter
 
     def generate(self, requests):

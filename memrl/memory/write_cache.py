@@ -6,7 +6,7 @@ its prompt, so evaluating another answer policy over the same writer, training t
 frozen writer builds (``train.roles: [answer]`` writes greedily), or a rerun, writes nothing new.
 
 A reply is stored under SHA-256 of (writer digest, max tokens, stop ids, prompt ids) in
-``$MEMRL_CACHE_DIR/writes/<writer digest>.sqlite``. The digest (:func:`writer_digest`) hashes the writer's
+``$MEMRL_CACHE_DIR/writes/<writer digest>.sqlite``. The digest (the policy's ``weights_digest``) hashes the writer's
 LoRA tensors as they are at the call, so a writer being trained never reads a stale reply, plus the base model's
 config and a slice of its embeddings. Sampled writes (temperature > 0) are never cached. A backend without
 in-process weights (a server) has no digest and is not cached.
@@ -15,7 +15,7 @@ in-process weights (a server) has no digest and is not cached.
 ``writes/drafts.sqlite``: the last reply a writer gave that prompt. A writer whose weights changed a little (a
 writer being trained, its checkpoint evaluated) misses its own cache but mostly writes what the writer before it
 wrote. So a miss with a draft checks it in one teacher-forced forward
-(:meth:`memrl.policy.engine.hf.HFPolicy.greedy_logprobs`): where every draft token is the new writer's argmax and the
+(the policy's ``greedy_logprobs``, :class:`memrl.policy.base.Capability`): where every draft token is the new writer's argmax and the
 draft ends as greedy decoding ends (its stop token, or ``max_tokens`` tokens), the draft *is* the new writer's
 greedy reply and is taken without decoding. Otherwise the forward still gives the greedy reply up to and including
 the first token where the two differ, and only the rest is decoded. The forward and the decode
@@ -31,37 +31,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from memrl.blob_cache import BlobCache
-
-_BASE_SLICE = 1 << 16  # embedding values hashed to tell base models apart (the whole matrix is ~100 MB)
-
-
-def _tensor_bytes(t) -> bytes:
-    import torch
-
-    return t.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes()
-
-
-def writer_digest(model, adapter: str | None) -> str | None:
-    """Hex digest of what a greedy write depends on in ``model``: its base (config + an embedding slice) and the
-    LoRA tensors of ``adapter`` (None: no adapter). None for an object that is not a torch module."""
-    import torch
-
-    if not isinstance(model, torch.nn.Module):
-        return None
-    h = hashlib.sha256()
-    config = getattr(model, "config", None)
-    h.update(config.to_json_string().encode() if hasattr(config, "to_json_string") else repr(config).encode())
-    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    if embeddings is not None:
-        h.update(_tensor_bytes(embeddings.weight.reshape(-1)[:_BASE_SLICE]))
-    if adapter is not None:
-        marker = f".{adapter}."
-        for name, param in sorted(model.named_parameters()):
-            if "lora_" in name and marker in name:
-                h.update(name.encode())
-                h.update(_tensor_bytes(param))
-    return h.hexdigest()
-
 
 Reply = tuple[tuple[int, ...], tuple[float, ...]]  # response ids, their log-probs
 

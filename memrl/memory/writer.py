@@ -22,7 +22,6 @@ current value (:func:`memrl.memory.superseded.supersede_rescore`).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import re
@@ -32,8 +31,9 @@ from dataclasses import dataclass
 from memrl.memory.config import MemoryConfig
 from memrl.memory.extract import ExtractionRequest, FactDecision, TextGenerator, turn_caption
 from memrl.memory.store import FactRecord
-from memrl.memory.write_cache import Reply, WriteCache, writer_digest
+from memrl.memory.write_cache import Reply, WriteCache
 from memrl.paths import cache_dir
+from memrl.policy.base import MEMORY_ADAPTER, Capability, capabilities, role_scope
 from memrl.templates import encode_chat, load_template
 from memrl.types import MemoryOpType, TurnSpec
 
@@ -153,9 +153,7 @@ def render_user(req: WriteRequest) -> str:
     return "\n".join(["Memory:", *(facts or ["(empty)"]), "New:", *map(turn_line, req.turns), "Operations:"])
 
 
-WRITER_ADAPTER = (
-    "memory"  # the LoRA adapter a per-role run trains for writes (memrl.train.lora.MEMORY_ADAPTER)
-)
+WRITER_ADAPTER = MEMORY_ADAPTER  # the LoRA adapter a per-role run trains for writes
 
 
 class PolicyWriter:
@@ -279,14 +277,13 @@ class PolicyWriter:
         index: (this writer's greedy reply as far as the forward tells it, whether that is the whole reply). The
         reply runs up to and including the first token where the draft and this writer's argmax differ (the
         argmax there); it is whole where the draft is this writer's greedy reply or the argmax ends it."""
-        check = getattr(self.client, "greedy_logprobs", None)
-        drafts = cache.drafts(prompts) if prompts and check is not None else {}
+        check = Capability.DRAFT_CHECK in capabilities(self.client)
+        drafts = cache.drafts(prompts) if prompts and check else {}
         drafts = {i: ids for i, (ids, _) in drafts.items() if cache.greedy_ending(ids)}
         if not drafts:
             return {}
-        scope = getattr(self.client, "use_adapter", None)
-        with scope(WRITER_ADAPTER) if scope is not None else contextlib.nullcontext():
-            scored = check([(prompts[i], ids) for i, ids in drafts.items()])
+        with role_scope(self.client, WRITER_ADAPTER):
+            scored = self.client.greedy_logprobs([(prompts[i], ids) for i, ids in drafts.items()])
         out = {}
         for (i, ids), (lps, greedy, greedy_lps) in zip(drafts.items(), scored, strict=True):
             j = next((k for k, (a, b) in enumerate(zip(ids, greedy, strict=True)) if a != b), len(ids))
@@ -319,9 +316,7 @@ class PolicyWriter:
             )
             for p, k, m in zip(prompts, n, budgets, strict=True)
         ]  # fmt: skip
-        # The writer's own adapter where the policy has one per role (HFPolicy.use_adapter), else the policy as is.
-        scope = getattr(self.client, "use_adapter", None)
-        with scope(WRITER_ADAPTER) if scope is not None else contextlib.nullcontext():
+        with role_scope(self.client, WRITER_ADAPTER):  # the writer's own adapter where the policy has one
             outputs = self.client.generate(gens)
         if len(outputs) != len(prompts):
             raise RuntimeError(f"policy returned {len(outputs)} results for {len(prompts)} memory writes")
@@ -331,14 +326,9 @@ class PolicyWriter:
         """The cache of the writer's current weights (None: caching off, or a backend without local weights)."""
         if self.cache_root is None:
             return None
-        model = getattr(self.client, "model", None)
-        peft = getattr(model, "peft_config", None) or {}
-        adapter = (
-            WRITER_ADAPTER
-            if WRITER_ADAPTER in peft
-            else (getattr(model, "active_adapter", None) if peft else None)
-        )
-        digest = writer_digest(model, adapter)
+        if Capability.WEIGHT_DIGEST not in capabilities(self.client):
+            return None
+        digest = self.client.weights_digest(WRITER_ADAPTER)
         if digest is None:
             return None
         if self._write_cache is None or self._write_cache.digest != digest:

@@ -10,10 +10,12 @@ so branches that share a prefix do not recompute it and report the reused part a
 from __future__ import annotations
 
 import contextlib
+import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from memrl.policy.errors import PolicyError
 from memrl.types import ContractError, GenerationOutput
 
 
@@ -60,9 +62,46 @@ class GenerationRequest:
 
 
 # The LoRA adapter of the memory writer where a run trains one adapter per role (``train.role_adapters:
-# per_role``); PEFT's ``default`` plays the answer role. A client that can switch adapters has
-# ``use_adapter(name)``, a context manager around its generate calls (HFPolicy).
+# per_role``); PEFT's ``default`` plays the answer role.
 MEMORY_ADAPTER = "memory"
+
+
+class Capability(enum.Enum):
+    """What a backend offers beyond :class:`PolicyClient` (each value says what), listed in its ``capabilities``.
+
+    * ``ADAPTERS``: ``use_adapter(name)`` is a context manager; calls inside it generate and score with LoRA
+      adapter ``name`` (a role's own), or with the default one where no adapter has that name.
+    * ``DRAFT_CHECK``: ``greedy_logprobs(sequences)`` returns, per (prompt, draft), the draft tokens' log-probs,
+      the argmax token at each draft position and its log-prob, from one forward.
+    * ``WEIGHT_DIGEST``: ``weights_digest(adapter)`` returns a digest of the weights a greedy reply depends on
+      (the base and that adapter); the write cache keys replies by it.
+    """
+
+    ADAPTERS = "a LoRA adapter per role, chosen per call (use_adapter)"
+    DRAFT_CHECK = "a draft's log-probs and argmax tokens from one forward (greedy_logprobs)"
+    WEIGHT_DIGEST = "a digest of its weights (weights_digest)"
+
+
+def capabilities(client: Any) -> frozenset[Capability]:
+    return frozenset(getattr(client, "capabilities", ()))
+
+
+def require(client: Any, capability: Capability, needed_by: str) -> None:
+    """Raise :class:`~memrl.policy.errors.PolicyError` naming the backend where it lacks ``capability``."""
+    if capability in capabilities(client):
+        return
+    has = ", ".join(sorted(c.name for c in capabilities(client))) or "none"
+    raise PolicyError(
+        f"{needed_by} needs {capability.value}; policy backend {type(client).__name__} does not offer it "
+        f"(it offers: {has}). Backends that do: hf, vllm"
+    )
+
+
+def role_scope(client: Any, adapter: str) -> contextlib.AbstractContextManager[None]:
+    """Calls inside generate with ``adapter`` where the client serves adapters per call, else as they are."""
+    if Capability.ADAPTERS in capabilities(client):
+        return client.use_adapter(adapter)
+    return contextlib.nullcontext()
 
 
 @contextlib.contextmanager

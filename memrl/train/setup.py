@@ -18,6 +18,7 @@ import torch
 
 from memrl.config import Config
 from memrl.data.config import DataConfig
+from memrl.policy.base import Capability, require
 from memrl.policy.config import PolicyConfig
 from memrl.rollout.config import TreeConfig
 from memrl.train.config import LoraConfig
@@ -109,12 +110,6 @@ def _model_and_policy(
     from memrl.policy.engine.hf import HFPolicy
     from memrl.policy.engine.load import load_model_and_tokenizer
 
-    if per_role and policy.backend != "hf":
-        # Another backend gets the adapter as a file after each update and serves one adapter per request.
-        raise ValueError(
-            f"train.role_adapters=per_role needs policy.backend=hf (got {policy.backend!r}): the writer's "
-            "adapter is switched in process, around its generate calls"
-        )
     model, tokenizer = load_model_and_tokenizer(dataclasses.replace(policy, lora_path=None))
     model = attach_lora(model, lora, per_role=per_role)
     if policy.lora_path:
@@ -125,7 +120,15 @@ def _model_and_policy(
         return model, HFPolicy.from_model(model, tokenizer, policy), True
     from memrl.policy import make_policy
 
-    return model, make_policy(policy), False
+    # Another backend serves the trained adapters as files, published after each update (publish_adapter).
+    client = make_policy(dataclasses.replace(policy, enable_lora=True))
+    if per_role:
+        require(
+            client,
+            Capability.ADAPTERS,
+            "train.role_adapters=per_role (the writer's adapter, served per call)",
+        )
+    return model, client, False
 
 
 def build_resources(cfg: Config) -> TrainResources:

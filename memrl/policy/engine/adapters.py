@@ -14,6 +14,7 @@ The decode engine holds one :class:`LoraAdapters` and reaches it through its pub
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Protocol
@@ -117,3 +118,31 @@ class LoraAdapters:
                 yield
         finally:
             policy.prefix_cache = cache
+
+
+_BASE_SLICE = 1 << 16  # embedding values hashed to tell base models apart (the whole matrix is ~100 MB)
+
+
+def _tensor_bytes(t) -> bytes:
+    return t.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy().tobytes()
+
+
+def module_digest(model, adapter: str | None) -> str | None:
+    """Hex digest of what a greedy write depends on in ``model``: its base (config + an embedding slice) and the
+    LoRA tensors of ``adapter`` (None: no adapter). None for an object that is not a torch module."""
+
+    if not isinstance(model, torch.nn.Module):
+        return None
+    h = hashlib.sha256()
+    config = getattr(model, "config", None)
+    h.update(config.to_json_string().encode() if hasattr(config, "to_json_string") else repr(config).encode())
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if embeddings is not None:
+        h.update(_tensor_bytes(embeddings.weight.reshape(-1)[:_BASE_SLICE]))
+    if adapter is not None:
+        marker = f".{adapter}."
+        for name, param in sorted(model.named_parameters()):
+            if "lora_" in name and marker in name:
+                h.update(name.encode())
+                h.update(_tensor_bytes(param))
+    return h.hexdigest()

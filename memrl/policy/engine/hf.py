@@ -29,10 +29,10 @@ from pathlib import Path
 
 import torch
 
-from memrl.policy.base import GenerationRequest, SamplingParams
+from memrl.policy.base import Capability, GenerationRequest, SamplingParams
 from memrl.policy.config import PolicyConfig
 from memrl.policy.engine import score
-from memrl.policy.engine.adapters import LoraAdapters
+from memrl.policy.engine.adapters import LoraAdapters, module_digest
 from memrl.policy.engine.architecture import check_servable, text_config
 from memrl.policy.engine.batching import DecodeBatch, DecodeRow
 from memrl.policy.engine.continuous import HFStream
@@ -94,6 +94,8 @@ def _prefix_dominates(rows: Sequence[DecodeRow]) -> bool:
 class HFPolicy:
     """:class:`~memrl.policy.base.PolicyClient` over a transformers model, in process."""
 
+    capabilities = frozenset(Capability)
+
     def __init__(self, cfg: PolicyConfig, model=None, tokenizer=None) -> None:
         self.cfg = cfg
         if model is None:
@@ -150,6 +152,12 @@ class HFPolicy:
         """Forget cached prefix states; call after changing the model's weights in place."""
         self.prefix_cache.clear()
         self.adapters.weights_changed()
+
+    def weights_digest(self, adapter: str) -> str | None:
+        """Digest of the base and adapter ``adapter`` (the active one where the model has no such adapter)."""
+        peft = getattr(self.model, "peft_config", None) or {}
+        name = adapter if adapter in peft else (self.model.active_adapter if peft else None)
+        return module_digest(self.model, name)
 
     def use_adapter(self, name: str) -> AbstractContextManager[None]:
         """Generate with LoRA adapter ``name`` inside the ``with`` block, from that adapter's own prefix cache."""

@@ -135,3 +135,74 @@ def test_vllm_decodes_each_family_as_the_hf_engine(family, tmp_path):
     for [w], [g] in zip(want, got, strict=True):
         assert g.token_ids == w.token_ids
         assert torch.allclose(torch.tensor(g.logprobs), torch.tensor(w.logprobs), atol=1e-3)
+
+
+@pytest.fixture(scope="module")
+def per_role(tmp_path_factory):
+    """A tiny Llama (vLLM-sized heads) with the two roles' adapters saved as a per-role run publishes them; the
+    answer and writer adapters perturbed differently, so the roles decode differently."""
+    from memrl.train.config import LoraConfig
+    from memrl.train.lora import attach_lora, save_adapter
+
+    model, tok = random_tiny_llama(
+        seed=4, num_attention_heads=2, num_key_value_heads=1, initializer_range=0.3
+    )
+    base = tmp_path_factory.mktemp("tiny-per-role")
+    model.save_pretrained(base)
+    tok.save_pretrained(base)
+    model = attach_lora(model, LoraConfig(r=4, alpha=8, target_modules=["q_proj", "v_proj"]), per_role=True)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=gen) * (0.5 if ".memory." in name else 0.2))
+    adapter = save_adapter(model.eval(), base / "adapter")
+    hf = HFPolicy(PolicyConfig(model=str(base), dtype="float32", lora_path=str(adapter)))
+    with _vllm_env():
+        vl = make_policy(
+            PolicyConfig(
+                backend="vllm", model=str(base), dtype="float32", max_model_len=1024, vllm_kv_cache_gb=1,
+                lora_path=str(adapter),
+            )
+        )  # fmt: skip
+        yield hf, vl, adapter
+        vl.close()
+
+
+def test_each_role_decodes_with_its_own_adapter_as_the_hf_engine(per_role):
+    hf, vl, _ = per_role
+    prompts = [enc(hf, "Where does Ann live?"), enc(hf, "Bob bought a red bike. " * 3)]
+    params = SamplingParams(temperature=0.0, max_tokens=12)
+    reqs = [GenerationRequest(p, params) for p in prompts]
+    out = {}
+    for role in ("default", "memory"):
+        with hf.use_adapter(role), vl.use_adapter(role):
+            out[role] = (hf.generate(reqs), vl.generate(reqs))
+    for role, (want, got) in out.items():
+        for [w], [g] in zip(want, got, strict=True):
+            assert g.token_ids == w.token_ids, role
+            assert torch.allclose(torch.tensor(g.logprobs), torch.tensor(w.logprobs), atol=1e-3), role
+    assert [o[0].token_ids for o in out["default"][1]] != [o[0].token_ids for o in out["memory"][1]]
+
+
+def test_draft_check_and_digest_through_the_contract(per_role):
+    """greedy_logprobs gives HF's argmax and log-probs on a draft that departs from greedy; the digest follows
+    the role's adapter files and changes when new weights are published."""
+    import shutil
+
+    hf, vl, adapter = per_role
+    prompt = enc(hf, "Where does Ann live?")
+    with hf.use_adapter("memory"), vl.use_adapter("memory"):
+        [[w]] = hf.generate([GenerationRequest(prompt, SamplingParams(temperature=0.0, max_tokens=10))])
+        draft = w.token_ids[:5] + ((w.token_ids[5] + 1) % 200,) + w.token_ids[6:]
+        want = hf.greedy_logprobs([(prompt, draft)])
+        got = vl.greedy_logprobs([(prompt, draft)])
+    (w_lps, w_greedy, w_glps), (g_lps, g_greedy, g_glps) = want[0], got[0]
+    assert g_greedy == w_greedy and g_greedy[:5] == list(draft[:5]) and g_greedy[5] != draft[5]
+    assert torch.allclose(torch.tensor(g_lps), torch.tensor(w_lps), atol=1e-3)
+    assert torch.allclose(torch.tensor(g_glps), torch.tensor(w_glps), atol=1e-3)
+    memory, answer = vl.weights_digest("memory"), vl.weights_digest("default")
+    assert memory != answer and vl.weights_digest("absent") == answer
+    shutil.copytree(adapter, adapter.parent / "republished")  # the same weights published anew: same digest
+    vl.load_adapter(adapter.parent / "republished")
+    assert vl.weights_digest("memory") == memory
