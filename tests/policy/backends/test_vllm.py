@@ -195,8 +195,15 @@ def test_draft_check_and_digest_through_the_contract(per_role):
     with hf.use_adapter("memory"), vl.use_adapter("memory"):
         [[w]] = hf.generate([GenerationRequest(prompt, SamplingParams(temperature=0.0, max_tokens=10))])
         draft = w.token_ids[:5] + ((w.token_ids[5] + 1) % 200,) + w.token_ids[6:]
-        want = hf.greedy_logprobs([(prompt, draft)])
-        got = vl.greedy_logprobs([(prompt, draft)])
+        other = enc(hf, "Bob bought a red bike. " * 3)  # several prompts in one call: each scored on its own
+        want = hf.greedy_logprobs([(prompt, draft), (other, draft)])
+        got = vl.greedy_logprobs([(prompt, draft), (other, draft)])
+        pairs = [(prompt, w.token_ids), (other, w.token_ids[:4])]
+        assert all(
+            torch.allclose(torch.tensor(g), torch.tensor(w_), atol=1e-3)
+            for g, w_ in zip(vl.logprobs(pairs), hf.logprobs(pairs), strict=True)
+        )
+    assert got[1][1] == want[1][1]
     (w_lps, w_greedy, w_glps), (g_lps, g_greedy, g_glps) = want[0], got[0]
     assert g_greedy == w_greedy and g_greedy[:5] == list(draft[:5]) and g_greedy[5] != draft[5]
     assert torch.allclose(torch.tensor(g_lps), torch.tensor(w_lps), atol=1e-3)
