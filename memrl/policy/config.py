@@ -1,8 +1,28 @@
 from __future__ import annotations
 
+import importlib.util
+import logging
 from dataclasses import dataclass
 
+logger = logging.getLogger(__name__)
+
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
+# Backends that need a package of their own (an optional extra), by the module that must import.
+_NEEDS = {"vllm": "vllm"}
+
+
+def first_installed(backend: str) -> str:
+    """``vllm|hf``: the first backend whose package is installed (a recipe whose workload one engine serves
+    faster names it first); a single name as it is."""
+    names = [n.strip() for n in backend.split("|")]
+    if len(names) == 1:
+        return backend
+    for name in names:
+        if name not in _NEEDS or importlib.util.find_spec(_NEEDS[name]) is not None:
+            if name != names[0]:
+                logger.info("policy.backend=%s: %s is not installed, using %s", backend, names[0], name)
+            return name
+    raise ValueError(f"policy.backend={backend!r}: none of these is installed (vllm needs the vllm extra)")
 
 
 @dataclass
@@ -15,7 +35,7 @@ class PolicyConfig:
     bfloat16 on CUDA (float16 where bf16 is unsupported) and on CPUs with AMX, else float32 (see
     :func:`memrl.precision.resolve_dtype` for the measurement behind the CPU rule). ``backend`` is a name in
     :data:`memrl.policy.BACKENDS` (``hf``, ``vllm``, ``openai``) or a dotted path to a
-    ``(PolicyConfig) -> PolicyClient`` constructor.
+    ``(PolicyConfig) -> PolicyClient`` constructor; ``vllm|hf`` takes the first one installed.
     """
 
     backend: str = "hf"
@@ -63,6 +83,7 @@ class PolicyConfig:
     enforce_eager: bool = False
 
     def __post_init__(self) -> None:
+        self.backend = first_installed(self.backend)
         if self.dtype not in _DTYPES:
             raise ValueError(f"policy.dtype={self.dtype!r}: expected one of {_DTYPES}")
         for name in ("max_model_len", "max_batch_size", "score_batch_size"):
