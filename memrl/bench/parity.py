@@ -38,7 +38,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--config", default="configs/synthetic_memory_eval.yaml", help="episode config both engines run"
     )
-    p.add_argument("--episodes", type=int, default=64, help="episodes (data.limit)")
+    p.add_argument("--episodes", type=int, default=16, help="episodes (data.limit)")
     p.add_argument("--vllm-python", default=None, help="python of the vLLM environment")
     p.add_argument("--work-dir", default=None, help="keep both runs' outputs here (default: a temp dir)")
     p.add_argument("--timeout-s", type=float, default=3600.0, help="per run")

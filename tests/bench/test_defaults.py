@@ -27,6 +27,7 @@ DOCUMENTED = {
     "extract": {"episodes": 4, "extractor": "both", "overrides": {"llm_max_tokens": 64}},
     "engines": {"model": "smollm2-135m", "engines": "hf,vllm", "write_neighbours": 4, "write_max_tokens": 8,
                 "episodes": 16, "leaves": 8, "answer_max_tokens": 96},
+    "parity": {"config": "configs/synthetic_memory_eval.yaml", "episodes": 16, "overrides": []},
     "attention": {"model": "smollm2-135m", "dtype": "bfloat16", "prefix_tokens": 142, "tails": "480,1227",
                   "decode": "8x620,32x1350", "new_tokens": 24, "repeats": 3},
 }  # fmt: skip
