@@ -218,21 +218,9 @@ class VLLMPolicy:
         self, sequences: Sequence[tuple[Sequence[int], Sequence[int]]], *, temperature: float = 1.0
     ) -> list[list[float]]:
         """Prompt logprobs of each response (vLLM reports them at temperature 1 only)."""
-        from vllm import SamplingParams as VSampling
-        from vllm.inputs import TokensPrompt
-
         if temperature != 1.0:
             raise PolicyError("the vllm backend scores at temperature 1 only (prompt logprobs are raw)")
-        todo = [(i, list(map(int, p)), list(map(int, r))) for i, (p, r) in enumerate(sequences) if len(r)]
-        out: list[list[float]] = [[] for _ in sequences]
-        if not todo:
-            return out
-        prompts = [TokensPrompt(prompt_token_ids=p + r) for _, p, r in todo]
-        results = self._prompt_logprobs(prompts, VSampling(max_tokens=1, temperature=0.0, prompt_logprobs=0))
-        for (i, p, r), ro in zip(todo, results, strict=True):
-            seq = p + r
-            out[i] = [float(ro.prompt_logprobs[j][seq[j]].logprob) for j in range(len(p), len(seq))]
-        return out
+        return [lps for lps, _, _ in self.greedy_logprobs(sequences)]
 
     def greedy_logprobs(
         self, sequences: Sequence[tuple[Sequence[int], Sequence[int]]]
