@@ -26,6 +26,7 @@ from memrl.data.config import DataConfig
 from memrl.episode.config import EpisodeConfig
 from memrl.memory.config import MemoryConfig
 from memrl.policy.config import PolicyConfig
+from memrl.registry import RegistryError, import_plugins
 from memrl.rollout.config import RolloutConfig
 from memrl.tools.config import ToolsConfig
 from memrl.train.config import TrainConfig
@@ -71,6 +72,9 @@ class Config:
 
     seed: int = 0
     output_dir: str = "runs/default"
+    # Modules imported before anything is built: what they register (an extractor, a reward, a step credit...)
+    # is then a name the rest of the config can use (memrl.methods.memagent, or a user's own package).
+    plugins: list[str] = field(default_factory=list)
     data: DataConfig = field(default_factory=DataConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
@@ -238,6 +242,12 @@ def resolve_config(
             raise ConfigError(f"{label}: {exc}") from exc
         for key in leaf_keys(layer, cls):
             sources[key] = source
+    plugins = OmegaConf.select(merged, "plugins", default=None)
+    if plugins:
+        try:
+            import_plugins(list(plugins))
+        except RegistryError as exc:
+            raise ConfigError(str(exc)) from exc
     try:
         return Resolved(OmegaConf.to_object(merged), sources)
     except OmegaConfBaseException as exc:

@@ -81,3 +81,12 @@ def _import_dotted(path: str, kind: str):
         return getattr(module, attr)
     except AttributeError as exc:
         raise RegistryError(f"{kind} {path!r}: module {module_name!r} has no attribute {attr!r}") from exc
+
+
+def import_plugins(modules: list[str]) -> None:
+    """Import each module of ``plugins:`` once (importing runs its ``@REGISTRY.register`` decorators)."""
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise RegistryError(f"plugins: cannot import module {name!r}: {exc}") from exc

@@ -40,14 +40,25 @@ def _bundled() -> list[str]:
 
 
 def template_source(name: str) -> str:
-    """The Jinja source of a bundled template by file name (``target_turn.j2``) or of a path to a Jinja file."""
+    """The Jinja source of a bundled template by file name (``target_turn.j2``), of a path to a Jinja file, or
+    of a file shipped inside a package (``memrl.methods.memory_r1:answer.j2``, how a plugin names its own)."""
     path = Path(name)
     if path.is_file():
         return path.read_text(encoding="utf-8")
+    package, sep, file = name.rpartition(":")
+    if sep and package and "/" not in package:
+        try:
+            resource = importlib.resources.files(package) / file
+        except ModuleNotFoundError as exc:
+            raise FileNotFoundError(f"prompt template {name!r}: no package {package!r}") from exc
+        if not resource.is_file():
+            raise FileNotFoundError(f"prompt template {name!r}: package {package!r} has no file {file!r}")
+        return resource.read_text(encoding="utf-8")
     resource = importlib.resources.files("memrl.prompts") / name
     if not resource.is_file():
         raise FileNotFoundError(
-            f"prompt template {name!r} is neither a file nor a bundled template; bundled: {_bundled()}"
+            f"prompt template {name!r} is neither a file, a package's file (package:file.j2) nor a bundled "
+            f"template; bundled: {_bundled()}"
         )
     return resource.read_text(encoding="utf-8")
 
@@ -63,7 +74,7 @@ def templates_digest(*names: str) -> str:
 
 @functools.lru_cache(maxsize=16)
 def load_template(name: str) -> jinja2.Template:
-    """A bundled template by file name (``target_turn.j2``) or a path to a Jinja file."""
+    """A bundled template by file name (``target_turn.j2``), a path to a Jinja file, or ``package:file.j2``."""
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=False, autoescape=False)
     return env.from_string(template_source(name))
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from memrl.config import Config
 from memrl.episode.runner import EpisodeRunner
+from memrl.registry import import_plugins
 from memrl.rewards.base import RewardContext, make_reward
 from memrl.rollout.config import RolloutConfig
 

@@ -157,10 +157,16 @@ WRITER_ADAPTER = MEMORY_ADAPTER  # the LoRA adapter a per-role run trains for wr
 
 
 class PolicyWriter:
-    """The ``policy`` extractor: the policy client writes memory operations (see the module docstring)."""
+    """The ``policy`` extractor: the policy client writes memory operations (see the module docstring).
+
+    A method whose writer reads or writes differently (MemAgent's overwritten memory text,
+    :mod:`memrl.methods.memagent`) subclasses it and changes ``write_template`` (its system message),
+    :meth:`render_user` (what it reads) and :meth:`parse` (how its reply becomes decisions on the store); the
+    sampling, caching, step recording and credit stay this class's."""
 
     needs_neighbours = True
     writes_steps = True  # the runner records each write as a trainable step (MemorySystem.write_batch)
+    write_template = "memory_write.j2"
 
     def __init__(self, cfg: MemoryConfig, generate_text: TextGenerator | None = None) -> None:
         client = getattr(generate_text, "client", None)
@@ -171,7 +177,7 @@ class PolicyWriter:
             )
         self.client = client
         self.tokenizer = client.tokenizer
-        self.system = load_template("memory_write.j2").render().strip()
+        self.system = load_template(self.write_template).render().strip()
         self.max_tokens = cfg.write_max_tokens
         eos = getattr(self.tokenizer, "eos_token_id", None)
         self.stop_ids = () if eos is None else (int(eos),)
@@ -180,8 +186,17 @@ class PolicyWriter:
         self.cache_hits = 0  # greedy replies read from the write cache since creation
         self.draft_hits = 0  # greedy replies that were another writer's checked drafts (not decoded)
 
+    def render_user(self, req: WriteRequest) -> str:
+        return render_user(req)
+
+    def parse(self, reply: str, neighbours: Sequence[FactRecord]) -> ParsedOps:
+        return parse_ops(reply, neighbours)
+
     def prompt_ids(self, req: WriteRequest) -> tuple[int, ...]:
-        messages = [{"role": "system", "content": self.system}, {"role": "user", "content": render_user(req)}]
+        messages = [
+            {"role": "system", "content": self.system},
+            {"role": "user", "content": self.render_user(req)},
+        ]
         return tuple(encode_chat(self.tokenizer, messages))
 
     def _check_fits(self, requests: Sequence[WriteRequest], prompts: Sequence[tuple[int, ...]]) -> None:
@@ -233,7 +248,7 @@ class PolicyWriter:
             samples = []
             for ids, lps in got:
                 text = self.tokenizer.decode(list(ids), skip_special_tokens=True)
-                samples.append(WriteSample(ids, lps, text, parse_ops(text, req.neighbours)))
+                samples.append(WriteSample(ids, lps, text, self.parse(text, req.neighbours)))
             out.append(samples)
         return prompts, out
 
@@ -345,7 +360,7 @@ class PolicyWriter:
         prompts, out = [self.prompt_ids(r) for r in requests], []
         for req, text in zip(requests, replies, strict=True):
             ids = (*self.tokenizer(text, add_special_tokens=False)["input_ids"], *self.stop_ids)
-            out.append([WriteSample(ids, (math.nan,) * len(ids), text, parse_ops(text, req.neighbours))])
+            out.append([WriteSample(ids, (math.nan,) * len(ids), text, self.parse(text, req.neighbours))])
         return prompts, out
 
     def extract(self, requests: Sequence[ExtractionRequest]) -> list[list[FactDecision]]:
