@@ -103,6 +103,7 @@ def build_runner(
 ) -> EpisodeRunner:
     """An EpisodeRunner for the root config ``cfg``; ``context`` overrides ``episode.context``;
     ``sample_writes=False`` writes policy memory greedily (:class:`EpisodeRunner`)."""
+    import_plugins(cfg.plugins)  # a config handed to another process arrives without its plugins imported
     if policy is None:
         from memrl.policy import make_policy
 
