@@ -12,6 +12,7 @@ from __future__ import annotations
 STABLE: dict[str, str] = {
     "seed": "seed of the data order, sampling and initialisation",
     "output_dir": "where trajectories, metrics and checkpoints go",
+    "plugins": "modules imported first, whose registrations the config may name (memrl.methods.memagent)",
     # data
     "data.adapter": "dataset adapter (synthetic, locomo, longmemeval, or package.module:attr)",
     "data.path": "dataset file: as given, else $MEMRL_DATA_DIR, else where `memrl data fetch` put it",
@@ -275,7 +276,6 @@ NO_RECIPE: dict[str, str] = {
     "rollout.tree.initial_rollouts": "the tree's shape, for budgets other than the tree recipes'",
     "rollout.tree.nodes_per_expansion": "the tree's shape, for budgets other than the tree recipes'",
     "rollout.rollback.": "tool rollback's repair budget and the errors it repairs: a new tool's errors go here",
-    "episode.prompt_template": "a user's own target-turn template",
     "episode.worker.": "the Ray cluster's address and worker sizes",
     "episode.memory_credit.snapshot_k": "alternatives per planned write under snapshot credit (Memory-R1's k)",
     "train.weight_decay": "optimizer settings under verl's names, for a user carrying a verl setting over",

@@ -88,14 +88,15 @@ def test_an_arm_changes_exactly_the_keys_it_sets(path, tmp_path):
     from memrl.config import file_layers, leaf_keys, resolve_config
 
     own = yaml.safe_load(path.read_text())
-    own.pop("replace", None)
+    replaced = own.pop("replace", [])  # reset to their defaults: named by the arm too
     bases = [str((path.parent / d).resolve()) for d in own.pop("defaults")]
     base_only = tmp_path / "base_only.yaml"
     base_only.write_text(yaml.safe_dump({"defaults": bases}))
     arm, base = resolve_config(path).config, resolve_config(base_only).config
     changed = {k for k in leaf_keys(own, Config) if _get(arm, k) != _get(base, k)}
     assert changed == set(leaf_keys(own, Config)), f"{path.name} restates its base's values"
-    assert all(_get(arm, k) == _get(base, k) for k in _leaves(Config()) if k not in changed)
+    kept = [k for k in _leaves(Config()) if k not in changed and not any(k.startswith(r) for r in replaced)]
+    assert all(_get(arm, k) == _get(base, k) for k in kept)
     assert len(file_layers(path)) >= 2
 
 
@@ -293,3 +294,12 @@ def test_replace_names_config_keys_only(tmp_path):
         resolve_config(bad)
     with pytest.raises(ConfigError, match="'replace' must be a list of dotted keys"):
         resolve_config(_write(tmp_path / "worse.yaml", "replace: data.options\n"))
+
+
+def test_plugins_are_imported_before_the_config_is_built():
+    from memrl.memory.extractors import EXTRACTORS
+
+    cfg = load_config(None, ["plugins=[memrl.methods.memagent]", "memory.extractor=memagent"])
+    assert cfg.plugins == ["memrl.methods.memagent"] and "memagent" in EXTRACTORS
+    with pytest.raises(ConfigError, match="plugins: cannot import module 'not_a_method'"):
+        load_config(None, ["plugins=[not_a_method]"])

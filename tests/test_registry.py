@@ -40,3 +40,19 @@ def test_populate_runs_once_on_first_lookup():
     assert calls == []
     assert reg.names() == ["a"] and reg.get("a") == 1
     assert calls == [1]
+
+
+def test_a_plugin_module_registers_its_parts_on_import(tmp_path, monkeypatch):
+    from memrl.registry import import_plugins
+
+    kind = Registry[object]("thing")
+    (tmp_path / "my_method.py").write_text(
+        "import tests.test_registry as host\nhost.PLUGIN_TARGET.register('mine')(object)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    globals()["PLUGIN_TARGET"] = kind
+    assert "mine" not in kind
+    import_plugins(["my_method"])
+    assert kind.get("mine") is object
+    with pytest.raises(RegistryError, match="plugins: cannot import module 'no_such_method'"):
+        import_plugins(["no_such_method"])

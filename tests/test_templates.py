@@ -270,3 +270,14 @@ def test_logging_state_is_per_tokenizer():
     a, b = family("gemma2"), family("gemma2")
     encode_chat(a, MESSAGES)
     assert templates._logged.get(a) and not templates._logged.get(b)
+
+
+def test_a_package_ships_its_own_template_by_package_colon_file():
+    from memrl.templates import load_template, template_source
+
+    assert "<memories>" in template_source("memrl.methods.memory_r1:answer.j2")
+    assert "Rewrite the memory" in load_template("memrl.methods.memagent:write.j2").render()
+    with pytest.raises(FileNotFoundError, match="package 'memrl.methods.memagent' has no file 'nope.j2'"):
+        template_source("memrl.methods.memagent:nope.j2")
+    with pytest.raises(FileNotFoundError, match="no package 'no_such_pkg'"):
+        template_source("no_such_pkg:answer.j2")
