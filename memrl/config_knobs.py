@@ -160,7 +160,7 @@ STABLE: dict[str, str] = {
     "train.clip_ratio_high": "PPO clip above (DAPO's clip-higher)",
     "train.loss_agg": "token-mean | seq-mean-token-mean | seq-mean-token-sum",
     "train.kl_coef": "KL to the reference policy (train.kl_reference)",
-    "train.kl_reference": "base (no adapter) | warm_start (the warm start's adapter)",
+    "train.kl_reference": "base (no adapter) | warm_start (the warm start's adapter) | start (policy.lora_path)",
     "train.micro_batch_size": "rows per forward/backward",
     "train.checkpoint_prompt_tokens": "recompute prompts this long in backward (saves memory)",
     "train.lora.r": "LoRA rank",

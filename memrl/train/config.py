@@ -28,6 +28,7 @@ class LoraConfig:
             )
 
 
+KL_REFERENCES = ("base", "warm_start", "start")
 ROLES = ("answer", "memory")  # target-turn steps; memory writes (memory.extractor: policy)
 ROLE_SCHEDULES = ("joint", "alternate")
 ROLE_ADAPTERS = ("shared", "per_role")
@@ -182,8 +183,9 @@ class TrainConfig:
     clip_ratio_high: float = 0.28
     loss_agg: str = "token-mean"
     kl_coef: float = 0.0
-    # The KL's reference: "base" (the model without adapter) or "warm_start" (the adapter the warm start ended
-    # with, RUN/warm_start/adapter): RL then stays near what imitation taught.
+    # The KL's reference: "base" (the model without adapter), "warm_start" (the adapter the warm start ended
+    # with, RUN/warm_start/adapter) or "start" (the adapter the run starts from, policy.lora_path): RL then stays
+    # near what imitation taught.
     kl_reference: str = "base"
     entropy_coef: float = 0.0
     tree_local_weight: float = 0.0
@@ -240,8 +242,10 @@ class TrainConfig:
             )
         if self.kl_coef < 0:
             raise ValueError(f"train.kl_coef must be >= 0, got {self.kl_coef}")
-        if self.kl_reference not in ("base", "warm_start"):
-            raise ValueError(f"train.kl_reference must be 'base' or 'warm_start', got {self.kl_reference!r}")
+        if self.kl_reference not in KL_REFERENCES:
+            raise ValueError(f"train.kl_reference must be one of {KL_REFERENCES}, got {self.kl_reference!r}")
+        if self.kl_reference == "start" and not self.kl_coef > 0:
+            raise ValueError(f"train.kl_reference: start needs train.kl_coef > 0; got kl_coef={self.kl_coef}")
         if self.kl_reference == "warm_start" and not (self.kl_coef > 0 and self.warm_start.episodes):
             raise ValueError(
                 "train.kl_reference: warm_start needs train.kl_coef > 0 and a warm start (train.warm_start.episodes"

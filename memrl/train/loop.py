@@ -336,6 +336,8 @@ def _train(cfg: Config, resources: TrainResources | None, progress: bool) -> dic
             _warm_start(res, counters, log, ckpt_root, progress)
         if cfg.train.kl_reference == "warm_start":  # read back from disk: a resumed run anchors the same way
             res.updater.anchor_reference(_warm_start_adapter(cfg))
+        elif cfg.train.kl_reference == "start":
+            res.updater.anchor_reference(cfg.policy.lora_path)
         step = _train_steps(res, state.step, counters, log, ckpt_root, evaluating, progress)
         if ends and (step != state.step or "em_final" not in counters):  # not again on a finished run
             follow_threads("the final evaluation")

@@ -132,6 +132,10 @@ def _model_and_policy(
 
 
 def build_resources(cfg: Config) -> TrainResources:
+    if cfg.train.kl_reference == "start" and not cfg.policy.lora_path:
+        raise ValueError(
+            "train.kl_reference: start anchors RL to the adapter the run starts from; set policy.lora_path"
+        )
     from memrl.data.batch import TrajectoryBatchBuilder
     from memrl.data.buffer import RolloutBuffer
     from memrl.data.datasource import RolloutDataSource

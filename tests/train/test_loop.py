@@ -329,6 +329,33 @@ def test_an_answer_warm_start_imitates_gold_programs_on_the_answer_adapter_befor
     assert any(float(v.abs().sum()) > 0 for k, v in kept.items() if "lora_B" in k)
 
 
+def test_kl_reference_start_anchors_rl_to_the_loaded_adapter(tmp_path, tiny_model_dir):
+    """train.kl_reference=start: a run that goes on from a saved adapter (policy.lora_path) takes its KL to that
+    adapter, so step 1's on-policy update starts at KL 0; to the base model it would not."""
+    from memrl.train.loop import train
+    from memrl.train.setup import build_resources
+
+    task = ("data.options={num_episodes: 12, num_sessions: 2, turns_per_session: 2, question_types: [arithmetic]}",
+            "tools.enabled=[python]", "train.replay.demonstrations=gold_program")  # fmt: skip
+    warm = _in_process_cfg(tmp_path, tiny_model_dir, "imitated", *task, "train.steps=0",
+                           "train.warm_start={episodes: 4, batch_size: 2, role: answer}")  # fmt: skip
+    train(warm, resources=build_resources(warm))
+    adapter = tmp_path / "imitated" / "warm_start" / "adapter"
+
+    def first_kl(name: str, reference: str) -> float:
+        cfg = _in_process_cfg(tmp_path, tiny_model_dir, name, *task, f"policy.lora_path={adapter}",
+                              "train.kl_coef=0.1", f"train.kl_reference={reference}", "train.steps=1")  # fmt: skip
+        train(cfg, resources=build_resources(cfg))
+        rows = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+        return next(r for r in rows if r["step"] == 1 and "train/kl_ref" in r)["train/kl_ref"]
+
+    assert first_kl("anchored", "start") < 1e-6
+    assert first_kl("to_base", "base") > 1e-5
+    with pytest.raises(ValueError, match="kl_reference: start anchors RL .* set policy.lora_path"):
+        build_resources(_in_process_cfg(tmp_path, tiny_model_dir, "nothing", "train.kl_coef=0.1",
+                                        "train.kl_reference=start"))  # fmt: skip
+
+
 def test_a_warm_start_under_its_check_gets_class_balanced_passes_and_logs_the_check(tmp_path, tiny_model_dir):
     """train.warm_start.check_episodes: the warm-started writer writes the next training episodes greedily and is
     scored against their gold operations; under min_recall (a random model's writes are all malformed NOOPs, so

@@ -226,8 +226,10 @@ def test_an_anchored_reference_needs_a_warm_start_and_a_kl():
         _cfg(kl_coef=0.0, kl_reference="warm_start", warm_start=WarmStartConfig(episodes=1))
     with pytest.raises(ValueError, match="kl_reference: warm_start needs"):
         _cfg(kl_coef=0.1, kl_reference="warm_start")
-    with pytest.raises(ValueError, match="'base' or 'warm_start'"):
+    with pytest.raises(ValueError, match=r"one of \('base', 'warm_start', 'start'\)"):
         _cfg(kl_reference="initial")
+    with pytest.raises(ValueError, match="kl_reference: start needs train.kl_coef > 0"):
+        _cfg(kl_reference="start")
 
 
 def test_duplicate_leaves_get_no_gradient():
