@@ -25,7 +25,9 @@ def script(ctx):
     about between <memories> tags, then answers with the newest one's last word."""
     if re.search(r"Operations:\s*(<\|assistant\|>)?\s*$", ctx.text):
         new = ctx.text.rsplit("New:", 1)[-1]
-        lines = [f"ADD {t}" if re.search(r"\b(is|has|lives|called)\b", t) else "NOOP" for t in _TURN.findall(new)]
+        lines = [
+            f"ADD {t}" if re.search(r"\b(is|has|lives|called)\b", t) else "NOOP" for t in _TURN.findall(new)
+        ]
         return "\n".join(lines) or "NOOP"
     assert "between <memories> and </memories>" in ctx.text  # the distillation instruction reached the prompt
     question = ctx.text.rsplit("?", 1)[0].split("\n")[-1]
