@@ -148,3 +148,9 @@ def test_an_empty_overwrite_keeps_the_memory_and_counts_as_a_format_error():
     assert writes[0][1] - writes[1][1] == pytest.approx(1.0)
     third_text = writes[2][0].meta.memory_ops[0].text
     assert third_text.startswith(writes[0][0].meta.memory_ops[0].text)
+
+
+@pytest.mark.parametrize("bad", ["memory.keep_turns=true", "memory.write_neighbours=0"])
+def test_the_writer_refuses_settings_that_would_lose_its_one_memory_text(bad):
+    with pytest.raises(ValueError, match="keeps one memory text and rewrites it"):
+        build_runner(_cfg(bad), policy=ScriptedPolicy(ByT5Tokenizer(), script))

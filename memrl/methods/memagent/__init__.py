@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from memrl.memory.extract import FactDecision
+from memrl.memory.config import MemoryConfig
+from memrl.memory.extract import FactDecision, TextGenerator
 from memrl.memory.extractors import EXTRACTORS
 from memrl.memory.store import FactRecord
 from memrl.memory.writer import FORMAT_REASON, ParsedOps, PolicyWriter, WriteRequest, turn_line
@@ -32,6 +33,17 @@ class OverwriteWriter(PolicyWriter):
     the episode's current memory as its one neighbour (``memory.write_neighbours: 1``)."""
 
     write_template = "memrl.methods.memagent:write.j2"
+
+    def __init__(self, cfg: MemoryConfig, generate_text: TextGenerator | None = None) -> None:
+        # The memory text is found as the one current fact nearest the chunk: kept turns beside it, or no
+        # neighbour shown, would make a turn the "memory" or ADD a second text.
+        if cfg.keep_turns or cfg.write_neighbours < 1:
+            raise ValueError(
+                f"memory.extractor={EXTRACTOR} keeps one memory text and rewrites it: it needs "
+                f"memory.keep_turns=false and memory.write_neighbours>=1 (got {cfg.keep_turns}, "
+                f"{cfg.write_neighbours})"
+            )
+        super().__init__(cfg, generate_text)
 
     def render_user(self, req: WriteRequest) -> str:
         memory = req.neighbours[0].text if req.neighbours else "(empty)"
