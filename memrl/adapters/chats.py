@@ -37,7 +37,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from memrl.adapters import chats_text, chats_train_text
+from memrl.adapters import chats_novel_text, chats_text, chats_train_text
 from memrl.adapters.chats_text import ChatAttr
 from memrl.adapters.locomo import _parse_conversation
 from memrl.adapters.small_talk import SMALL_TALK as TRAINING_SMALL_TALK
@@ -55,6 +55,7 @@ from memrl.types import BatchInput, TurnRole, TurnSpec
 
 QUESTION_KINDS = ("now", "before", "never_changed")
 SPLITS = ("train", "validation", "test", "all")
+KINDS = ("seen", "novel")  # attribute kinds: the training chats' kinds, or kinds they never state
 TURN_KINDS = ("small_talk", "first", "change")
 _MEMORY_KEYS = {"op": "memory_op", "fact": "memory_fact", "person": "memory_person", "attr": "memory_attr",
                 "value": "memory_value", "stale": "memory_stale"}  # fmt: skip
@@ -83,12 +84,19 @@ class ChatPool:
 
 
 HELD_OUT = ChatPool(chats_text.NAMES, chats_text.ATTRS, chats_text.SMALL_TALK)
+NOVEL = ChatPool(chats_text.NAMES, chats_novel_text.ATTRS, chats_text.SMALL_TALK)
 TRAINING = ChatPool(chats_train_text.NAMES, chats_train_text.ATTRS, TRAINING_SMALL_TALK)
 
 
-def _pool(split: str) -> ChatPool:
-    # test / all: the held-out pool; train / validation: the training pool (disjoint words, module doc).
-    return TRAINING if split in ("train", "validation") else HELD_OUT
+def _pool(split: str, kinds: str) -> ChatPool:
+    # test / all: a held-out pool; train / validation: the training pool (disjoint words, module doc).
+    if kinds not in KINDS:
+        raise ValueError(f"chats: kinds {kinds!r}; valid: {', '.join(KINDS)}")
+    if split in ("train", "validation"):
+        if kinds == "novel":
+            raise ValueError(f"chats: kinds 'novel' are held out; a {split} split has the training kinds only")
+        return TRAINING
+    return NOVEL if kinds == "novel" else HELD_OUT
 
 
 class _ChatBuilder:
@@ -189,25 +197,28 @@ def _dates(rng: random.Random, n: int) -> list[str]:
 
 
 def make_chat(seed: int, index: int, *, split: str = "test", num_sessions: int = 4, turns_per_session: int = 12,
-              facts_per_speaker: int = 4, changes: int = 3, never_questions: int = 3) -> dict[str, Any]:  # fmt: skip
+              facts_per_speaker: int = 4, changes: int = 3, never_questions: int = 3,
+              kinds: str = "seen") -> dict[str, Any]:  # fmt: skip
     """Chat ``index`` of ``split`` as one LoCoMo record (module doc); a pure function of its arguments. A
-    training chat (``train`` / ``validation``) is marked with its split."""
+    training chat (``train`` / ``validation``) is marked with its split; ``kinds: novel`` makes a held-out chat of
+    attribute kinds no training chat states (:mod:`memrl.adapters.chats_novel_text`)."""
     if split not in SPLITS:
         raise ValueError(f"chats: split {split!r}; valid: {', '.join(SPLITS)}")
     if num_sessions < 2:
         raise ValueError(
             f"chats: num_sessions must be >= 2 (a change happens in a later session), got {num_sessions}"
         )
-    pool = _pool(split)
+    pool = _pool(split, kinds)
     if not 1 <= facts_per_speaker <= len(pool.attrs):
         raise ValueError(f"chats: facts_per_speaker must be in 1..{len(pool.attrs)}, got {facts_per_speaker}")
-    held_out = pool is HELD_OUT
+    held_out = pool is not TRAINING
     # The held-out chats' keys are the ones the published fixture was made with.
-    rng = random.Random(f"memrl-chats:{seed}:{index}" if held_out else f"memrl-chats-{split}:{seed}:{index}")
+    key = {HELD_OUT: "", NOVEL: "novel-", TRAINING: f"{split}-"}[pool]
+    rng = random.Random(f"memrl-chats{':' if pool is HELD_OUT else '-' + key[:-1] + ':'}{seed}:{index}")
     b = _ChatBuilder(rng, pool, num_sessions, turns_per_session, facts_per_speaker, changes)
     conversation = b.turns(_dates(rng, num_sessions))
     record = {
-        "sample_id": f"chat-{seed}-{index}" if held_out else f"chat-{split}-{seed}-{index}",
+        "sample_id": f"chat-{key}{seed}-{index}",
         "conversation": conversation,
         "qa": b.questions(never_questions),
     }
@@ -284,16 +295,19 @@ def _check_split(view: RecordView, record: Any, split: str) -> None:
 
 @ADAPTERS.register("chats")
 def chats(path: str | None, *, split: str, lenient: bool, report: SkipReport, num_chats: int = 24, seed: int = 0,
-          max_turn_chars: int = DEFAULT_MAX_TURN_CHARS, **shape: int) -> list[BatchInput]:  # fmt: skip
+          max_turn_chars: int = DEFAULT_MAX_TURN_CHARS, kinds: str = "seen", **shape: int) -> list[BatchInput]:  # fmt: skip
     """One episode per question of every chat: read from ``path`` (a file of ``memrl data make-chats``), or
     generated (``num_chats`` chats of ``seed``, ``shape``: :func:`make_chat`'s sizes) when ``path`` is empty.
     ``test`` is the held-out chats; ``train`` / ``validation`` are chats of the training pool
-    (:mod:`memrl.adapters.chats_train_text`), which shares no word with them; ``all`` reads any file."""
+    (:mod:`memrl.adapters.chats_train_text`), which shares no word with them; ``all`` reads any file.
+    ``kinds: novel`` generates held-out chats of attribute kinds the training chats never state."""
     if path in (None, "", "-"):
         made = "test" if split == "all" else split
-        source = f"<chats split={made} num_chats={num_chats} seed={seed}>"
-        records = list(enumerate(make_chats(int(num_chats), int(seed), split=made, **shape)))
+        source = f"<chats split={made} kinds={kinds} num_chats={num_chats} seed={seed}>"
+        records = list(enumerate(make_chats(int(num_chats), int(seed), split=made, kinds=kinds, **shape)))
     else:
+        if kinds != "seen":
+            shape = {**shape, "kinds": kinds}
         if shape:
             raise ValueError(f"chats: {', '.join(sorted(shape))} shape generated chats; {path} is a file")
         source, records = path, iter_json_records(path, lenient=lenient, report=report)

@@ -28,7 +28,8 @@ rate split by the kind of turn read (``small_talk`` / ``first`` / ``change`` / `
 ``--dataset chats`` runs on the held-out free-form chats (:mod:`memrl.adapters.chats`, generated from ``--seed``;
 ``--episodes`` counts chats, all 24 by default) instead of the synthetic task: natural small talk around personal
 facts that change between sessions, each turn tagged with its kind and gold operation, so the same scores (and
-the invented-fact rate on small talk) are read on conversations no writer trained on.
+the invented-fact rate on small talk) are read on conversations no writer trained on. ``--kinds novel``: chats
+whose attribute kinds (a car, an allergy, a sibling, ...) no training chat states.
 
 Options: ``--episodes N`` (test split, 4 by default), ``--extractor rule|llm|policy|gold|both`` (both, the default:
 rule and llm side by side in one JSON; gold writes the dataset's own operations, the scoring's ceiling),
@@ -172,6 +173,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="test: held-out episodes (default); validation: the task's training distribution, for choosing "
         "settings (the chats' training pool)",
     )
+    p.add_argument(
+        "--kinds",
+        choices=("seen", "novel"),
+        default="seen",
+        help="chats: the training chats' attribute kinds (default), or held-out kinds no training chat states",
+    )
     p.add_argument("--extractor", choices=EXTRACTOR_CHOICES, default="both")
     p.add_argument("--seed", type=int, default=0, help="the synthetic adapter's data seed")
     p.add_argument(
@@ -204,6 +211,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.overrides = {**base, "llm_max_tokens": LLM_MAX_TOKENS, **memory}
     if "extractor" in args.overrides:
         p.error("name the extractor with --extractor rule|llm|both, not extractor=...")
+    if args.kinds != "seen" and args.dataset != "chats":
+        p.error("--kinds chooses the chats' attribute kinds; give --dataset chats")
     if args.episodes is None:
         args.episodes = CHATS if args.dataset == "chats" else 4
     if args.episodes < 1:
@@ -234,8 +243,9 @@ def _episodes(args: argparse.Namespace) -> list[BatchInput]:
 
     if args.dataset == "chats":
         per_question, _ = run_adapter(
-            "chats", None, split=args.split, options={"num_chats": args.episodes, "seed": args.seed}
-        )
+            "chats", None, split=args.split,
+            options={"num_chats": args.episodes, "seed": args.seed, "kinds": args.kinds},
+        )  # fmt: skip
         return list({ep.metadata["sample_id"]: ep for ep in per_question}.values())
     options = {"num_episodes": args.episodes, "seed": args.seed, "phrasing": args.phrasing}
     return run_adapter("synthetic", None, split=args.split, options=options)[0]
@@ -250,6 +260,7 @@ def bench_extract(argv: list[str]) -> dict:
     embedder = build_embedder(MemoryConfig(**overrides))
     result: dict = {
         "dataset": args.dataset,
+        **({"kinds": args.kinds} if args.dataset == "chats" else {}),
         "split": args.split,
         "episodes": len(episodes),
         "history_turns": sum(len(ep.history) for ep in episodes),

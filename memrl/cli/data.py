@@ -7,6 +7,7 @@
     memrl data haystack --oracle longmemeval_oracle.json --sessions 50 --out longmemeval_s_like.json
     memrl data make-chats chats.json --chats 24            # held-out chats (memrl.adapters.chats), LoCoMo format
     memrl data make-chats train.json --split train         # chats of the training pool (no shared word)
+    memrl data make-chats novel.json --kinds novel         # held-out chats of kinds training never states
 
 ``fetch`` downloads a dataset's official files (:mod:`memrl.data.sources`: checksummed, resumable) and prints
 ``[{"name", "path", "sha256", "bytes", "status", "checksum"}]``. ``check`` prints ``{"episodes": N, "skipped": M, "errors": [...]}``; each error names file, record, field and
@@ -106,6 +107,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     chats.add_argument("out", help="output file (JSON array, LoCoMo's format)")
     chats.add_argument("--chats", type=int, default=24, help="number of chats (default 24)")
     chats.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
+    chats.add_argument("--kinds", default="seen", choices=("seen", "novel"),
+                       help="seen: the training chats' attribute kinds (default); novel: held-out chats of kinds no "
+                       "training chat states")  # fmt: skip
     chats.set_defaults(func=run_make_chats)
     p.set_defaults(func=lambda args: (p.print_help(), EXIT_USAGE)[1])
 
@@ -235,7 +239,7 @@ def run_make_chats(args: argparse.Namespace) -> int:
     from memrl.adapters.chats import make_chats
 
     try:
-        records = make_chats(args.chats, args.seed, split=args.split)
+        records = make_chats(args.chats, args.seed, split=args.split, kinds=args.kinds)
     except ValueError as exc:
         print(f"memrl data make-chats: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -78,6 +78,8 @@ RELATION_WORDS = _wordset(
     does practices practise practice sport sports hobby hobbies enjoys likes loves into took takes
     learning learns learn studying studies study language
     person fact user speaker got gets get new
+    drives drive driving drove car cars drink drinks author authors taking course courses class classes
+    allergic allergy allergies supports support supporter fan fans club football
     """
 )
 _NUMBERS = (

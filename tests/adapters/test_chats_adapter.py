@@ -146,3 +146,45 @@ def test_every_gold_fact_is_supported_by_its_turn_and_small_talk_supports_none()
                 assert unsupported_words(f"{turn.speaker} lives in Porto.", [turn]) == ("porto",)
             else:
                 assert unsupported_words(meta["memory_fact"], [turn]) == (), turn.text
+
+
+def test_novel_kind_chats_ask_about_kinds_no_training_chat_states_in_words_of_their_own():
+    from memrl.adapters.chats_novel_text import ATTRS as NOVEL_ATTRS
+
+    episodes = _chats(kinds="novel")
+    assert Counter(ep.metadata["question_type"] for ep in episodes)["never_changed"] == 72
+    assert not {a.name for a in NOVEL_ATTRS} & {a.name for a in TRAIN_ATTRS + ATTRS}
+    assert {s for ep in episodes for s in ep.metadata["speakers"]} <= set(NAMES)
+    novel_values = {v.lower() for a in NOVEL_ATTRS for v in a.values}
+    seen_values = {v.lower() for a in ATTRS + TRAIN_ATTRS for v in a.values}
+    assert not novel_values & seen_values
+    wordings = lambda attrs: {w for a in attrs for w in (*a.first, *a.change)}  # noqa: E731
+    assert not wordings(NOVEL_ATTRS) & (wordings(ATTRS) | wordings(TRAIN_ATTRS))
+    for line in SMALL_TALK:
+        assert not set(content_words(line.format(other=""))) & novel_values, line
+    asked = Counter()
+    for ep in episodes:
+        turns = {t.turn_id: t for t in ep.history}
+        (evidence,) = ep.metadata["evidence_turn_ids"]
+        meta = turns[evidence].metadata
+        assert meta["memory_value"] == ep.target_answer and ep.target_answer.lower() in turns[evidence].text.lower()
+        asked[meta["memory_attr"]] += 1
+    assert set(asked) <= {a.name for a in NOVEL_ATTRS} and len(asked) == len(NOVEL_ATTRS)
+    for history in _histories(episodes):
+        for turn in history:
+            if turn.metadata["turn_kind"] != "small_talk":
+                assert unsupported_words(turn.metadata["memory_fact"], [turn]) == (), turn.text
+    # Held out apart from the seen-kind chats: other ids, other draws.
+    assert not {ep.metadata["sample_id"] for ep in episodes} & {ep.metadata["sample_id"] for ep in _chats()}
+
+
+def test_novel_kinds_are_never_a_training_split_and_read_back_from_a_file(tmp_path):
+    with pytest.raises(ValueError, match="novel' are held out"):
+        run_adapter("chats", None, split="train", options={"kinds": "novel"})
+    with pytest.raises(ValueError, match="kinds 'unseen'; valid: seen, novel"):
+        _chats(kinds="unseen")
+    path = tmp_path / "novel.json"
+    path.write_text(json.dumps(make_chats(2, kinds="novel")))
+    assert run_adapter("chats", str(path), split="test")[0] == _chats(num_chats=2, kinds="novel")
+    with pytest.raises(ValueError, match="kinds shape generated chats"):
+        run_adapter("chats", str(path), split="test", options={"kinds": "novel"})

@@ -257,3 +257,13 @@ def test_bench_runs_on_the_held_out_chats_by_name():
     gold = result["gold"]
     assert gold["accuracy"] == 1.0 and gold["faithfulness"]["invented_rate"] == 0.0
     assert set(gold["faithfulness"]["by_turn_kind"]) == {"change", "first", "small_talk"}
+
+
+def test_bench_runs_on_chats_of_novel_kinds_and_refuses_kinds_without_chats(capsys):
+    result = BENCHES.get("extract")(["--dataset", "chats", "--kinds", "novel", "--episodes", "2", "--extractor",
+                                     "gold"])  # fmt: skip
+    assert result["kinds"] == "novel" and result["history_turns"] == 96
+    assert result["gold"]["accuracy"] == 1.0 and result["gold"]["faithfulness"]["invented_rate"] == 0.0
+    with pytest.raises(SystemExit):
+        BENCHES.get("extract")(["--kinds", "novel", "--extractor", "gold"])
+    assert "give --dataset chats" in capsys.readouterr().err
