@@ -94,7 +94,9 @@ def _pool(split: str, kinds: str) -> ChatPool:
         raise ValueError(f"chats: kinds {kinds!r}; valid: {', '.join(KINDS)}")
     if split in ("train", "validation"):
         if kinds == "novel":
-            raise ValueError(f"chats: kinds 'novel' are held out; a {split} split has the training kinds only")
+            raise ValueError(
+                f"chats: kinds 'novel' are held out; a {split} split has the training kinds only"
+            )
         return TRAINING
     return NOVEL if kinds == "novel" else HELD_OUT
 

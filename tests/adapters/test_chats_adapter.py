@@ -167,7 +167,10 @@ def test_novel_kind_chats_ask_about_kinds_no_training_chat_states_in_words_of_th
         turns = {t.turn_id: t for t in ep.history}
         (evidence,) = ep.metadata["evidence_turn_ids"]
         meta = turns[evidence].metadata
-        assert meta["memory_value"] == ep.target_answer and ep.target_answer.lower() in turns[evidence].text.lower()
+        assert (
+            meta["memory_value"] == ep.target_answer
+            and ep.target_answer.lower() in turns[evidence].text.lower()
+        )
         asked[meta["memory_attr"]] += 1
     assert set(asked) <= {a.name for a in NOVEL_ATTRS} and len(asked) == len(NOVEL_ATTRS)
     for history in _histories(episodes):
