@@ -215,12 +215,12 @@ def make_chat(seed: int, index: int, *, split: str = "test", num_sessions: int =
         raise ValueError(f"chats: facts_per_speaker must be in 1..{len(pool.attrs)}, got {facts_per_speaker}")
     held_out = pool is not TRAINING
     # The held-out chats' keys are the ones the published fixture was made with.
-    key = {HELD_OUT: "", NOVEL: "novel-", TRAINING: f"{split}-"}[pool]
-    rng = random.Random(f"memrl-chats{':' if pool is HELD_OUT else '-' + key[:-1] + ':'}{seed}:{index}")
+    tag = "" if pool is HELD_OUT else ("novel-" if pool is NOVEL else f"{split}-")
+    rng = random.Random(f"memrl-chats{'-' + tag[:-1] if tag else ''}:{seed}:{index}")
     b = _ChatBuilder(rng, pool, num_sessions, turns_per_session, facts_per_speaker, changes)
     conversation = b.turns(_dates(rng, num_sessions))
     record = {
-        "sample_id": f"chat-{key}{seed}-{index}",
+        "sample_id": f"chat-{tag}{seed}-{index}",
         "conversation": conversation,
         "qa": b.questions(never_questions),
     }
