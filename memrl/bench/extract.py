@@ -213,6 +213,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("name the extractor with --extractor rule|llm|both, not extractor=...")
     if args.kinds != "seen" and args.dataset != "chats":
         p.error("--kinds chooses the chats' attribute kinds; give --dataset chats")
+    if args.kinds == "novel" and args.split != "test":
+        p.error("--kinds novel is held out: it has --split test only")
     if args.episodes is None:
         args.episodes = CHATS if args.dataset == "chats" else 4
     if args.episodes < 1:

@@ -267,3 +267,6 @@ def test_bench_runs_on_chats_of_novel_kinds_and_refuses_kinds_without_chats(caps
     with pytest.raises(SystemExit):
         BENCHES.get("extract")(["--kinds", "novel", "--extractor", "gold"])
     assert "give --dataset chats" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        BENCHES.get("extract")(["--dataset", "chats", "--kinds", "novel", "--split", "validation"])
+    assert "--split test only" in capsys.readouterr().err
