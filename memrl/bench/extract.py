@@ -45,6 +45,7 @@ import logging
 import time
 from collections.abc import Sequence
 
+from memrl.adapters.chats import KINDS
 from memrl.adapters.synthetic_phrasing import PHRASINGS
 from memrl.bench import BENCHES
 from memrl.bench.memory import memory_overrides
@@ -175,7 +176,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument(
         "--kinds",
-        choices=("seen", "novel"),
+        choices=KINDS,
         default="seen",
         help="chats: the training chats' attribute kinds (default), or held-out kinds no training chat states",
     )

@@ -27,6 +27,7 @@ import json
 import sys
 from typing import Any
 
+from memrl.adapters.chats import KINDS
 from memrl.data.sources import SOURCES
 from memrl.registry import RegistryError
 
@@ -107,7 +108,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     chats.add_argument("out", help="output file (JSON array, LoCoMo's format)")
     chats.add_argument("--chats", type=int, default=24, help="number of chats (default 24)")
     chats.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
-    chats.add_argument("--kinds", default="seen", choices=("seen", "novel"),
+    chats.add_argument("--kinds", default="seen", choices=KINDS,
                        help="seen: the training chats' attribute kinds (default); novel: held-out chats of kinds no "
                        "training chat states")  # fmt: skip
     chats.set_defaults(func=run_make_chats)
